@@ -1,0 +1,33 @@
+// The sparse format as kernels see it (docs/FORMAT.md): 8-row windows, condensed columns,
+// 8x8 blocks with a column-major 64-bit bitmap (bit c*8+r), compact values in block order.
+#pragma once
+#include <cstdint>
+
+namespace jaxsparse_tc {
+
+constexpr int kWindowRows = 8;   // rows per window (FlashSparse 8x1 vectors)
+constexpr int kBlockCols = 8;    // condensed columns per block
+
+struct PatternView {
+  const int32_t* window_col_ptr;    // [W+1]
+  const int32_t* window_cols;       // [C]
+  const int32_t* window_block_ptr;  // [W+1]
+  const uint32_t* block_bitmap;     // [B, 2] (lo, hi)
+  const int32_t* block_value_ptr;   // [B+1]
+  const int32_t* schedule;          // [S, 4]: window, block_begin, block_end, split
+  int64_t num_windows;
+  int64_t num_blocks;
+  int64_t num_items;
+};
+
+#if defined(__CUDACC__)
+#define JAXSPARSE_TC_HD __host__ __device__ __forceinline__
+#else
+#define JAXSPARSE_TC_HD inline
+#endif
+
+JAXSPARSE_TC_HD uint64_t block_bits(const uint32_t* bitmap, int64_t b) {
+  return uint64_t(bitmap[2 * b]) | (uint64_t(bitmap[2 * b + 1]) << 32);
+}
+
+}  // namespace jaxsparse_tc

@@ -1,0 +1,25 @@
+"""Loads the compiled extensions and registers their FFI targets with JAX."""
+
+from __future__ import annotations
+
+import jax
+
+from jaxsparse_tc import _cpu
+
+try:  # built only where nvcc was found
+  from jaxsparse_tc import _cuda
+except ImportError:  # pragma: no cover - depends on the build
+  _cuda = None
+
+for _name, _capsule in _cpu.registrations().items():
+  jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
+
+CUDA_TARGETS = frozenset(_cuda.registrations()) if _cuda is not None else frozenset()
+if _cuda is not None:
+  for _name, _capsule in _cuda.registrations().items():
+    jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
+
+
+def has_cuda() -> bool:
+  """True when the CUDA extension was built (whether or not a GPU is present)."""
+  return _cuda is not None

@@ -1,0 +1,49 @@
+"""Trace-time checks of operands, with messages that name the shapes involved."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+FLOAT_DTYPES = (jnp.float32, jnp.float16, jnp.bfloat16)
+
+
+class OperandError(TypeError, ValueError):
+  """An operand's shape or dtype does not fit the operation.
+
+  Both a TypeError (as jax.lax reports mismatches) and a ValueError (as numpy does).
+  """
+
+
+def is_supported_float(dtype) -> bool:
+  return any(np.dtype(dtype) == np.dtype(t) for t in FLOAT_DTYPES)
+
+
+def dense_operand(op: str, name: str, x, A, *, expected_rows: int) -> None:
+  if x.ndim not in (2, 3) or x.shape[-2] != expected_rows:
+    raise OperandError(
+        f"{op}: A has shape {A.shape}, so {name} must have shape [{expected_rows}, d] or "
+        f"[H, {expected_rows}, d]; got {name} with shape {x.shape}")
+  if not is_supported_float(x.dtype):
+    raise OperandError(
+        f"{op}: {name} (shape {x.shape}) has dtype {x.dtype}; supported: float32, float16, "
+        f"bfloat16 (A has shape {A.shape})")
+  if not jnp.issubdtype(A.values.dtype, jnp.floating):
+    raise OperandError(f"{op}: A's values (shape {A.values.shape}) have non-float dtype "
+                       f"{A.values.dtype}")
+
+
+def same_dense(op: str, x, y) -> None:
+  if x.dtype != y.dtype:
+    raise OperandError(f"{op}: X (shape {x.shape}, {x.dtype}) and Y (shape {y.shape}, "
+                       f"{y.dtype}) must have the same dtype")
+  if x.shape[-1] != y.shape[-1]:
+    raise OperandError(f"{op}: X has shape {x.shape} and Y has shape {y.shape}; their last "
+                       "(feature) dimensions must be equal")
+
+
+def heads_match(op: str, A, x, h1: int, h2: int, other=None) -> None:
+  if h1 > 1 and h2 > 1 and h1 != h2:
+    first = f"A's values have shape {A.values.shape}" if other is None else f"X has shape {x.shape}"
+    second = f"X has shape {x.shape}" if other is None else f"Y has shape {other.shape}"
+    raise OperandError(f"{op}: {first} and {second}: head counts {h1} and {h2} differ")

@@ -1,0 +1,35 @@
+"""FFI lowering shared by the primitives: pass the leading operands a kernel reads."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+from jax.interpreters import mlir
+
+from jaxsparse_tc._extensions import CUDA_TARGETS
+
+try:
+  from jax._src.dispatch import apply_primitive  # eager evaluation through a cached jit
+except ImportError:  # pragma: no cover
+  from jax.interpreters.xla import apply_primitive
+
+
+def register_ffi_lowering(prim, target: str, num_kernel_operands: int, **static_attrs):
+  """Lowers `prim` to FFI `target` on CPU (always) and CUDA (when built).
+
+  Primitives carry both orientations of the pattern for their transpose rules; a kernel reads
+  only the first `num_kernel_operands`. Integer params named in `static_attrs` become int32
+  FFI attributes (the mapping gives the param name for each attribute).
+  """
+
+  def rule(ctx, *operands, **params):
+    attrs = {attr: np.int32(params[name]) for attr, name in static_attrs.items()}
+    sub = ctx.replace(avals_in=ctx.avals_in[:num_kernel_operands])
+    return jax.ffi.ffi_lowering(target)(sub, *operands[:num_kernel_operands], **attrs)
+
+  prim.def_impl(functools.partial(apply_primitive, prim))
+  mlir.register_lowering(prim, rule, platform="cpu")
+  if target in CUDA_TARGETS:
+    mlir.register_lowering(prim, rule, platform="cuda")

@@ -1,0 +1,26 @@
+"""Matmul precision for float32 inputs, in the vocabulary of jax.lax."""
+
+from __future__ import annotations
+
+import jax
+
+# FFI attribute values.
+DEFAULT = 0  # float32 through tf32 tensor cores
+HIGHEST = 1  # exact float32 on CUDA cores
+
+_NAMES = {
+    None: DEFAULT, "default": DEFAULT, "fastest": DEFAULT, "tensorfloat32": DEFAULT,
+    "high": DEFAULT, "bfloat16": DEFAULT,
+    "highest": HIGHEST, "float32": HIGHEST,
+}
+
+
+def canonicalize(precision) -> int:
+  if isinstance(precision, jax.lax.Precision):
+    return HIGHEST if precision == jax.lax.Precision.HIGHEST else DEFAULT
+  if isinstance(precision, str) or precision is None:
+    key = precision.lower() if isinstance(precision, str) else None
+    if key in _NAMES:
+      return _NAMES[key]
+  raise ValueError(
+      f"precision must be None, 'default', 'highest' or a jax.lax.Precision; got {precision!r}")

@@ -1,0 +1,92 @@
+"""sddmm_p: values[h, idx(i, j)] = <X_h[i], Y_h[j]> at A's nonzeros, in A's format order."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching
+
+from jaxsparse_tc import checks, heads, precision as precision_lib
+from jaxsparse_tc.lowering import register_ffi_lowering
+from jaxsparse_tc.pattern import NUM_PATTERN_OPERANDS, transpose_operands
+
+sddmm_p = Primitive("jaxsparse_tc_sddmm")
+
+
+def sddmm(A, x, y, *, scale_by_values: bool = False, precision=None):
+  """(X @ Y.T) sampled at A's nonzeros, as a SparseMatrix on A's pattern.
+
+  X [m, d] or [H, m, d], Y [n, d] or [H, n, d], one float dtype. With `scale_by_values`, the
+  result is multiplied by A's values. Values come out in X's dtype (float32 accumulation).
+  """
+  x, y = jnp.asarray(x), jnp.asarray(y)
+  m, n = A.shape
+  checks.dense_operand("sddmm", "X", x, A, expected_rows=m)
+  checks.dense_operand("sddmm", "Y", y, A, expected_rows=n)
+  checks.same_dense("sddmm", x, y)
+  hx = x.shape[0] if x.ndim == 3 else 1
+  hy = y.shape[0] if y.ndim == 3 else 1
+  checks.heads_match("sddmm", A, x, hx, hy, other=y)
+  out = sddmm_p.bind(x.reshape((hx,) + x.shape[-2:]), y.reshape((hy,) + y.shape[-2:]),
+                     *A.pattern_operands(), shape=A.shape,
+                     precision=precision_lib.canonicalize(precision))
+  if x.ndim == 2 and y.ndim == 2:
+    out = out[0]
+  if scale_by_values:
+    out = out * A.values.astype(out.dtype)
+  return A.with_values(out)
+
+
+def _abstract_eval(x, y, *pattern, shape, precision):
+  del shape, precision
+  h = heads.num_heads(x.shape[0], y.shape[0])
+  nnz = pattern[12].shape[0]  # perm_t has one entry per nonzero
+  return jax.core.ShapedArray((h, nnz), x.dtype)
+
+
+def _jvp(primals, tangents, **params):
+  x, y, *pattern = primals
+  dx, dy = tangents[:2]
+  out = sddmm_p.bind(x, y, *pattern, **params)
+  parts = []
+  if type(dx) is not ad.Zero:
+    parts.append(sddmm_p.bind(dx, y, *pattern, **params))
+  if type(dy) is not ad.Zero:
+    parts.append(sddmm_p.bind(x, dy, *pattern, **params))
+  if not parts:
+    return out, ad.Zero.from_primal_value(out)
+  return out, parts[0] if len(parts) == 1 else parts[0] + parts[1]
+
+
+def _transpose(ct, x, y, *pattern, shape, precision):
+  from jaxsparse_tc.spmm import spmm_p
+
+  none = [None] * NUM_PATTERN_OPERANDS
+  if type(ct) is ad.Zero:
+    return [None, None] + none
+  if ad.is_undefined_primal(x):
+    dx = spmm_p.bind(ct, y, *pattern, shape=shape, precision=precision)
+    return [heads.sum_to_heads(dx, x.aval.shape[0]), None] + none
+  ct_t = ct[:, pattern[12]]  # cotangent values in A^T's order
+  dy = spmm_p.bind(ct_t, x, *transpose_operands(tuple(pattern)),
+                   shape=(shape[1], shape[0]), precision=precision)
+  return [None, heads.sum_to_heads(dy, y.aval.shape[0])] + none
+
+
+def _batch(args, dims, **params):
+  x, y, *pattern = args
+  if any(d is not None for d in dims[2:]):
+    raise NotImplementedError("jaxsparse_tc: vmap over the sparsity pattern is not supported; "
+                              "batch the values or the dense operands")
+  size = x.shape[dims[0]] if dims[0] is not None else y.shape[dims[1]]
+  (x, y), h = heads.merge_batch_into_heads([x, y], dims[:2], size)
+  out = sddmm_p.bind(x, y, *pattern, **params)
+  return out.reshape((size, h) + out.shape[1:]), 0
+
+
+sddmm_p.def_abstract_eval(_abstract_eval)
+ad.primitive_jvps[sddmm_p] = _jvp
+ad.primitive_transposes[sddmm_p] = _transpose
+batching.primitive_batchers[sddmm_p] = _batch
+register_ffi_lowering(sddmm_p, "jaxsparse_tc_sddmm", 8, precision="precision")

@@ -1,0 +1,229 @@
+"""SparseMatrix: the one tensor-core format (docs/FORMAT.md) as a JAX pytree."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsparse_tc import pattern as pattern_lib
+from jaxsparse_tc.pattern import Pattern
+
+_MAX_ENTRIES = 2**31 - 1
+
+
+def _index_array(name: str, a) -> np.ndarray:
+  a = np.asarray(a)
+  if a.ndim != 1:
+    raise ValueError(f"{name} must be one-dimensional; got shape {a.shape}")
+  if a.size and not np.issubdtype(a.dtype, np.integer):
+    raise ValueError(f"{name} must hold integers; got dtype {a.dtype}")
+  return a.astype(np.int64, copy=False)
+
+
+def _check_shape(shape, rows: np.ndarray, cols: np.ndarray) -> tuple[int, int]:
+  if shape is None:
+    return (int(rows.max()) + 1 if rows.size else 0, int(cols.max()) + 1 if cols.size else 0)
+  try:
+    m, n = (int(s) for s in shape)
+  except (TypeError, ValueError):
+    raise ValueError(f"shape must be a pair of non-negative integers; got {shape!r}") from None
+  if m < 0 or n < 0 or tuple(shape) != (m, n):
+    raise ValueError(f"shape must be a pair of non-negative integers; got {shape!r}")
+  return m, n
+
+
+def _check_indices(rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int]) -> None:
+  if rows.size != cols.size:
+    raise ValueError(f"rows and cols differ in length: {rows.size} and {cols.size}")
+  if rows.size > _MAX_ENTRIES:
+    raise ValueError(f"at most {_MAX_ENTRIES} entries are supported; got {rows.size}")
+  for name, idx, bound in (("row", rows, shape[0]), ("column", cols, shape[1])):
+    if idx.size == 0:
+      continue
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < 0:
+      raise ValueError(f"negative {name} index {lo}")
+    if hi >= bound:
+      raise ValueError(f"{name} index {hi} is out of range for shape {shape}")
+
+
+def _input_values(values, count: int) -> np.ndarray:
+  if values is None:
+    return np.ones((count,), np.float32)
+  v = np.asarray(values)
+  if v.ndim not in (1, 2) or v.shape[-1] != count:
+    raise ValueError(f"values must have shape [{count}] or [H, {count}]; got {v.shape}")
+  if not np.issubdtype(v.dtype, np.floating) and v.dtype != jnp.bfloat16:
+    v = v.astype(np.float32)
+  if v.dtype == np.float64:
+    v = v.astype(np.float32)
+  if not np.all(np.isfinite(v.astype(np.float32))):
+    raise ValueError("values must be finite (found NaN or infinity)")
+  return v
+
+
+def _sum_into(v: np.ndarray, index: np.ndarray, size: int) -> np.ndarray:
+  """Sums input-order values into format positions (duplicate entries add up)."""
+  flat = v.reshape(-1, v.shape[-1]).astype(np.float64)
+  out = np.stack([np.bincount(index, weights=f, minlength=size) for f in flat])
+  return out.reshape(v.shape[:-1] + (size,)).astype(v.dtype)
+
+
+@jax.tree_util.register_pytree_node_class
+class SparseMatrix:
+  """A sparse m x n matrix in the 8-row-window, 8x8-bitmap-block format.
+
+  Build once per sparsity pattern (on the host) with `from_coo`, `from_scipy` or
+  `from_edge_index`; change values freely with `with_values` (inside jit too). `values` are in
+  the format's own order ([nnz], or [H, nnz] for H value sets on one pattern); `rows` and
+  `cols` give each value's position. The transposed pattern is built with it, for gradients.
+  """
+
+  def __init__(self, values, pattern: Pattern, pattern_t: Pattern, perm_t, perm_t_inv,
+               input_to_format, shape: tuple[int, int]):
+    self.values = values
+    self.pattern = pattern
+    self.pattern_t = pattern_t
+    self.perm_t = perm_t
+    self.perm_t_inv = perm_t_inv
+    self.input_to_format = input_to_format
+    self.shape = tuple(shape)
+
+  # -- pytree ---------------------------------------------------------------------------------
+  def tree_flatten(self):
+    children = (self.values, self.pattern, self.pattern_t, self.perm_t, self.perm_t_inv,
+                self.input_to_format)
+    return children, self.shape
+
+  @classmethod
+  def tree_unflatten(cls, shape, children):
+    return cls(*children, shape=shape)
+
+  # -- construction ---------------------------------------------------------------------------
+  @classmethod
+  def from_coo(cls, rows, cols, values=None, *, shape=None) -> "SparseMatrix":
+    """From COO indices (any order, duplicates summed). `values=None` means all ones.
+
+    `values` may be [nnz_in] or [H, nnz_in]; `shape` defaults to (max row + 1, max col + 1).
+    """
+    rows, cols = _index_array("rows", rows), _index_array("cols", cols)
+    shape = _check_shape(shape, rows, cols)
+    _check_indices(rows, cols, shape)
+    v = _input_values(values, rows.size)
+    m, n = shape
+    pattern, to_format = pattern_lib.build(rows, cols, m, n)
+    pattern_t, to_format_t = pattern_lib.build(cols, rows, n, m)
+    nnz = pattern.rows.shape[0]
+    perm_t = np.empty(nnz, np.int32)
+    perm_t[to_format_t] = to_format
+    perm_t_inv = np.empty(nnz, np.int32)
+    perm_t_inv[to_format] = to_format_t
+    values_f = _sum_into(v, to_format, nnz)
+    put = jax.device_put
+    return cls(put(values_f), Pattern(*map(put, pattern)), Pattern(*map(put, pattern_t)),
+               put(perm_t), put(perm_t_inv), put(to_format.astype(np.int32)), shape)
+
+  @classmethod
+  def from_scipy(cls, m) -> "SparseMatrix":
+    """From any scipy.sparse matrix or array (explicit zeros are kept as entries)."""
+    coo = m.tocoo()
+    return cls.from_coo(coo.row, coo.col, coo.data, shape=coo.shape)
+
+  @classmethod
+  def from_edge_index(cls, edge_index, num_nodes: int | None = None,
+                      values=None) -> "SparseMatrix":
+    """From a [2, E] edge list: A[edge_index[0, e], edge_index[1, e]] = 1 (or values[e]).
+
+    The convention of `torch.sparse_coo_tensor(edge_index)` and PyG's
+    `to_scipy_sparse_matrix`. Message passing that aggregates at targets uses `A.T`
+    (jaxsparse_tc.nn.graph builds that directly).
+    """
+    ei = np.asarray(edge_index)
+    if ei.ndim != 2 or ei.shape[0] != 2:
+      raise ValueError(f"edge_index must have shape [2, E]; got {ei.shape}")
+    shape = None if num_nodes is None else (num_nodes, num_nodes)
+    if shape is None:
+      k = int(ei.max()) + 1 if ei.size else 0
+      shape = (k, k)
+    return cls.from_coo(ei[0], ei[1], values, shape=shape)
+
+  # -- accessors ------------------------------------------------------------------------------
+  @property
+  def nnz(self) -> int:
+    return self.pattern.rows.shape[0]
+
+  @property
+  def dtype(self):
+    return self.values.dtype
+
+  @property
+  def rows(self):
+    """Row of each value, format order."""
+    return self.pattern.rows
+
+  @property
+  def cols(self):
+    """Column of each value, format order."""
+    return self.pattern.cols
+
+  @property
+  def num_heads(self) -> int | None:
+    return self.values.shape[0] if jnp.ndim(self.values) == 2 else None
+
+  def with_values(self, values) -> "SparseMatrix":
+    """The same pattern with new values in format order ([nnz] or [H, nnz])."""
+    values = jnp.asarray(values)
+    if values.ndim not in (1, 2) or values.shape[-1] != self.nnz:
+      raise ValueError(f"values must have shape [{self.nnz}] or [H, {self.nnz}] for a "
+                       f"matrix of shape {self.shape}; got {values.shape}")
+    return SparseMatrix(values, self.pattern, self.pattern_t, self.perm_t, self.perm_t_inv,
+                        self.input_to_format, self.shape)
+
+  def values_from_input(self, values) -> jax.Array:
+    """Input-order values (as given to the constructor) to format order; duplicates add up."""
+    values = jnp.asarray(values)
+    out = jnp.zeros(values.shape[:-1] + (self.nnz,), values.dtype)
+    return out.at[..., self.input_to_format].add(values)
+
+  def values_to_input(self, values=None) -> jax.Array:
+    """Format-order values (default: this matrix's) to the constructor's input order."""
+    values = self.values if values is None else jnp.asarray(values)
+    return values[..., self.input_to_format]
+
+  @property
+  def T(self) -> "SparseMatrix":
+    """The transpose (its pattern was built with this one; values are permuted)."""
+    return SparseMatrix(self.values[..., self.perm_t], self.pattern_t, self.pattern,
+                        self.perm_t_inv, self.perm_t, self.perm_t_inv[self.input_to_format],
+                        self.shape[::-1])
+
+  def pattern_operands(self) -> tuple:
+    """What primitives take besides values: both orientations' kernel arrays and perms."""
+    return (*self.pattern.kernel_arrays(), *self.pattern_t.kernel_arrays(), self.perm_t,
+            self.perm_t_inv)
+
+  def todense(self) -> jax.Array:
+    """Dense [m, n] (or [H, m, n]) array."""
+    dense = jnp.zeros(self.values.shape[:-1] + self.shape, self.values.dtype)
+    return dense.at[..., self.rows, self.cols].set(self.values)
+
+  def to_scipy(self):
+    """scipy.sparse.csr_matrix (values as float32 when they are bfloat16)."""
+    import scipy.sparse as sp
+
+    v = np.asarray(self.values)
+    if v.ndim != 1:
+      raise ValueError(f"to_scipy needs one value set; values have shape {v.shape}")
+    if v.dtype == jnp.bfloat16:
+      v = v.astype(np.float32)
+    return sp.csr_matrix((v, (np.asarray(self.rows), np.asarray(self.cols))), shape=self.shape)
+
+  def __matmul__(self, x):
+    from jaxsparse_tc.spmm import spmm
+
+    return spmm(self, x)
+
+  def __repr__(self) -> str:
+    return (f"SparseMatrix(shape={self.shape}, nnz={self.nnz}, dtype={self.values.dtype}, "
+            f"blocks={self.pattern.num_blocks})")
