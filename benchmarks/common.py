@@ -1,0 +1,134 @@
+"""Shared benchmark helpers: graphs, timing, the results table."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def rmat(scale: int, edges_per_node: int, seed: int = 0, a=0.57, b=0.19, c=0.19) -> sp.csr_matrix:
+  """R-MAT graph with 2**scale nodes, node ids randomly permuted, duplicates removed.
+
+  The graphs of ../shared/BASELINES.md (rmat17-d16: scale 17, 16 edges per node; rmat20-d8).
+  """
+  rng = np.random.default_rng(seed)
+  n = 1 << scale
+  e = n * edges_per_node
+  rows = np.zeros(e, np.int64)
+  cols = np.zeros(e, np.int64)
+  for _ in range(scale):
+    u = rng.random(e)
+    right = (u >= a) & (u < a + b) | (u >= a + b + c)
+    down = u >= a + b
+    rows = (rows << 1) | down
+    cols = (cols << 1) | right
+  perm = rng.permutation(n)
+  m = sp.coo_matrix((np.ones(e, np.float32), (perm[rows], perm[cols])), shape=(n, n)).tocsr()
+  m.sum_duplicates()
+  m.data[:] = rng.uniform(0.5, 1.5, m.nnz).astype(np.float32)
+  return m
+
+
+def package_graph(name: str) -> sp.csr_matrix:
+  """A real graph shipped with the package or in ../shared/data (npz with indptr/indices)."""
+  for folder in (ROOT / "jaxsparse_tc" / "data", SHARED_DATA):
+    path = folder / f"{name}.npz"
+    if path.exists():
+      z = np.load(path)
+      n = int(z["shape"][0])
+      return sp.csr_matrix((np.ones(len(z["indices"]), np.float32), z["indices"], z["indptr"]),
+                           shape=tuple(int(s) for s in z["shape"]))
+  raise FileNotFoundError(name)
+
+
+def real_graph_names() -> list[str]:
+  names = {p.stem for p in SHARED_DATA.glob("*.npz")} if SHARED_DATA.exists() else set()
+  names |= {p.stem for p in (ROOT / "jaxsparse_tc" / "data").glob("*.npz")}
+  return sorted(names)
+
+
+def benchmark_graphs(quick: bool = False) -> dict[str, sp.csr_matrix]:
+  """Real graphs plus the two R-MAT graphs of BASELINES.md."""
+  graphs = {name: package_graph(name) for name in real_graph_names()}
+  graphs["rmat17-d16"] = rmat(17, 16)
+  if not quick:
+    graphs["rmat20-d8"] = rmat(20, 8)
+  return graphs
+
+
+def time_fn(fn, *args, warmup: int = 5, repeat: int = 50) -> float:
+  """Median milliseconds of fn(*args) after warm-up, synchronised with block_until_ready."""
+  import jax
+
+  for _ in range(warmup):
+    jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeat):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times) * 1e3)
+
+
+def time_torch(fn, warmup: int = 5, repeat: int = 50) -> float:
+  """Median milliseconds of a torch CUDA callable, timed with CUDA events."""
+  import torch
+
+  for _ in range(warmup):
+    fn()
+  torch.cuda.synchronize()
+  times = []
+  for _ in range(repeat):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    times.append(start.elapsed_time(end))
+  return float(np.median(times))
+
+
+def device_name() -> str:
+  import jax
+
+  d = jax.devices()[0]
+  return getattr(d, "device_kind", str(d))
+
+
+def geomean(xs) -> float:
+  xs = [x for x in xs if x and np.isfinite(x)]
+  return float(np.exp(np.mean(np.log(xs)))) if xs else float("nan")
+
+
+def print_table(rows: list[dict], columns: list[str], title: str = "") -> None:
+  if title:
+    print(f"\n## {title}")
+  widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) if rows else len(c) for c in columns]
+  print("| " + " | ".join(c.ljust(w) for c, w in zip(columns, widths)) + " |")
+  print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+  for r in rows:
+    print("| " + " | ".join(_fmt(r.get(c)).ljust(w) for c, w in zip(columns, widths)) + " |")
+
+
+def _fmt(v) -> str:
+  if v is None:
+    return ""
+  if isinstance(v, float):
+    return f"{v:.3f}" if abs(v) < 1000 else f"{v:.0f}"
+  return str(v)
+
+
+def write_json(rows: list[dict], name: str) -> Path:
+  out = Path(os.environ.get("OUT", ROOT / "out"))
+  out.mkdir(parents=True, exist_ok=True)
+  path = out / f"{name}.json"
+  path.write_text(json.dumps({"device": device_name(), "rows": rows}, indent=1))
+  return path

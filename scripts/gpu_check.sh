@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One call on a GPU machine with no network: build in place, run the tests (GPU ones included),
+# run the benchmarks, print a short table last. Usage:
+#   scripts/gpu_check.sh [--tests-only | --bench-only] [--quick] [--sanitize]
+# Results: $OUT (default ./out) holds test logs and benchmark JSON.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+export OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+tests=1; bench=1; quick=""; sanitize=0
+for a in "$@"; do
+  case $a in
+    --tests-only) bench=0 ;;
+    --bench-only) tests=0 ;;
+    --quick) quick="--quick" ;;
+    --sanitize) sanitize=1 ;;
+  esac
+done
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
+
+# Build for the machine's GPU only (fast); CI compiles every architecture.
+arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
+export CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=${arch:-90} -DJAXSPARSE_TC_CUDA=ON ${CMAKE_ARGS:-}"
+python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 \
+  || { tail -50 "$OUT/build.log"; exit 1; }
+python3 -c "import jaxsparse_tc as j; assert j.has_cuda(), 'CUDA extension missing'; print('cuda extension ok')"
+
+status=0
+if [ $tests = 1 ]; then
+  python3 -m pytest -q -x -p no:cacheprovider tests 2>&1 | tee "$OUT/tests.log" | tail -30
+  status=${PIPESTATUS[0]}
+fi
+if [ $sanitize = 1 ]; then
+  compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/sanitize_case.py \
+    2>&1 | tee "$OUT/sanitizer.log" | tail -15
+fi
+if [ $bench = 1 ]; then
+  python3 benchmarks/run.py $quick 2>&1 | tee "$OUT/bench.log"
+fi
+exit $status
