@@ -65,9 +65,12 @@ def _input_values(values, count: int) -> np.ndarray:
 
 def _sum_into(v: np.ndarray, index: np.ndarray, size: int) -> np.ndarray:
   """Sums input-order values into format positions (duplicate entries add up)."""
-  flat = v.reshape(-1, v.shape[-1]).astype(np.float64)
-  out = np.stack([np.bincount(index, weights=f, minlength=size) for f in flat])
-  return out.reshape(v.shape[:-1] + (size,)).astype(v.dtype)
+  heads = v.shape[:-1]
+  flat = v.reshape((int(np.prod(heads)), v.shape[-1])).astype(np.float64)
+  out = np.zeros((flat.shape[0], size))
+  for h, f in enumerate(flat):
+    out[h] = np.bincount(index, weights=f, minlength=size)
+  return out.reshape(heads + (size,)).astype(v.dtype)
 
 
 @jax.tree_util.register_pytree_node_class

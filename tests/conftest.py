@@ -1,0 +1,68 @@
+"""Shared fixtures: fresh random generators (seed reported on failure) and real graphs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def rng(request):
+  """A fresh generator per test; its seed is shown when the test fails."""
+  seed = int(np.random.SeedSequence().entropy % (2**32))
+  request.node.user_properties.append(("seed", seed))
+  request.node._jst_seed = seed
+  return np.random.default_rng(seed)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  outcome = yield
+  report = outcome.get_result()
+  seed = getattr(item, "_jst_seed", None)
+  if report.failed and seed is not None:
+    report.sections.append(("random seed", f"rng seed = {seed}"))
+
+
+def load_graph(name: str) -> sp.csr_matrix | None:
+  """A real graph (npz with indptr/indices/shape) from the package or ../shared/data."""
+  for folder in (ROOT / "jaxsparse_tc" / "data", ROOT.parent / "shared" / "data"):
+    path = folder / f"{name}.npz"
+    if path.exists():
+      z = np.load(path)
+      shape = tuple(int(s) for s in z["shape"])
+      return sp.csr_matrix((np.ones(len(z["indices"]), np.float32), z["indices"], z["indptr"]),
+                           shape=shape)
+  return None
+
+
+@pytest.fixture(scope="session")
+def cora():
+  g = load_graph("cora")
+  if g is None:
+    pytest.skip("cora.npz not found")
+  return g
+
+
+def random_coo(rng, m, n, density, duplicates=0.1):
+  """Unsorted COO with some duplicate entries."""
+  count = int(m * n * density)
+  rows = rng.integers(0, m, count) if m else np.zeros(0, np.int64)
+  cols = rng.integers(0, n, count) if n else np.zeros(0, np.int64)
+  dup = rng.random(count) < duplicates
+  rows = np.concatenate([rows, rows[dup]])
+  cols = np.concatenate([cols, cols[dup]])
+  vals = rng.standard_normal(rows.size).astype(np.float32)
+  return rows, cols, vals
+
+
+def rel_err(out, ref) -> float:
+  out = np.asarray(out, np.float64)
+  ref = np.asarray(ref, np.float64)
+  denom = np.linalg.norm(ref)
+  return float(np.linalg.norm(out - ref) / (denom if denom else 1.0))

@@ -1,0 +1,203 @@
+"""The format: construction from every input kind, structure invariants, accessors, errors."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from conftest import random_coo
+from jaxsparse_tc import SparseMatrix
+from jaxsparse_tc.pattern import SPLIT_BLOCKS, window_schedule
+
+SHAPES = [(1, 1), (7, 5), (8, 8), (17, 33), (64, 40), (131, 97)]
+
+
+def scipy_of(rows, cols, vals, shape):
+  return sp.coo_matrix((vals.astype(np.float64), (rows, cols)), shape=shape).toarray()
+
+
+def decode(pattern, nnz):
+  """Independent Python decoding of the bitmap format into (row, col) per value."""
+  p = jax.tree.map(np.asarray, pattern)
+  rows = np.full(nnz, -1, np.int64)
+  cols = np.full(nnz, -1, np.int64)
+  for w in range(len(p.window_col_ptr) - 1):
+    wcols = p.window_cols[p.window_col_ptr[w]:p.window_col_ptr[w + 1]]
+    assert np.all(np.diff(wcols) > 0), "condensed columns sorted and unique"
+    blocks = range(p.window_block_ptr[w], p.window_block_ptr[w + 1])
+    assert len(blocks) == -(-len(wcols) // 8)
+    for i, b in enumerate(blocks):
+      bits = int(p.block_bitmap[b, 0]) | (int(p.block_bitmap[b, 1]) << 32)
+      idx = p.block_value_ptr[b]
+      for k in range(64):
+        if bits >> k & 1:
+          c, r = divmod(k, 8)
+          assert 8 * i + c < len(wcols), "bit beyond the block's columns"
+          rows[idx], cols[idx] = 8 * w + r, wcols[8 * i + c]
+          idx += 1
+      assert idx == p.block_value_ptr[b + 1]
+  return rows, cols
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_from_coo_matches_scipy(rng, shape):
+  m, n = shape
+  rows, cols, vals = random_coo(rng, m, n, 0.3)
+  A = SparseMatrix.from_coo(rows, cols, vals, shape=shape)
+  ref = scipy_of(rows, cols, vals, shape)
+  np.testing.assert_allclose(np.asarray(A.todense()), ref, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(A.to_scipy().toarray(), ref, rtol=1e-5, atol=1e-5)
+  assert A.nnz == np.count_nonzero(np.abs(scipy_of(rows, cols, np.ones_like(vals), shape)))
+  # every value sits where the bitmap says, and A.rows/A.cols agree with it
+  r, c = decode(A.pattern, A.nnz)
+  np.testing.assert_array_equal(r, np.asarray(A.rows))
+  np.testing.assert_array_equal(c, np.asarray(A.cols))
+  np.testing.assert_allclose(ref[r, c], np.asarray(A.values), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_transpose_structure(rng, shape):
+  rows, cols, vals = random_coo(rng, *shape, 0.25)
+  A = SparseMatrix.from_coo(rows, cols, vals, shape=shape)
+  At = A.T
+  assert At.shape == shape[::-1]
+  np.testing.assert_allclose(np.asarray(At.todense()), np.asarray(A.todense()).T)
+  r, c = decode(At.pattern, At.nnz)
+  np.testing.assert_array_equal(r, np.asarray(At.rows))
+  np.testing.assert_array_equal(np.asarray(A.perm_t)[np.asarray(A.perm_t_inv)], np.arange(A.nnz))
+  np.testing.assert_allclose(np.asarray(At.T.todense()), np.asarray(A.todense()))
+
+
+def test_schedule_covers_every_block_once(rng):
+  # a dense band gives windows with many blocks, so some get split
+  m, n = 40, 2000
+  rows = np.repeat(np.arange(m), 600)
+  cols = rng.integers(0, n, rows.size)
+  A = SparseMatrix.from_coo(rows, cols, shape=(m, n))
+  sched = np.asarray(A.pattern.schedule)
+  ptr = np.asarray(A.pattern.window_block_ptr)
+  seen = np.zeros(A.pattern.num_blocks, np.int64)
+  windows = set()
+  for w, b0, b1, split in sched:
+    assert ptr[w] <= b0 <= b1 <= ptr[w + 1]
+    assert b1 - b0 <= SPLIT_BLOCKS
+    assert split == (ptr[w + 1] - ptr[w] > SPLIT_BLOCKS)
+    seen[b0:b1] += 1
+    windows.add(int(w))
+  assert np.all(seen == 1)
+  assert windows == set(range(len(ptr) - 1))
+  assert sched[:, 3].any(), "this pattern should need split windows"
+  work = sched[:, 2] - sched[:, 1]
+  assert np.all(np.diff(work) <= 0), "heaviest items first"
+
+
+def test_schedule_includes_empty_windows():
+  s = window_schedule(np.array([0, 0, 3, 3, 100]))
+  assert sorted(set(s[:, 0].tolist())) == [0, 1, 2, 3]
+
+
+def test_duplicates_summed_and_values_none_means_ones():
+  rows = [2, 0, 2, 2, 1]
+  cols = [1, 3, 1, 1, 0]
+  A = SparseMatrix.from_coo(rows, cols, shape=(3, 4))
+  ref = np.zeros((3, 4))
+  ref[2, 1], ref[0, 3], ref[1, 0] = 3, 1, 1
+  np.testing.assert_array_equal(np.asarray(A.todense()), ref)
+  assert A.nnz == 3
+  assert A.values.dtype == jnp.float32
+
+
+def test_input_order_round_trip(rng):
+  rows, cols, vals = random_coo(rng, 30, 20, 0.2, duplicates=0.3)
+  A = SparseMatrix.from_coo(rows, cols, vals, shape=(30, 20))
+  np.testing.assert_allclose(np.asarray(A.values_from_input(vals)), np.asarray(A.values),
+                             rtol=1e-5, atol=1e-6)
+  back = np.asarray(A.values_to_input())
+  dense = scipy_of(rows, cols, vals, (30, 20))
+  np.testing.assert_allclose(back, dense[rows, cols], rtol=1e-5, atol=1e-6)
+  # the transpose keeps the input correspondence
+  np.testing.assert_allclose(np.asarray(A.T.values_to_input()), back, rtol=1e-6)
+
+
+def test_empty_rows_columns_single_and_zero_nnz():
+  A = SparseMatrix.from_coo([5], [3], [2.5], shape=(20, 9))
+  assert A.nnz == 1 and A.pattern.num_blocks == 1
+  d = np.asarray(A.todense())
+  assert d[5, 3] == 2.5 and np.count_nonzero(d) == 1
+  Z = SparseMatrix.from_coo([], [], shape=(10, 7))
+  assert Z.nnz == 0 and Z.pattern.num_blocks == 0 and Z.shape == (10, 7)
+  np.testing.assert_array_equal(np.asarray(Z.todense()), np.zeros((10, 7)))
+  assert Z.T.shape == (7, 10)
+
+
+def test_from_scipy_and_edge_index(rng, cora):
+  A = SparseMatrix.from_scipy(cora)
+  assert A.shape == cora.shape and A.nnz == cora.nnz
+  np.testing.assert_array_equal(A.to_scipy().toarray(), cora.toarray())
+  coo = cora.tocoo()
+  B = SparseMatrix.from_edge_index(np.stack([coo.row, coo.col]), cora.shape[0])
+  np.testing.assert_array_equal(B.to_scipy().toarray(), cora.toarray())
+  # scipy arrays (not only matrices) and explicit zeros are entries
+  m = sp.csr_array(([0.0, 1.0], ([0, 1], [1, 0])), shape=(2, 2))
+  assert SparseMatrix.from_scipy(m).nnz == 2
+
+
+def test_heads_values_and_with_values(rng):
+  rows, cols, _ = random_coo(rng, 16, 16, 0.3, duplicates=0)
+  vals = rng.standard_normal((3, rows.size)).astype(np.float32)
+  A = SparseMatrix.from_coo(rows, cols, vals, shape=(16, 16))
+  assert A.values.shape == (3, A.nnz) and A.num_heads == 3
+  for h in range(3):
+    np.testing.assert_allclose(np.asarray(A.todense()[h]), scipy_of(rows, cols, vals[h], (16, 16)),
+                               rtol=1e-6, atol=1e-6)
+  B = A.with_values(jnp.ones(A.nnz))
+  assert B.values.shape == (A.nnz,)
+  with pytest.raises(ValueError, match=str(A.nnz)):
+    A.with_values(jnp.ones(A.nnz + 1))
+
+
+def test_pytree_round_trip_and_jit(rng):
+  rows, cols, vals = random_coo(rng, 12, 9, 0.3)
+  A = SparseMatrix.from_coo(rows, cols, vals, shape=(12, 9))
+  leaves, tree = jax.tree.flatten(A)
+  B = jax.tree.unflatten(tree, leaves)
+  assert B.shape == A.shape and B.nnz == A.nnz
+  dense = jax.jit(lambda M: M.todense())(A)
+  np.testing.assert_allclose(np.asarray(dense), np.asarray(A.todense()))
+
+
+# -- errors at construction -------------------------------------------------------------------
+@pytest.mark.parametrize("rows,cols,shape,match", [
+    ([0, -1], [0, 1], (3, 3), "negative row"),
+    ([0, 1], [0, -2], (3, 3), "negative column"),
+    ([0, 3], [0, 1], (3, 3), "row index 3 is out of range"),
+    ([0, 1], [0, 5], (3, 3), "column index 5 is out of range"),
+    ([0, 1], [0, 1], (3, -1), "non-negative"),
+    ([0, 1], [0, 1], (3, 3, 3), "pair"),
+    ([0, 1], [0], (3, 3), "differ in length"),
+    ([[0, 1]], [[0, 1]], (3, 3), "one-dimensional"),
+    ([0.5, 1.0], [0, 1], (3, 3), "integers"),
+])
+def test_bad_indices_raise(rows, cols, shape, match):
+  with pytest.raises(ValueError, match=match):
+    SparseMatrix.from_coo(rows, cols, shape=shape)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_values_raise(bad):
+  with pytest.raises(ValueError, match="finite"):
+    SparseMatrix.from_coo([0, 1], [1, 0], [1.0, bad], shape=(2, 2))
+  with pytest.raises(ValueError, match="finite"):
+    SparseMatrix.from_scipy(sp.csr_matrix(np.array([[0.0, bad], [1.0, 0.0]])))
+
+
+def test_bad_values_and_edge_index_shapes():
+  with pytest.raises(ValueError, match="values must have shape"):
+    SparseMatrix.from_coo([0, 1], [1, 0], [1.0, 2.0, 3.0], shape=(2, 2))
+  with pytest.raises(ValueError, match=r"\[2, E\]"):
+    SparseMatrix.from_edge_index(np.zeros((3, 4), np.int64), 5)
+  with pytest.raises(ValueError, match="out of range"):
+    SparseMatrix.from_edge_index(np.array([[0, 9], [1, 2]]), 5)
