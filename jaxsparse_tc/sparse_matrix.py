@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -115,8 +117,11 @@ class SparseMatrix:
     _check_indices(rows, cols, shape)
     v = _input_values(values, rows.size)
     m, n = shape
-    pattern, to_format = pattern_lib.build(rows, cols, m, n)
-    pattern_t, to_format_t = pattern_lib.build(cols, rows, n, m)
+    # The builder releases the GIL: build A and A^T on two cores at once.
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+      job_t = pool.submit(pattern_lib.build, cols, rows, n, m)
+      pattern, to_format = pattern_lib.build(rows, cols, m, n)
+      pattern_t, to_format_t = job_t.result()
     nnz = pattern.rows.shape[0]
     perm_t = np.empty(nnz, np.int32)
     perm_t[to_format_t] = to_format
