@@ -13,6 +13,8 @@ namespace nb = nanobind;
 namespace jaxsparse_tc {
 extern "C" XLA_FFI_Error* SpmmCpu(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* SddmmCpu(XLA_FFI_CallFrame*);
+extern "C" XLA_FFI_Error* EdgeSoftmaxCpu(XLA_FFI_CallFrame*);
+extern "C" XLA_FFI_Error* EdgeSoftmaxBwdCpu(XLA_FFI_CallFrame*);
 }
 
 namespace {
@@ -62,6 +64,8 @@ NB_MODULE(_cpu, m) {
     nb::dict d;
     d["jaxsparse_tc_spmm"] = handler(jaxsparse_tc::SpmmCpu);
     d["jaxsparse_tc_sddmm"] = handler(jaxsparse_tc::SddmmCpu);
+    d["jaxsparse_tc_edge_softmax"] = handler(jaxsparse_tc::EdgeSoftmaxCpu);
+    d["jaxsparse_tc_edge_softmax_bwd"] = handler(jaxsparse_tc::EdgeSoftmaxBwdCpu);
     return d;
   });
 }
