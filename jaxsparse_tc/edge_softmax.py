@@ -12,6 +12,7 @@ transposes the JVP into the same kernel. Its own JVP (second order) is composed 
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
@@ -41,6 +42,11 @@ def edge_softmax(A, values=None):
   return A.with_values(out if v.ndim == 2 else out[0])
 
 
+def _zero(x):
+  """A symbolic zero tangent for primal x (ad.Zero.from_primal_value is not in every jax)."""
+  return ad.Zero(jax.typeof(x).to_tangent_aval())
+
+
 def _rowsum_bcast(z, pattern):
   """rowsum(z) broadcast to each row's nonzeros, as a linear function of z."""
   ones = jnp.ones((1, z.shape[1]), z.dtype)
@@ -58,7 +64,7 @@ def _jvp(primals, tangents):
   dvalues = tangents[0]
   y = edge_softmax_p.bind(values, *pattern)
   if type(dvalues) is ad.Zero:
-    return y, ad.Zero.from_primal_value(y)
+    return y, _zero(y)
   return y, edge_softmax_bwd_p.bind(y, dvalues, *pattern)
 
 
@@ -98,7 +104,7 @@ def _bwd_jvp(primals, tangents):
     r = _rowsum_bcast(y * t, pattern)
     parts.append(dy * (t - r) - y * _rowsum_bcast(dy * t, pattern))
   if not parts:
-    return out, ad.Zero.from_primal_value(out)
+    return out, _zero(out)
   tangent = parts[0] if len(parts) == 1 else parts[0] + parts[1]
   return out, jnp.broadcast_to(tangent, out.shape).astype(out.dtype)
 

@@ -112,3 +112,163 @@ def test_edge_softmax_errors(rng):
     jst.edge_softmax(A, jnp.zeros(A.nnz + 1))
   with pytest.raises(TypeError):
     jst.edge_softmax(A, jnp.zeros(A.nnz, jnp.int32))
+
+
+# -- sparse_attention -------------------------------------------------------------------------
+def attention_ref(A, q, k, v, scale=None, bias=None):
+  """float64 dense masked softmax attention; rows with no nonzeros give zeros."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  d = q.shape[-1]
+  scale = 1.0 / np.sqrt(d) if scale is None else scale
+  r, c = np.asarray(A.rows), np.asarray(A.cols)
+  s = scale * np.einsum("...id,...jd->...ij", q, k)
+  H = max(x.shape[0] if x.ndim == 3 else 1 for x in (q, k, v))
+  if q.ndim == 3 or k.ndim == 3 or v.ndim == 3 or (bias is not None and np.ndim(bias) == 2):
+    s = np.broadcast_to(s, (H,) + A.shape) if s.ndim == 3 else np.broadcast_to(s, (H,) + A.shape)
+  logits = np.full(s.shape, -np.inf)
+  b = 0.0 if bias is None else np.asarray(bias, np.float64)
+  logits[..., r, c] = s[..., r, c] + b
+  mx = np.max(logits, axis=-1, keepdims=True)
+  mx = np.where(np.isfinite(mx), mx, 0.0)
+  e = np.exp(logits - mx)
+  den = e.sum(-1, keepdims=True)
+  p = np.where(den > 0, e / np.where(den > 0, den, 1.0), 0.0)
+  return p @ v
+
+
+def qkv(rng, A, d=16, dv=8, dtype=jnp.float32, h=None, amp=1.0):
+  m, n = A.shape
+  lead = () if h is None else (h,)
+  mk = lambda *s: jnp.asarray(rng.standard_normal(lead + s) * amp, dtype)
+  return mk(m, d), mk(n, d), mk(n, dv)
+
+
+ATT_TOL = {jnp.float32: 1e-5, jnp.float16: 4e-3, jnp.bfloat16: 3e-2}
+
+
+@pytest.mark.parametrize("m,n", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_matches_float64(rng, m, n, dtype):
+  A = make_pattern(rng, m, n, empty_rows=2)
+  q, k, v = qkv(rng, A, d=16, dv=24, dtype=dtype, amp=1.5)
+  out = jax.jit(jst.sparse_attention)(A, q, k, v)
+  assert out.shape == (m, 24) and out.dtype == dtype
+  assert rel_err(out, attention_ref(A, q, k, v)) < ATT_TOL[dtype]
+  bias = jnp.asarray(rng.standard_normal(A.nnz) * 2, dtype)
+  out = jst.sparse_attention(A, q, k, v, scale=0.3, bias=bias)
+  assert rel_err(out, attention_ref(A, q, k, v, 0.3, bias)) < ATT_TOL[dtype]
+
+
+def test_attention_empty_rows(rng):
+  A = make_pattern(rng, 40, 30, empty_rows=15)
+  q, k, v = qkv(rng, A)
+  out = np.asarray(jst.sparse_attention(A, q, k, v))
+  empty = np.bincount(np.asarray(A.rows), minlength=40) == 0
+  assert empty.sum() >= 10
+  assert np.all(out[empty] == 0) and np.all(np.isfinite(out))
+  assert rel_err(out, attention_ref(A, q, k, v)) < 1e-5
+  # and the gradient of an all-empty matrix is zero, finite
+  E = SparseMatrix.from_coo(np.zeros(0, np.int64), np.zeros(0, np.int64), shape=(9, 5))
+  qe, ke, ve = qkv(rng, E)
+  g = jax.grad(lambda a: jnp.sum(jst.sparse_attention(E, a, ke, ve)))(qe)
+  assert np.all(np.asarray(g) == 0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_large_logits(rng, dtype):
+  A = make_pattern(rng, 48, 40, density=0.25, empty_rows=3)
+  q, k, v = qkv(rng, A, d=16, dv=8, dtype=dtype, amp=25.0)  # logits ~ 25*25*4 = 2.5e3
+  bias = jnp.asarray(rng.uniform(-1e4, 1e4, A.nnz), dtype)
+  for b in (None, bias):
+    out = np.asarray(jst.sparse_attention(A, q, k, v, scale=1.0, bias=b), np.float64)
+    assert np.all(np.isfinite(out))
+    ref = attention_ref(A, q, k, v, 1.0, b)
+    assert np.abs(attention_ref(A, q, k, v, 1.0, None)).max() > 0
+    assert rel_err(out, ref) < ATT_TOL[dtype] * 2
+  g = jax.grad(lambda a: jnp.sum(jst.sparse_attention(A, a, k, v, scale=1.0, bias=bias)
+                                 .astype(jnp.float32)))(q)
+  assert np.all(np.isfinite(np.asarray(g, np.float32)))
+
+
+@pytest.mark.parametrize("with_heads", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_attention_check_grads(rng, with_heads, with_bias):
+  A = make_pattern(rng, 21, 17, density=0.3, empty_rows=2)
+  h = 2 if with_heads else None
+  q, k, v = qkv(rng, A, d=8, dv=5, h=h)
+  args = [q, k, v]
+  if with_bias:
+    args.append(jnp.asarray(rng.standard_normal(((h,) if h else ()) + (A.nnz,)), jnp.float32))
+  f = lambda *a: jst.sparse_attention(A, *a[:3], scale=0.7, bias=a[3] if len(a) > 3 else None)
+  check_grads(f, args, order=1, modes=["fwd", "rev"], atol=1e-2, rtol=1e-2)
+
+
+def test_attention_grad_matches_float64(rng):
+  """grad through the fused backward vs central differences on the float64 reference."""
+  A = make_pattern(rng, 19, 15, density=0.35, empty_rows=2)
+  q, k, v = qkv(rng, A, d=8, dv=6)
+  bias = jnp.asarray(rng.standard_normal(A.nnz), jnp.float32)
+  w = rng.standard_normal((19, 6))
+  loss = lambda *a: jnp.sum(jst.sparse_attention(A, *a[:3], bias=a[3]) * w)
+  grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, bias)
+  ref_loss = lambda *a: float(np.sum(attention_ref(A, *a[:3], None, a[3]) * w))
+  base = [np.asarray(x, np.float64) for x in (q, k, v, bias)]
+  for i, g in enumerate(grads):
+    num = np.zeros_like(base[i])
+    for idx in np.ndindex(base[i].shape):
+      plus = [b.copy() for b in base]
+      minus = [b.copy() for b in base]
+      plus[i][idx] += 1e-6
+      minus[i][idx] -= 1e-6
+      num[idx] = (ref_loss(*plus) - ref_loss(*minus)) / 2e-6
+    assert rel_err(g, num) < 1e-4, i
+  # forward-mode agrees with reverse mode
+  t = [jnp.asarray(rng.standard_normal(x.shape), jnp.float32) for x in (q, k, v, bias)]
+  _, jv = jax.jvp(loss, (q, k, v, bias), tuple(t))
+  dot = sum(float(jnp.vdot(g, ti)) for g, ti in zip(grads, t))
+  assert abs(float(jv) - dot) < 1e-4 * (abs(dot) + 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_heads_and_vmap(rng, dtype):
+  A = make_pattern(rng, 33, 27, empty_rows=2)
+  H = 3
+  q, k, v = qkv(rng, A, d=16, dv=8, dtype=dtype, h=H)
+  bias = jnp.asarray(rng.standard_normal((H, A.nnz)), dtype)
+  native = jst.sparse_attention(A, q, k, v, bias=bias)
+  assert native.shape == (H, 33, 8)
+  assert rel_err(native, attention_ref(A, q, k, v, None, bias)) < ATT_TOL[dtype]
+  f = lambda a, b, c, bb: jst.sparse_attention(A, a, b, c, bias=bb)
+  batched = jax.jit(jax.vmap(f))(q, k, v, bias)
+  loop = jnp.stack([f(q[i], k[i], v[i], bias[i]) for i in range(H)])
+  np.testing.assert_allclose(np.asarray(batched, np.float32), np.asarray(loop, np.float32),
+                             rtol=1e-6, atol=1e-6)
+  # shared K/V (one head) broadcast against per-head Q
+  out = jst.sparse_attention(A, q, k[0], v[0])
+  assert rel_err(out, attention_ref(A, q, k[:1], v[:1])) < ATT_TOL[dtype]
+  if dtype == jnp.float32:
+    loss = lambda a, b, c, bb: jnp.sum(f(a, b, c, bb) ** 2)
+    gv = jax.vmap(jax.grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, bias)
+    gl = [jax.grad(loss, argnums=(0, 1, 2, 3))(q[i], k[i], v[i], bias[i]) for i in range(H)]
+    for j in range(4):
+      np.testing.assert_allclose(np.asarray(gv[j]), np.stack([np.asarray(g[j]) for g in gl]),
+                                 rtol=1e-5, atol=1e-6)
+    # jvp under vmap
+    t = tuple(jnp.ones_like(x) for x in (q, k, v, bias))
+    jv = jax.vmap(lambda *a: jax.jvp(f, a[:4], a[4:])[1])(q, k, v, bias, *t)
+    jl = jnp.stack([jax.jvp(f, (q[i], k[i], v[i], bias[i]), tuple(x[i] for x in t))[1]
+                    for i in range(H)])
+    np.testing.assert_allclose(np.asarray(jv), np.asarray(jl), rtol=1e-5, atol=1e-6)
+
+
+def test_attention_errors(rng):
+  A = make_pattern(rng, 10, 8)
+  q, k, v = qkv(rng, A)
+  with pytest.raises(ValueError):
+    jst.sparse_attention(A, q[:5], k, v)
+  with pytest.raises(TypeError):
+    jst.sparse_attention(A, q, k.astype(jnp.float16), v)
+  with pytest.raises(ValueError):
+    jst.sparse_attention(A, q, k, v, bias=jnp.zeros(A.nnz + 2))
+  with pytest.raises(ValueError):
+    jst.sparse_attention(A, q, k[:, :3], v)

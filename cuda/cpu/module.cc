@@ -15,6 +15,9 @@ extern "C" XLA_FFI_Error* SpmmCpu(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* SddmmCpu(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* EdgeSoftmaxCpu(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* EdgeSoftmaxBwdCpu(XLA_FFI_CallFrame*);
+extern "C" XLA_FFI_Error* AttentionFwdCpu(XLA_FFI_CallFrame*);
+extern "C" XLA_FFI_Error* AttentionJvpCpu(XLA_FFI_CallFrame*);
+extern "C" XLA_FFI_Error* AttentionBwdCpu(XLA_FFI_CallFrame*);
 }
 
 namespace {
@@ -66,6 +69,9 @@ NB_MODULE(_cpu, m) {
     d["jaxsparse_tc_sddmm"] = handler(jaxsparse_tc::SddmmCpu);
     d["jaxsparse_tc_edge_softmax"] = handler(jaxsparse_tc::EdgeSoftmaxCpu);
     d["jaxsparse_tc_edge_softmax_bwd"] = handler(jaxsparse_tc::EdgeSoftmaxBwdCpu);
+    d["jaxsparse_tc_attention_fwd"] = handler(jaxsparse_tc::AttentionFwdCpu);
+    d["jaxsparse_tc_attention_jvp"] = handler(jaxsparse_tc::AttentionJvpCpu);
+    d["jaxsparse_tc_attention_bwd"] = handler(jaxsparse_tc::AttentionBwdCpu);
     return d;
   });
 }

@@ -1,0 +1,216 @@
+"""sparse_attention: softmax_row(mask_A(scale * Q K^T + bias)) @ V, fused.
+
+Three primitives, one FFI kernel family each (CPU C++ reference, CUDA):
+
+* `attention_fwd_p(q, k, v, bias) -> (o, lse)`: the fused forward (on GPU: SDDMM -> online
+  softmax in fp32 -> SpMM per 8-row window, never writing the nnz-sized score matrix). `lse`
+  (float32 [H, m], row log-sum-exp) is saved for differentiation; it is internal (its tangent
+  is declared zero: sparse_attention never returns it).
+* `attention_jvp_p(q, k, v, bias, o, lse, dq, dk, dv, dbias) -> do`: the JVP, linear in the
+  tangents (dq, dk, dv, dbias), computed by one fused kernel from the saved lse.
+* `attention_bwd_p(q, k, v, bias, o, lse, do) -> (dq, dk, dv, dbias)`: FlashAttention-2
+  backward from the saved o and lse, fused kernels.
+
+How the transformations compose: `attention_fwd_p`'s JVP rule runs the fused forward and emits
+`attention_jvp_p` for the tangent. `jax.jvp` evaluates that kernel. `jax.grad`/`jax.vjp`
+linearize the same JVP and transpose `attention_jvp_p` -- its transpose rule *is* the fused
+backward `attention_bwd_p`, so reverse mode never materialises a JVP: it runs forward +
+fused backward. vmap folds the batch into the kernels' head axis (heads.py) for all three.
+Higher-order derivatives (jvp of the jvp/bwd primitives) are not implemented.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from jaxsparse_tc import checks, heads
+from jaxsparse_tc._extensions import CUDA_TARGETS
+from jaxsparse_tc.lowering import apply_primitive
+from jaxsparse_tc.pattern import NUM_PATTERN_OPERANDS
+
+attention_fwd_p = Primitive("jaxsparse_tc_attention_fwd")
+attention_fwd_p.multiple_results = True
+attention_jvp_p = Primitive("jaxsparse_tc_attention_jvp")
+attention_bwd_p = Primitive("jaxsparse_tc_attention_bwd")
+attention_bwd_p.multiple_results = True
+
+
+def sparse_attention(A, Q, K, V, *, scale=None, bias=None):
+  """softmax_row(mask_A(scale * Q K^T + bias)) @ V over the nonzeros of A.
+
+  A: SparseMatrix [m, n] (its pattern is the mask; its values are not used).
+  Q [m, d], K [n, d], V [n, dv], or with a head axis [H, ...] (1 or H heads each).
+  bias: optional per-edge logits in A's format order, [nnz] or [H, nnz].
+  scale: defaults to 1/sqrt(d). float32 softmax; output [m, dv] or [H, m, dv] in Q's dtype.
+  Rows of A without nonzeros give zeros.
+  """
+  q, k, v = (jnp.asarray(x) for x in (Q, K, V))
+  m, n = A.shape
+  checks.dense_operand("sparse_attention", "Q", q, A, expected_rows=m)
+  checks.dense_operand("sparse_attention", "K", k, A, expected_rows=n)
+  checks.dense_operand("sparse_attention", "V", v, A, expected_rows=n)
+  checks.same_dense("sparse_attention", q, k)
+  if v.dtype != q.dtype:
+    raise checks.OperandError(f"sparse_attention: Q ({q.shape}, {q.dtype}) and V ({v.shape}, "
+                              f"{v.dtype}) must have the same dtype")
+  hs = [x.shape[0] if x.ndim == 3 else 1 for x in (q, k, v)]
+  has_bias = bias is not None
+  if has_bias:
+    b = jnp.asarray(bias)
+    if b.ndim not in (1, 2) or b.shape[-1] != A.nnz:
+      raise checks.OperandError(f"sparse_attention: A has {A.nnz} nonzeros, so bias must have "
+                                f"shape [{A.nnz}] or [H, {A.nnz}]; got {b.shape}")
+    if not jnp.issubdtype(b.dtype, jnp.floating):
+      raise checks.OperandError(f"sparse_attention: bias has non-float dtype {b.dtype}")
+    b = b.astype(q.dtype).reshape(-1, A.nnz)
+  else:
+    b = jnp.zeros((1, 1), q.dtype)
+  hs.append(b.shape[0])
+  try:
+    heads.num_heads(*hs)
+  except ValueError:
+    raise checks.OperandError(
+        f"sparse_attention: head counts of Q {q.shape}, K {k.shape}, V {v.shape} and bias "
+        f"{None if bias is None else jnp.shape(bias)} do not broadcast") from None
+  scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+  o, _ = attention_fwd_p.bind(q.reshape((hs[0],) + q.shape[-2:]),
+                              k.reshape((hs[1],) + k.shape[-2:]),
+                              v.reshape((hs[2],) + v.shape[-2:]), b, *A.pattern_operands(),
+                              shape=A.shape, scale=scale, has_bias=has_bias)
+  no_heads = q.ndim == 2 and k.ndim == 2 and v.ndim == 2 and (bias is None or jnp.ndim(bias) == 1)
+  return o[0] if no_heads else o
+
+
+def _zero(x):
+  """A symbolic zero tangent for primal x (ad.Zero.from_primal_value is not in every jax)."""
+  return ad.Zero(jax.typeof(x).to_tangent_aval())
+
+
+# -- lowering ---------------------------------------------------------------------------------
+def _register(prim, target: str, num_kernel_operands: int):
+  def rule(ctx, *operands, scale, has_bias, **_):
+    sub = ctx.replace(avals_in=ctx.avals_in[:num_kernel_operands])
+    return jax.ffi.ffi_lowering(target)(sub, *operands[:num_kernel_operands],
+                                        scale=np.float32(scale), has_bias=np.int32(has_bias))
+
+  prim.def_impl(functools.partial(apply_primitive, prim))
+  mlir.register_lowering(prim, rule, platform="cpu")
+  if target in CUDA_TARGETS:
+    mlir.register_lowering(prim, rule, platform="cuda")
+
+
+def _no_pattern_batching(dims, first_pattern):
+  if any(d is not None for d in dims[first_pattern:]):
+    raise NotImplementedError("jaxsparse_tc: vmap over the sparsity pattern is not supported; "
+                              "batch the dense operands or the bias")
+
+
+def _batch_size(args, dims):
+  return next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+
+
+# -- forward ----------------------------------------------------------------------------------
+def _fwd_abstract(q, k, v, bias, *pattern, shape, scale, has_bias):
+  h = heads.num_heads(q.shape[0], k.shape[0], v.shape[0], bias.shape[0])
+  m = shape[0]
+  return (q.update(shape=(h, m, v.shape[2]), dtype=q.dtype),
+          q.update(shape=(h, m), dtype=jnp.float32))
+
+
+def _fwd_jvp(primals, tangents, **params):
+  q, k, v, bias, *pattern = primals
+  o, lse = attention_fwd_p.bind(*primals, **params)
+  tans = tangents[:4]
+  if all(type(t) is ad.Zero for t in tans):
+    return (o, lse), (_zero(o), _zero(lse))
+  tans = [ad.instantiate_zeros(t) for t in tans]
+  do = attention_jvp_p.bind(q, k, v, bias, o, lse, *tans, *pattern, **params)
+  return (o, lse), (do, _zero(lse))
+
+
+def _fwd_batch(args, dims, **params):
+  _no_pattern_batching(dims, 4)
+  size = _batch_size(args, dims)
+  ops, h = heads.merge_batch_into_heads(list(args[:4]), dims[:4], size)
+  o, lse = attention_fwd_p.bind(*ops, *args[4:], **params)
+  return (o.reshape((size, h) + o.shape[1:]), lse.reshape((size, h) + lse.shape[1:])), (0, 0)
+
+
+attention_fwd_p.def_abstract_eval(_fwd_abstract)
+ad.primitive_jvps[attention_fwd_p] = _fwd_jvp
+batching.primitive_batchers[attention_fwd_p] = _fwd_batch
+_register(attention_fwd_p, "jaxsparse_tc_attention_fwd", 4 + 6)
+
+
+# -- jvp (linear in operands 6..9) --------------------------------------------------------------
+def _jvp_abstract(q, k, v, bias, o, lse, dq, dk, dv, dbias, *pattern, shape, scale, has_bias):
+  h = heads.num_heads(q.shape[0], k.shape[0], v.shape[0], bias.shape[0], dq.shape[0],
+                      dk.shape[0], dv.shape[0], dbias.shape[0], o.shape[0])
+  return q.update(shape=(h, shape[0], v.shape[2]), dtype=q.dtype)
+
+
+def _jvp_transpose(ct, q, k, v, bias, o, lse, dq, dk, dv, dbias, *pattern, **params):
+  for x in (q, k, v, bias, o, lse):
+    if ad.is_undefined_primal(x):
+      raise NotImplementedError("attention_jvp_p is linear in the tangents only")
+  outs = [None] * (10 + NUM_PATTERN_OPERANDS)
+  if type(ct) is ad.Zero:
+    return outs
+  gq, gk, gv, gb = attention_bwd_p.bind(q, k, v, bias, o, lse, ct, *pattern, **params)
+  for pos, tangent, g in ((6, dq, gq), (7, dk, gk), (8, dv, gv), (9, dbias, gb)):
+    if ad.is_undefined_primal(tangent):
+      if pos == 9 and not params["has_bias"]:
+        g = jnp.zeros(tangent.aval.shape, tangent.aval.dtype)
+      outs[pos] = heads.sum_to_heads(g, tangent.aval.shape[0])
+  return outs
+
+
+def _jvp_batch(args, dims, **params):
+  _no_pattern_batching(dims, 10)
+  size = _batch_size(args, dims)
+  ops, h = heads.merge_batch_into_heads(list(args[:10]), dims[:10], size)
+  do = attention_jvp_p.bind(*ops, *args[10:], **params)
+  return do.reshape((size, h) + do.shape[1:]), 0
+
+
+def _no_higher_order(*_, **__):
+  raise NotImplementedError("jaxsparse_tc.sparse_attention: derivatives of order > 1 are not "
+                            "implemented")
+
+
+attention_jvp_p.def_abstract_eval(_jvp_abstract)
+ad.primitive_jvps[attention_jvp_p] = _no_higher_order
+ad.primitive_transposes[attention_jvp_p] = _jvp_transpose
+batching.primitive_batchers[attention_jvp_p] = _jvp_batch
+_register(attention_jvp_p, "jaxsparse_tc_attention_jvp", 10 + 6)
+
+
+# -- backward ---------------------------------------------------------------------------------
+def _bwd_abstract(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
+  h = heads.num_heads(q.shape[0], k.shape[0], v.shape[0], bias.shape[0], do.shape[0])
+  m, n = shape
+  nnz = pattern[12].shape[0]
+  sa = lambda shp: q.update(shape=shp, dtype=q.dtype)
+  return (sa((h, m, q.shape[2])), sa((h, n, k.shape[2])), sa((h, n, v.shape[2])),
+          sa((h, nnz if has_bias else 1)))
+
+
+def _bwd_batch(args, dims, **params):
+  _no_pattern_batching(dims, 7)
+  size = _batch_size(args, dims)
+  ops, h = heads.merge_batch_into_heads(list(args[:7]), dims[:7], size)
+  outs = attention_bwd_p.bind(*ops, *args[7:], **params)
+  return [x.reshape((size, h) + x.shape[1:]) for x in outs], [0, 0, 0, 0]
+
+
+attention_bwd_p.def_abstract_eval(_bwd_abstract)
+ad.primitive_jvps[attention_bwd_p] = _no_higher_order
+batching.primitive_batchers[attention_bwd_p] = _bwd_batch
+_register(attention_bwd_p, "jaxsparse_tc_attention_bwd", 7 + 13)
