@@ -5,7 +5,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-FLOAT_DTYPES = (jnp.float32, jnp.float16, jnp.bfloat16)
+# float64 runs on the CPU kernels only (with jax_enable_x64); GPU kernels take the other three.
+FLOAT_DTYPES = (jnp.float32, jnp.float16, jnp.bfloat16, jnp.float64)
 
 
 class OperandError(TypeError, ValueError):
@@ -27,7 +28,7 @@ def dense_operand(op: str, name: str, x, A, *, expected_rows: int) -> None:
   if not is_supported_float(x.dtype):
     raise OperandError(
         f"{op}: {name} (shape {x.shape}) has dtype {x.dtype}; supported: float32, float16, "
-        f"bfloat16 (A has shape {A.shape})")
+        f"bfloat16, float64 (CPU) (A has shape {A.shape})")
   if not jnp.issubdtype(A.values.dtype, jnp.floating):
     raise OperandError(f"{op}: A's values (shape {A.values.shape}) have non-float dtype "
                        f"{A.values.dtype}")

@@ -29,7 +29,13 @@ def register_ffi_lowering(prim, target: str, num_kernel_operands: int, **static_
     sub = ctx.replace(avals_in=ctx.avals_in[:num_kernel_operands])
     return jax.ffi.ffi_lowering(target)(sub, *operands[:num_kernel_operands], **attrs)
 
+  def cuda_rule(ctx, *operands, **params):
+    if any(getattr(a, "dtype", None) == np.float64 for a in ctx.avals_in):
+      raise NotImplementedError(
+          f"{prim.name}: float64 runs on the CPU kernels only; cast to float32 on GPU")
+    return rule(ctx, *operands, **params)
+
   prim.def_impl(functools.partial(apply_primitive, prim))
   mlir.register_lowering(prim, rule, platform="cpu")
   if target in CUDA_TARGETS:
-    mlir.register_lowering(prim, rule, platform="cuda")
+    mlir.register_lowering(prim, cuda_rule, platform="cuda")

@@ -58,8 +58,8 @@ def _input_values(values, count: int) -> np.ndarray:
     raise ValueError(f"values must have shape [{count}] or [H, {count}]; got {v.shape}")
   if not np.issubdtype(v.dtype, np.floating) and v.dtype != jnp.bfloat16:
     v = v.astype(np.float32)
-  if v.dtype == np.float64:
-    v = v.astype(np.float32)
+  if v.dtype == np.float64 and not jax.config.jax_enable_x64:
+    v = v.astype(np.float32)  # float64 values are kept only when JAX runs with x64
   if not np.all(np.isfinite(v.astype(np.float32))):
     raise ValueError("values must be finite (found NaN or infinity)")
   return v

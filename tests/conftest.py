@@ -29,6 +29,18 @@ def pytest_runtest_makereport(item, call):
     report.sections.append(("random seed", f"rng seed = {seed}"))
 
 
+@pytest.fixture
+def x64():
+  """Runs the test with jax_enable_x64: float64 finite differences for check_grads."""
+  import jax
+
+  jax.config.update("jax_enable_x64", True)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_x64", False)
+
+
 def load_graph(name: str) -> sp.csr_matrix | None:
   """A real graph (npz with indptr/indices/shape) from the package or ../shared/data."""
   for folder in (ROOT / "jaxsparse_tc" / "data", ROOT.parent / "shared" / "data"):

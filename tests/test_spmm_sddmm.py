@@ -126,32 +126,45 @@ def test_jit_equals_eager(rng):
   np.testing.assert_allclose(np.asarray(out), np.asarray(eager[0]), rtol=1e-6, atol=1e-6)
 
 
-# -- differentiation ---------------------------------------------------------------------------
-def test_spmm_check_grads(rng):
+# -- differentiation (float64 on the CPU kernels, so finite differences are exact enough) -----
+def test_spmm_check_grads(rng, x64):
   A = make(rng, 19, 13)
-  x = rng.standard_normal((13, 5)).astype(np.float32)
+  A = A.with_values(A.values.astype(jnp.float64))
+  x = rng.standard_normal((13, 5))
   f = lambda v, x: jst.spmm(A.with_values(v), x)
-  check_grads(f, (A.values, x), order=2, modes=["fwd", "rev"], atol=1e-2, rtol=1e-2)
+  check_grads(f, (A.values, x), order=2, modes=["fwd", "rev"])
   Ah = make(rng, 19, 13, heads=2)
-  xh = rng.standard_normal((2, 13, 5)).astype(np.float32)
+  Ah = Ah.with_values(Ah.values.astype(jnp.float64))
+  xh = rng.standard_normal((2, 13, 5))
   check_grads(lambda v, x: jst.spmm(Ah.with_values(v), x), (Ah.values, xh), order=1,
-              modes=["fwd", "rev"], atol=1e-2, rtol=1e-2)
+              modes=["fwd", "rev"])
   # broadcast heads: cotangents are summed back over the heads
   check_grads(lambda v, x: jst.spmm(Ah.with_values(v), x), (Ah.values, x), order=1,
-              modes=["fwd", "rev"], atol=1e-2, rtol=1e-2)
+              modes=["fwd", "rev"])
 
 
-def test_sddmm_check_grads(rng):
+def test_sddmm_check_grads(rng, x64):
   A = make(rng, 14, 11)
-  x = rng.standard_normal((14, 6)).astype(np.float32)
-  y = rng.standard_normal((11, 6)).astype(np.float32)
+  A = A.with_values(A.values.astype(jnp.float64))
+  x = rng.standard_normal((14, 6))
+  y = rng.standard_normal((11, 6))
   f = lambda x, y: jst.sddmm(A, x, y).values
-  check_grads(f, (x, y), order=2, modes=["fwd", "rev"], atol=1e-2, rtol=1e-2)
+  check_grads(f, (x, y), order=2, modes=["fwd", "rev"])
   g = lambda v, x, y: jst.sddmm(A.with_values(v), x, y, scale_by_values=True).values
-  check_grads(g, (A.values, x, y), order=1, modes=["fwd", "rev"], atol=1e-2, rtol=1e-2)
-  xh = rng.standard_normal((3, 14, 6)).astype(np.float32)
-  check_grads(lambda x, y: jst.sddmm(A, x, y).values, (xh, y), order=1, modes=["fwd", "rev"],
-              atol=1e-2, rtol=1e-2)
+  check_grads(g, (A.values, x, y), order=1, modes=["fwd", "rev"])
+  xh = rng.standard_normal((3, 14, 6))
+  check_grads(lambda x, y: jst.sddmm(A, x, y).values, (xh, y), order=1, modes=["fwd", "rev"])
+
+
+def test_check_grads_float32(rng):
+  """The float32 path too, first order (finite differences in float32 are coarse)."""
+  A = make(rng, 12, 10)
+  x = rng.standard_normal((10, 4)).astype(np.float32)
+  y = rng.standard_normal((12, 4)).astype(np.float32)
+  check_grads(lambda v, x: jst.spmm(A.with_values(v), x), (A.values, x), order=1,
+              modes=["fwd", "rev"], atol=2e-2, rtol=2e-2)
+  check_grads(lambda y, x: jst.sddmm(A, y, x).values, (y, x), order=1, modes=["fwd", "rev"],
+              atol=2e-2, rtol=2e-2)
 
 
 def test_grad_matches_dense_formula(rng):
@@ -258,3 +271,15 @@ def test_shape_and_dtype_errors_at_trace_time(rng):
     trace(lambda x: jst.spmm(Ah, x), jax.ShapeDtypeStruct((2, 7, 4), jnp.float32))
   with pytest.raises(ValueError, match=r"shape"):
     A.with_values(jnp.ones(3))
+
+
+def test_float64_on_cpu_with_x64(rng, x64):
+  rows, cols, vals = random_coo(rng, 23, 17, 0.3)
+  A = SparseMatrix.from_coo(rows, cols, vals.astype(np.float64), shape=(23, 17))
+  assert A.values.dtype == jnp.float64
+  x = rng.standard_normal((17, 4))
+  y = rng.standard_normal((23, 4))
+  assert jst.spmm(A, x).dtype == jnp.float64
+  assert rel_err(jst.spmm(A, x), dense64(A) @ x) < 1e-12
+  r, c = np.asarray(A.rows), np.asarray(A.cols)
+  assert rel_err(jst.sddmm(A, y, x).values, (y @ x.T)[r, c]) < 1e-12

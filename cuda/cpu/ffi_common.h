@@ -41,6 +41,16 @@ ffi::Error dispatch_float(ffi::DataType dtype, F&& f) {
   }
 }
 
+// dispatch_float plus float64 (double accumulation): for kernels that support x64 on CPU.
+template <typename F>
+ffi::Error dispatch_float_or_double(ffi::DataType dtype, F&& f) {
+  if (dtype == ffi::DataType::F64) {
+    f(double{});
+    return ffi::Error::Success();
+  }
+  return dispatch_float(dtype, f);
+}
+
 // The standard operand list of one orientation's kernel arrays.
 #define JAXSPARSE_TC_PATTERN_ARGS                                             \
   .Arg<::jaxsparse_tc::I32>()     /* window_col_ptr */                        \

@@ -13,7 +13,7 @@ static ffi::Error sddmm_cpu(ffi::AnyBuffer x, ffi::AnyBuffer y, I32 wcp, I32 wc,
   const int64_t heads = od[0], nnz = od[1];
   if (x.element_type() != y.element_type() || out->element_type() != x.element_type())
     return ffi::Error::InvalidArgument("sddmm: x, y and out must share a dtype");
-  return dispatch_float(x.element_type(), [&](auto tag) {
+  return dispatch_float_or_double(x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     const T* xs = static_cast<const T*>(x.untyped_data());
     const T* ys = static_cast<const T*>(y.untyped_data());
@@ -26,9 +26,9 @@ static ffi::Error sddmm_cpu(ffi::AnyBuffer x, ffi::AnyBuffer y, I32 wcp, I32 wc,
         for_each_in_window(p, w, [&](int r, int32_t col, int64_t idx) {
           const T* xr = xh + (w * kWindowRows + r) * d;
           const T* yr = yh + int64_t(col) * d;
-          float s = 0.0f;
+          accum_t<T> s = 0;
           for (int64_t k = 0; k < d; ++k) s += to_float(xr[k]) * to_float(yr[k]);
-          oh[idx] = from_float<T>(s);
+          oh[idx] = narrow<T>(s);
         });
       }
     }

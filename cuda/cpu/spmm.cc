@@ -1,5 +1,5 @@
 // CPU SpMM: out[h, i, :] = sum_j A_h[i, j] X_h[j, :], fp32 accumulation. The executable
-// specification the CUDA kernel is checked against.
+// specification the CUDA kernel is checked against. (float64, CPU only: double accumulation.)
 #include <vector>
 
 #include "ffi_common.h"
@@ -15,28 +15,28 @@ static ffi::Error spmm_cpu(ffi::AnyBuffer values, ffi::AnyBuffer x, I32 wcp, I32
   const int64_t heads = od[0], m = od[1];
   if (x.element_type() != values.element_type() || out->element_type() != x.element_type())
     return ffi::Error::InvalidArgument("spmm: values, x and out must share a dtype");
-  return dispatch_float(x.element_type(), [&](auto tag) {
+  return dispatch_float_or_double(x.element_type(), [&](auto tag) {
     using T = decltype(tag);
     const T* v = static_cast<const T*>(values.untyped_data());
     const T* xs = static_cast<const T*>(x.untyped_data());
     T* o = static_cast<T*>(out->untyped_data());
-    std::vector<float> acc(kWindowRows * d);
+    std::vector<accum_t<T>> acc(kWindowRows * d);
     for (int64_t h = 0; h < heads; ++h) {
       const T* vh = v + (hv == 1 ? 0 : h) * nnz;
       const T* xh = xs + (hx == 1 ? 0 : h) * n * d;
       T* oh = o + h * m * d;
       for (int64_t w = 0; w < p.num_windows; ++w) {
-        std::fill(acc.begin(), acc.end(), 0.0f);
+        std::fill(acc.begin(), acc.end(), accum_t<T>(0));
         for_each_in_window(p, w, [&](int r, int32_t col, int64_t idx) {
-          const float a = to_float(vh[idx]);
+          const accum_t<T> a = to_float(vh[idx]);
           const T* xr = xh + int64_t(col) * d;
-          float* ar = acc.data() + r * d;
+          accum_t<T>* ar = acc.data() + r * d;
           for (int64_t k = 0; k < d; ++k) ar[k] += a * to_float(xr[k]);
         });
         const int64_t rows = std::min<int64_t>(kWindowRows, m - w * kWindowRows);
         for (int64_t r = 0; r < rows; ++r)
           for (int64_t k = 0; k < d; ++k)
-            oh[(w * kWindowRows + r) * d + k] = from_float<T>(acc[r * d + k]);
+            oh[(w * kWindowRows + r) * d + k] = narrow<T>(acc[r * d + k]);
       }
     }
   });

@@ -12,6 +12,7 @@ inline float bits_to_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return
 inline uint32_t float_to_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 
 inline float to_float(float x) { return x; }
+inline double to_float(double x) { return x; }  // float64 (CPU only) keeps double math
 inline float to_float(bfloat16_t x) { return bits_to_float(uint32_t(x.bits) << 16); }
 inline float to_float(half_t x) {
   uint32_t sign = uint32_t(x.bits & 0x8000) << 16;
@@ -28,6 +29,14 @@ inline float to_float(half_t x) {
 
 template <typename T> inline T from_float(float f);
 template <> inline float from_float<float>(float f) { return f; }
+
+// The accumulator of each storage type: float32, except float64 itself.
+template <typename T> struct accum { using type = float; };
+template <> struct accum<double> { using type = double; };
+template <typename T> using accum_t = typename accum<T>::type;
+
+template <typename T> inline T narrow(accum_t<T> a) { return from_float<T>(a); }
+template <> inline double narrow<double>(double a) { return a; }
 template <> inline bfloat16_t from_float<bfloat16_t>(float f) {
   uint32_t u = float_to_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return {uint16_t((u >> 16) | 0x40)};  // quiet nan
