@@ -1,0 +1,1 @@
+"""Runnable examples: `python -m jaxsparse_tc.examples.train --model gcn`."""
