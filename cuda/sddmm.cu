@@ -1,0 +1,228 @@
+// CUDA SDDMM: out[h, idx(i, j)] = <X_h[i], Y_h[j]> at A's nonzeros, in format order.
+//
+// Tensor-core path: swap-and-transpose again. For a pair of blocks of one window the MMA
+// computes S^T (16 condensed columns x 8 window rows) = Y_cols (16 x d) . X_w^T (d x 8): the
+// gathered Y rows are the m=16 operand, the window's 8 X rows the n=8 one, k runs over
+// features. Features are remapped inside each 32-feature chunk so that every thread's operand
+// elements are consecutive in memory: thread t of a group reads features 8t..8t+7 of the chunk
+// (one 16-byte load for 16-bit types), for its Y rows and its X row alike (the same
+// permutation on both sides of the dot product leaves it unchanged). A warp owns a schedule
+// item and all of d; nothing is combined across warps (split items are independent here).
+//
+// Exact fp32 path (precision attr 1): CUDA cores, one nonzero at a time, warp-wide dot product.
+#include <algorithm>
+#include <cstdint>
+
+#include "cpu/ffi_common.h"
+#include "jaxsparse_tc/bitmap.cuh"
+#include "jaxsparse_tc/cuda_common.cuh"
+#include "jaxsparse_tc/format.h"
+#include "jaxsparse_tc/mma.cuh"
+
+namespace jaxsparse_tc {
+namespace {
+
+constexpr int kWarps = 4;
+
+struct SddmmParams {
+  const void* x;
+  const void* y;
+  void* out;
+  const int32_t* wcp;
+  const int32_t* wc;
+  const int32_t* wbp;
+  const uint32_t* bitmap;
+  const int32_t* bvp;
+  const int4* sched;
+  int64_t nnz, m, n, d;
+  int64_t x_head_stride, y_head_stride;  // 0 where the operand broadcasts over heads
+  int64_t num_items;
+  int heads;
+  bool vec;  // d % 8 == 0: every thread's 8 features are in range together, 16-byte aligned
+};
+
+template <class T>
+__global__ void __launch_bounds__(kWarps * 32) sddmm_tc(const SddmmParams p) {
+  constexpr bool kTf32 = sizeof(T) == 4;
+  constexpr int NW = Words<T, 8>::N;  // 4 words (16-bit) or 8 (fp32) per 8 features
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t item = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (item >= p.num_items) return;
+  const int4 it = p.sched[item];
+  const int w = it.x, b0 = it.y, b1 = it.z;
+  if (b0 >= b1) return;
+  const int wb = p.wbp[w];
+  const int cb = p.wcp[w], ncols_w = p.wcp[w + 1] - cb;
+  const int64_t xrow = int64_t(w) * kWindowRows + g;  // this thread's X row (B operand)
+  const bool xrow_ok = xrow < p.m;
+
+  for (int h = blockIdx.y; h < p.heads; h += gridDim.y) {
+    const T* xh = static_cast<const T*>(p.x) + h * p.x_head_stride + xrow * p.d;
+    const T* yh = static_cast<const T*>(p.y) + h * p.y_head_stride;
+    T* oh = static_cast<T*>(p.out) + int64_t(h) * p.nnz;
+    for (int b = b0; b < b1; b += 2) {
+      // Rows of the m=16 operand: column g of block b (rows 0..7) and of block b+1 (8..15).
+      const T* yrow[2];
+      uint64_t bits[2];
+      int vbase[2];
+#pragma unroll
+      for (int kb = 0; kb < 2; ++kb) {
+        const int blk = b + kb;
+        const bool in = blk < b1;
+        bits[kb] = in ? load_block_bits(p.bitmap, blk) : 0ull;
+        vbase[kb] = in ? __ldg(p.bvp + blk) : 0;
+        const int c = 8 * (blk - wb) + g;
+        yrow[kb] = in && c < ncols_w ? yh + int64_t(__ldg(p.wc + cb + c)) * p.d : nullptr;
+      }
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 2
+      for (int64_t q = 0; q < p.d; q += 32) {
+        const int64_t f = q + 8 * t;
+        uint32_t ya[NW], yb[NW], xw[NW];
+#pragma unroll
+        for (int i = 0; i < NW; ++i) ya[i] = yb[i] = xw[i] = 0u;
+        const bool fin = f < p.d;
+        if (fin && yrow[0]) load_row<T, 8>(yrow[0], f, p.d, p.vec, ya);
+        if (fin && yrow[1]) load_row<T, 8>(yrow[1], f, p.d, p.vec, yb);
+        if (fin && xrow_ok) load_row<T, 8>(xh, f, p.d, p.vec, xw);
+        if constexpr (kTf32) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {  // k-steps of 8: features 8t+2j, 8t+2j+1
+            const uint32_t a[4] = {to_tf32(__uint_as_float(ya[2 * j])),
+                                   to_tf32(__uint_as_float(yb[2 * j])),
+                                   to_tf32(__uint_as_float(ya[2 * j + 1])),
+                                   to_tf32(__uint_as_float(yb[2 * j + 1]))};
+            const uint32_t bb[2] = {to_tf32(__uint_as_float(xw[2 * j])),
+                                    to_tf32(__uint_as_float(xw[2 * j + 1]))};
+            mma_1688_tf32(acc, a, bb);
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {  // k-steps of 16: features 8t+4j .. 8t+4j+3
+            const uint32_t a[4] = {ya[2 * j], yb[2 * j], ya[2 * j + 1], yb[2 * j + 1]};
+            const uint32_t bb[2] = {xw[2 * j], xw[2 * j + 1]};
+            mma_16816(acc, a, bb, T{});
+          }
+        }
+      }
+      // c0/c1: block b, column g, rows 2t/2t+1; c2/c3: block b+1.
+#pragma unroll
+      for (int kb = 0; kb < 2; ++kb)
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const int off = bit_value_offset(bits[kb], g * 8 + 2 * t + rr);
+          if (off >= 0) oh[vbase[kb] + off] = from_f32<T>(acc[2 * kb + rr]);
+        }
+    }
+  }
+}
+
+// Exact fp32 SDDMM on CUDA cores: per nonzero, a warp-wide dot product over d.
+__global__ void __launch_bounds__(kWarps * 32) sddmm_f32_exact(const SddmmParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t item = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (item >= p.num_items) return;
+  const int4 it = p.sched[item];
+  const int w = it.x, b0 = it.y, b1 = it.z;
+  const int wb = p.wbp[w];
+  const int cb = p.wcp[w], ncols_w = p.wcp[w + 1] - cb;
+  for (int h = blockIdx.y; h < p.heads; h += gridDim.y) {
+    const float* xh = static_cast<const float*>(p.x) + h * p.x_head_stride;
+    const float* yh = static_cast<const float*>(p.y) + h * p.y_head_stride;
+    float* oh = static_cast<float*>(p.out) + int64_t(h) * p.nnz;
+    for (int b = b0; b < b1; ++b) {
+      uint64_t bits = load_block_bits(p.bitmap, b);
+      int idx = __ldg(p.bvp + b);
+      const int colbase = 8 * (b - wb);
+      const int ncols = min(8, ncols_w - colbase);
+      const int mycol = lane < ncols ? __ldg(p.wc + cb + colbase + lane) : 0;
+      while (bits) {  // uniform across the warp
+        const int k = __ffsll(static_cast<long long>(bits)) - 1;
+        bits &= bits - 1;
+        const int r = k & 7, c = k >> 3;
+        const int col = __shfl_sync(0xffffffffu, mycol, c);
+        const float* xr = xh + (int64_t(w) * kWindowRows + r) * p.d;
+        const float* yr = yh + int64_t(col) * p.d;
+        float s = 0.f;
+        for (int64_t f = 4 * lane; f < p.d; f += 128) {
+          uint32_t xa[4], ya[4];
+          load_row<float, 4>(xr, f, p.d, p.vec, xa);
+          load_row<float, 4>(yr, f, p.d, p.vec, ya);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s = fmaf(__uint_as_float(xa[e]), __uint_as_float(ya[e]), s);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) oh[idx] = s;
+        ++idx;
+      }
+    }
+  }
+}
+
+ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I32 wcp, I32 wc,
+                      I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
+                      ffi::Result<ffi::AnyBuffer> out, int32_t precision) {
+  const auto xd = x.dimensions(), yd = y.dimensions(), od = out->dimensions();
+  if (xd.size() != 3 || yd.size() != 3 || od.size() != 2)
+    return ffi::Error::InvalidArgument("sddmm: expected x [Hx,m,d], y [Hy,n,d], out [H,nnz]");
+  const auto dtype = x.element_type();
+  if (y.element_type() != dtype || out->element_type() != dtype)
+    return ffi::Error::InvalidArgument("sddmm: x, y and out must share a dtype");
+  if (dtype != ffi::DataType::F32 && dtype != ffi::DataType::F16 && dtype != ffi::DataType::BF16)
+    return ffi::Error::InvalidArgument("sddmm: unsupported dtype (float32, float16, bfloat16)");
+  SddmmParams p{};
+  p.x = x.untyped_data();
+  p.y = y.untyped_data();
+  p.out = out->untyped_data();
+  p.wcp = wcp.typed_data();
+  p.wc = wc.typed_data();
+  p.wbp = wbp.typed_data();
+  p.bitmap = bitmap.typed_data();
+  p.bvp = bvp.typed_data();
+  p.sched = reinterpret_cast<const int4*>(schedule.typed_data());
+  p.m = xd[1];
+  p.d = xd[2];
+  p.n = yd[1];
+  p.nnz = od[1];
+  const int64_t heads = od[0];
+  p.heads = int(heads);
+  p.x_head_stride = xd[0] == 1 ? 0 : p.m * p.d;
+  p.y_head_stride = yd[0] == 1 ? 0 : p.n * p.d;
+  p.num_items = int64_t(schedule.element_count()) / 4;
+  if (heads == 0 || p.nnz == 0) return ffi::Error::Success();
+  if (p.d == 0) {  // empty dot products
+    const size_t bytes = size_t(heads * p.nnz) * (dtype == ffi::DataType::F32 ? 4 : 2);
+    if (cudaMemsetAsync(p.out, 0, bytes, stream) != cudaSuccess)
+      return ffi::Error::Internal("sddmm: memset failed");
+    return ffi::Error::Success();
+  }
+  const dim3 grid(unsigned((p.num_items + kWarps - 1) / kWarps),
+                  unsigned(std::min<int64_t>(heads, 65535)));
+  if (dtype == ffi::DataType::F32 && precision == 1) {
+    p.vec = p.d % 4 == 0;
+    sddmm_f32_exact<<<grid, kWarps * 32, 0, stream>>>(p);
+  } else {
+    p.vec = p.d % 8 == 0;
+    if (dtype == ffi::DataType::F32) sddmm_tc<float><<<grid, kWarps * 32, 0, stream>>>(p);
+    else if (dtype == ffi::DataType::F16) sddmm_tc<__half><<<grid, kWarps * 32, 0, stream>>>(p);
+    else sddmm_tc<__nv_bfloat16><<<grid, kWarps * 32, 0, stream>>>(p);
+  }
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    return ffi::Error::Internal(std::string("sddmm: kernel launch failed: ") + cudaGetErrorString(err));
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SddmmCuda, sddmm_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // x [Hx, m, d]
+                                  .Arg<ffi::AnyBuffer>()  // y [Hy, n, d]
+                                  JAXSPARSE_TC_PATTERN_ARGS
+                                  .Ret<ffi::AnyBuffer>()  // out [H, nnz]
+                                  .Attr<int32_t>("precision"));
+
+}  // namespace jaxsparse_tc

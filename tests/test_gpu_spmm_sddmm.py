@@ -1,0 +1,226 @@
+"""CUDA SpMM/SDDMM against a float64 reference and the CPU kernels (skipped without a GPU)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import load_graph, rel_err
+import jaxsparse_tc as jst
+from jaxsparse_tc import SparseMatrix
+
+
+def _has_gpu() -> bool:
+  try:
+    return any(d.platform == "gpu" for d in jax.devices())
+  except RuntimeError:
+    return False
+
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not (jst.has_cuda() and _has_gpu()),
+                       reason="needs a CUDA GPU and the CUDA extension"),
+]
+
+# (dtype, precision, tolerance on ||out - ref|| / ||ref||)
+DTYPES = {
+    "f32": (jnp.float32, None, 1e-3),  # tf32 tensor cores
+    "f32-highest": (jnp.float32, "highest", 1e-5),  # exact fp32 on CUDA cores
+    "f16": (jnp.float16, None, 1e-2),
+    "bf16": (jnp.bfloat16, None, 1e-2),
+}
+DS = [1, 8, 17, 32, 64, 128, 256]
+
+
+def _gpu():
+  return next(d for d in jax.devices() if d.platform == "gpu")
+
+
+def _cpu():
+  return jax.devices("cpu")[0]
+
+
+def _pattern(rng, kind: str):
+  """COO (rows, cols, shape) of a named test pattern; rows listed in `empty` hold nothing."""
+  if kind == "random":  # m, n not multiples of 8, empty rows, partial blocks
+    m, n = 203, 131
+    count = int(m * n * 0.06)
+    rows, cols = rng.integers(0, m, count), rng.integers(0, n, count)
+    empty = rng.choice(m, 23, replace=False)
+    keep = ~np.isin(rows, empty)
+    return rows[keep], cols[keep], (m, n), empty
+  if kind == "heavy":  # windows with thousands of blocks: split items must combine
+    m, n = 29, 30011
+    hub = np.repeat(np.arange(8), 4000)  # rows 0..7: ~4000 columns each
+    hub_cols = rng.integers(0, n, hub.size)
+    mid = np.repeat(np.arange(16, 21), 300)  # a window with a few hundred columns
+    mid_cols = rng.integers(0, n, mid.size)
+    tail = rng.integers(21, m, 50)  # the last (partial) window, light
+    tail_cols = rng.integers(0, n, tail.size)
+    rows = np.concatenate([hub, mid, tail])
+    cols = np.concatenate([hub_cols, mid_cols, tail_cols])
+    empty = np.arange(8, 16)  # a whole empty window
+    return rows, cols, (m, n), empty
+  if kind == "cora":
+    g = load_graph("cora")
+    if g is None:
+      pytest.skip("cora.npz not in the package data")
+    coo = g.tocoo()
+    return coo.row, coo.col, g.shape, np.flatnonzero(np.diff(g.indptr) == 0)
+  raise ValueError(kind)
+
+
+def _matrix(rng, kind, heads=None):
+  rows, cols, shape, empty = _pattern(rng, kind)
+  vals = rng.uniform(-1, 1, rows.size if heads is None else (heads, rows.size))
+  return SparseMatrix.from_coo(rows, cols, vals.astype(np.float32), shape=shape), empty
+
+
+def _dense64(A, dtype):
+  """A as float64 after the cast its values get inside spmm ([m, n] or [H, m, n])."""
+  v = np.asarray(A.values.astype(dtype), np.float64)
+  dense = np.zeros(v.shape[:-1] + A.shape)
+  dense[..., np.asarray(A.rows), np.asarray(A.cols)] = v
+  return dense
+
+
+def _on(device, tree):
+  return jax.device_put(tree, device)
+
+
+def _check(out, ref, cpu_out, tol, what):
+  out = np.asarray(out, np.float64)
+  assert np.all(np.isfinite(out)), f"{what}: non-finite output"
+  err = rel_err(out, ref)
+  assert err < tol, f"{what}: relative error vs float64 {err:.3g} >= {tol}"
+  err_cpu = rel_err(out, cpu_out)
+  assert err_cpu < tol, f"{what}: relative error vs CPU kernel {err_cpu:.3g} >= {tol}"
+
+
+@pytest.mark.parametrize("d", DS)
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("kind", ["random", "heavy", "cora"])
+def test_spmm(rng, kind, dt, d):
+  dtype, precision, tol = DTYPES[dt]
+  A, empty = _matrix(rng, kind)
+  x = rng.standard_normal((A.shape[1], d)).astype(np.float32)
+  xj = jnp.asarray(x, dtype)
+  f = jax.jit(lambda A, x: jst.spmm(A, x, precision=precision))
+  out = f(_on(_gpu(), A), _on(_gpu(), xj))
+  assert out.dtype == dtype and out.shape == (A.shape[0], d)
+  assert list(out.devices())[0].platform == "gpu"
+  cpu_out = f(_on(_cpu(), A), _on(_cpu(), xj))
+  ref = _dense64(A, dtype) @ np.asarray(xj, np.float64)
+  _check(out, ref, cpu_out, tol, f"spmm {kind} {dt} d={d}")
+  # Empty rows come out as exact zeros (every output element is written).
+  np.testing.assert_array_equal(np.asarray(out, np.float64)[empty], 0.0)
+
+
+@pytest.mark.parametrize("d", DS)
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("kind", ["random", "heavy", "cora"])
+def test_sddmm(rng, kind, dt, d):
+  dtype, precision, tol = DTYPES[dt]
+  A, _ = _matrix(rng, kind)
+  m, n = A.shape
+  x = jnp.asarray(rng.standard_normal((m, d)), dtype)
+  y = jnp.asarray(rng.standard_normal((n, d)), dtype)
+  f = jax.jit(lambda A, x, y: jst.sddmm(A, x, y, precision=precision).values)
+  out = f(_on(_gpu(), A), _on(_gpu(), x), _on(_gpu(), y))
+  assert out.dtype == dtype and out.shape == (A.nnz,)
+  cpu_out = f(_on(_cpu(), A), _on(_cpu(), x), _on(_cpu(), y))
+  r, c = np.asarray(A.rows), np.asarray(A.cols)
+  ref = np.einsum("kd,kd->k", np.asarray(x, np.float64)[r], np.asarray(y, np.float64)[c])
+  _check(out, ref, cpu_out, tol, f"sddmm {kind} {dt} d={d}")
+
+
+@pytest.mark.parametrize("dt", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("kind", ["random", "heavy"])
+def test_heads_and_vmap(rng, kind, dt):
+  """Native heads (values [H, nnz], X [H, n, d], broadcasting) and vmap folding into them."""
+  dtype, precision, tol = DTYPES[dt]
+  H, d = 3, 24
+  A, _ = _matrix(rng, kind, heads=H)
+  m, n = A.shape
+  a64 = _dense64(A, dtype)
+  xs = jnp.asarray(rng.standard_normal((H, n, d)), dtype)
+  x1 = jnp.asarray(rng.standard_normal((n, d)), dtype)
+  gpu = _gpu()
+  Ag = _on(gpu, A)
+  spmm = jax.jit(lambda A, x: jst.spmm(A, x))
+  for A_, x_, ref in [
+      (Ag, xs, np.einsum("hmn,hnd->hmd", a64, np.asarray(xs, np.float64))),  # H x H
+      (Ag, x1, np.einsum("hmn,nd->hmd", a64, np.asarray(x1, np.float64))),  # H x 1
+      (Ag.with_values(Ag.values[0]), xs,  # 1 x H
+       np.einsum("mn,hnd->hmd", a64[0], np.asarray(xs, np.float64)))]:
+    out = spmm(A_, _on(gpu, x_))
+    assert rel_err(out, ref) < tol
+  # vmap over value sets and dense operands
+  vm = jax.jit(jax.vmap(lambda v, x: jst.spmm(Ag.with_values(v), x)))
+  out = vm(Ag.values, _on(gpu, xs))
+  assert out.shape == (H, m, d)
+  assert rel_err(out, np.einsum("hmn,hnd->hmd", a64, np.asarray(xs, np.float64))) < tol
+  # sddmm with heads and vmap
+  xq = jnp.asarray(rng.standard_normal((H, m, d)), dtype)
+  yk = jnp.asarray(rng.standard_normal((H, n, d)), dtype)
+  r, c = np.asarray(A.rows), np.asarray(A.cols)
+  ref = np.einsum("hkd,hkd->hk", np.asarray(xq, np.float64)[:, r], np.asarray(yk, np.float64)[:, c])
+  s = jax.jit(jax.vmap(lambda q, k: jst.sddmm(Ag, q, k).values))(_on(gpu, xq), _on(gpu, yk))
+  assert s.shape == (H, A.nnz) and rel_err(s, ref) < tol
+  s = jax.jit(lambda q, k: jst.sddmm(Ag, q, k).values)(_on(gpu, xq), _on(gpu, yk[0]))
+  ref1 = np.einsum("hkd,kd->hk", np.asarray(xq, np.float64)[:, r], np.asarray(yk, np.float64)[0, c])
+  assert rel_err(s, ref1) < tol
+
+
+@pytest.mark.parametrize("dt", ["f32", "f32-highest", "f16"])
+@pytest.mark.parametrize("kind", ["random", "heavy"])
+def test_grad_on_gpu(rng, kind, dt):
+  """jax.grad through jit on GPU (SpMM's transpose is SpMM on A^T plus SDDMM) vs the CPU."""
+  dtype, precision, tol = DTYPES[dt]
+  A, _ = _matrix(rng, kind)
+  m, n = A.shape
+  d = 40
+  x = jnp.asarray(rng.standard_normal((n, d)), dtype)
+  y = jnp.asarray(rng.standard_normal((m, d)), dtype)
+  wt = jnp.asarray(rng.standard_normal((m, d)), jnp.float32)
+
+  # Linear in spmm, quadratic through sddmm: every transpose rule runs.
+  def loss2(v, x, y, A):
+    B = A.with_values(v)
+    out = jst.spmm(B, x, precision=precision).astype(jnp.float32)
+    s = jst.sddmm(B, y, x, precision=precision).values.astype(jnp.float32)
+    return jnp.sum(out * wt) + jnp.sum(s * v.astype(jnp.float32))
+
+  v = A.values.astype(dtype)
+  g = jax.jit(jax.grad(loss2, argnums=(0, 1, 2)))
+  gg = g(*_on(_gpu(), (v, x, y, A)))
+  gc = g(*_on(_cpu(), (v, x, y, A)))
+  for a, b, name in zip(gg, gc, ("dvalues", "dx", "dy")):
+    assert list(a.devices())[0].platform == "gpu"
+    a64 = np.asarray(a, np.float64)
+    assert np.all(np.isfinite(a64)), name
+    assert rel_err(a64, b) < 3 * tol, f"{name}: {rel_err(a64, b):.3g}"
+
+
+def test_many_heads_split_workspace(rng):
+  """Split windows with several heads and d not a multiple of 8 (scalar edge path)."""
+  A, empty = _matrix(rng, "heavy", heads=5)
+  d = 33
+  x = jnp.asarray(rng.standard_normal((5, A.shape[1], d)), jnp.float16)
+  out = jax.jit(jst.spmm)(_on(_gpu(), A), _on(_gpu(), x))
+  ref = np.einsum("hmn,hnd->hmd", _dense64(A, jnp.float16), np.asarray(x, np.float64))
+  assert rel_err(out, ref) < 1e-2
+  np.testing.assert_array_equal(np.asarray(out, np.float64)[:, empty], 0.0)
+
+
+def test_repeatable(rng):
+  """Same inputs twice: the split-window atomics may reorder sums, but only by rounding."""
+  A, _ = _matrix(rng, "heavy")
+  x = jnp.asarray(rng.standard_normal((A.shape[1], 64)), jnp.float32)
+  f = jax.jit(lambda A, x: jst.spmm(A, x, precision="highest"))
+  a = np.asarray(f(_on(_gpu(), A), _on(_gpu(), x)))
+  b = np.asarray(f(_on(_gpu(), A), _on(_gpu(), x)))
+  assert rel_err(a, b) < 1e-6
