@@ -2,18 +2,24 @@
 # One call on a GPU machine with no network: build in place, run the tests (GPU ones included),
 # run the benchmarks, print a short table last. Usage:
 #   scripts/gpu_check.sh [--tests-only | --bench-only] [--quick] [--sanitize]
+#                        [--tests=PYTEST_ARGS] [--only=BENCH_NAME]
+#   --tests="tests/test_gpu_spmm_sddmm.py --maxfail=20" runs those tests instead of all (-x);
+#   --only=spmm_sddmm runs only the benchmark modules whose names contain it.
 # Results: $OUT (default ./out) holds test logs and benchmark JSON.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 export OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-tests=1; bench=1; quick=""; sanitize=0
+tests=1; bench=1; quick=""; sanitize=0; pytest_args="-x tests"; only=""
+
 for a in "$@"; do
   case $a in
     --tests-only) bench=0 ;;
     --bench-only) tests=0 ;;
     --quick) quick="--quick" ;;
     --sanitize) sanitize=1 ;;
+    --tests=*) pytest_args="${a#--tests=}" ;;
+    --only=*) only="--only ${a#--only=}" ;;
   esac
 done
 
@@ -29,14 +35,14 @@ python3 -c "import jaxsparse_tc as j; assert j.has_cuda(), 'CUDA extension missi
 
 status=0
 if [ $tests = 1 ]; then
-  python3 -m pytest -q -x -p no:cacheprovider tests 2>&1 | tee "$OUT/tests.log" | tail -30
+  python3 -m pytest -q -p no:cacheprovider $pytest_args 2>&1 | tee "$OUT/tests.log" | tail -30
   status=${PIPESTATUS[0]}
 fi
 if [ $sanitize = 1 ]; then
-  compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/sanitize_case.py \
+  timeout ${SANITIZE_TIMEOUT:-300} compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/sanitize_case.py \
     2>&1 | tee "$OUT/sanitizer.log" | tail -15
 fi
 if [ $bench = 1 ]; then
-  python3 benchmarks/run.py $quick 2>&1 | tee "$OUT/bench.log"
+  python3 benchmarks/run.py $quick $only 2>&1 | tee "$OUT/bench.log"
 fi
 exit $status

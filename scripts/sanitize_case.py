@@ -1,0 +1,48 @@
+"""A small SpMM/SDDMM case for `compute-sanitizer --tool memcheck` (scripts/gpu_check.sh
+--sanitize): every dtype and precision, a split window, a partial last window, d not a multiple
+of 8. Buffers come from plain cudaMalloc (platform allocator) so out-of-bounds accesses are seen.
+"""
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jaxsparse_tc as jst  # noqa: E402
+
+
+def main() -> None:
+  rng = np.random.default_rng(0)
+  m, n = 21, 3001
+  rows = np.concatenate([np.repeat(np.arange(8), 400), rng.integers(8, m, 60)])
+  cols = rng.integers(0, n, rows.size)
+  A = jst.SparseMatrix.from_coo(rows, cols, rng.uniform(-1, 1, (2, rows.size)).astype(np.float32),
+                                shape=(m, n))
+  worst = 0.0
+  for dtype, precision in [(jnp.float32, None), (jnp.float32, "highest"), (jnp.float16, None),
+                           (jnp.bfloat16, None)]:
+    for d in (5, 64):
+      x = jnp.asarray(rng.standard_normal((n, d)), dtype)
+      q = jnp.asarray(rng.standard_normal((2, m, d)), dtype)
+      out = jax.jit(lambda A, x: jst.spmm(A, x, precision=precision))(A, x)
+      s = jax.jit(lambda A, q, x: jst.sddmm(A, q, x, precision=precision).values)(A, q, x)
+      dense = np.zeros((2, m, n))
+      dense[:, np.asarray(A.rows), np.asarray(A.cols)] = np.asarray(A.values.astype(dtype), np.float64)
+      ref = dense @ np.asarray(x, np.float64)
+      err = np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref)
+      r, c = np.asarray(A.rows), np.asarray(A.cols)
+      sref = np.einsum("hkd,kd->hk", np.asarray(q, np.float64)[:, r], np.asarray(x, np.float64)[c])
+      serr = np.linalg.norm(np.asarray(s, np.float64) - sref) / np.linalg.norm(sref)
+      worst = max(worst, err, serr)
+      print(f"{np.dtype(dtype).name:9s} {precision or 'default':8s} d={d:3d} spmm {err:.2e} "
+            f"sddmm {serr:.2e}")
+  assert worst < 2e-2, worst
+  print("sanitize case ok")
+
+
+if __name__ == "__main__":
+  main()
