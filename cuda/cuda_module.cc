@@ -8,6 +8,11 @@ namespace nb = nanobind;
 namespace jaxsparse_tc {
 extern "C" XLA_FFI_Error* SpmmCuda(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* SddmmCuda(XLA_FFI_CallFrame*);
+extern "C" XLA_FFI_Error* EdgeSoftmaxCuda(XLA_FFI_CallFrame*);
+extern "C" XLA_FFI_Error* EdgeSoftmaxBwdCuda(XLA_FFI_CallFrame*);
+extern "C" XLA_FFI_Error* AttentionFwdCuda(XLA_FFI_CallFrame*);
+extern "C" XLA_FFI_Error* AttentionJvpCuda(XLA_FFI_CallFrame*);
+extern "C" XLA_FFI_Error* AttentionBwdCuda(XLA_FFI_CallFrame*);
 }  // namespace jaxsparse_tc
 
 namespace {
@@ -22,6 +27,11 @@ NB_MODULE(_cuda, m) {
     nb::dict d;
     d["jaxsparse_tc_spmm"] = capsule(jaxsparse_tc::SpmmCuda);
     d["jaxsparse_tc_sddmm"] = capsule(jaxsparse_tc::SddmmCuda);
+    d["jaxsparse_tc_edge_softmax"] = capsule(jaxsparse_tc::EdgeSoftmaxCuda);
+    d["jaxsparse_tc_edge_softmax_bwd"] = capsule(jaxsparse_tc::EdgeSoftmaxBwdCuda);
+    d["jaxsparse_tc_attention_fwd"] = capsule(jaxsparse_tc::AttentionFwdCuda);
+    d["jaxsparse_tc_attention_jvp"] = capsule(jaxsparse_tc::AttentionJvpCuda);
+    d["jaxsparse_tc_attention_bwd"] = capsule(jaxsparse_tc::AttentionBwdCuda);
     return d;
   });
 }

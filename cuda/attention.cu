@@ -1,0 +1,589 @@
+// CUDA sparse attention: O = softmax_row(mask_A(scale * Q K^T + bias)) V (docs/FORMAT.md).
+//
+// Forward, tensor-core path (fp16/bf16, d = dv in {32, 64, 128}): Fused3S with FlashSparse's
+// swap-and-transpose. One warp owns one (window, head); the window's 8 rows are the MMA's n=8
+// side. Per pair of 8x8 blocks (16 condensed columns):
+//   SDDMM   S^T[16 cols x 8 rows] = K_cols[16 x d] Q_w^T[d x 8]     (d/16 mma m16n8k16)
+//   softmax mask by the bitmap, online max/sum in fp32 (exp2), rows 2t, 2t+1 per thread
+//   P^T     C fragment -> B fragment with movmatrix.trans (no shared memory)
+//   SpMM    O^T[dv x 8] += V_cols^T[dv x 16] P^T[16 x 8]           (dv/16 mma m16n8k16)
+// Feature remapping (contraction order is free): in the SDDMM thread t owns features
+// [t*d/4, (t+1)*d/4) of Q and of the gathered K rows (16-byte loads); in the SpMM MMA row g of
+// tile s is feature g*dv/8 + 2s (row g+8: +1), so each thread's V operands are dv/8 consecutive
+// features of one gathered row and its O^T fragment maps back to consecutive output features.
+// Q stays in registers for the whole window; the nnz-sized score matrix is never written.
+// Windows are taken in the schedule's order (heaviest first, Fused3S reordering); a window split
+// into several schedule items is processed whole by the warp of its first item.
+// Writes O and the row log-sum-exp (fp32) for the backward.
+//
+// Scalar path (float32 in, other head sizes, and the backward/jvp kernels): CUDA cores, one
+// warp per (row, head), lanes over features, float32 math. The backward is FlashAttention-2
+// style from the saved LSE, in two fused passes that never write P or dS (except dbias = dS):
+//   row pass    (A's windows):   D_i = dO_i.O_i; dQ_i = scale sum_j dS_ij K_j; dbias = dS
+//   column pass (A^T's windows): dK_j = scale sum_i dS_ij Q_i;  dV_j = sum_i P_ij dO_i
+// with P_ij = exp(scale Q_i.K_j + b_ij - LSE_i), dS_ij = P_ij (dO_i.V_j - D_i).
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "cpu/ffi_common.h"
+#include "jaxsparse_tc/bitmap.cuh"
+#include "jaxsparse_tc/cuda_common.cuh"
+#include "jaxsparse_tc/format.h"
+#include "jaxsparse_tc/mma.cuh"
+
+namespace jaxsparse_tc {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kMaxPerLane = 8;  // scalar kernels: d, dv <= 256
+
+struct Heads {  // head counts of the operands (1 broadcasts)
+  int64_t q, k, v, b;
+};
+
+__device__ __forceinline__ int64_t hsel(int64_t count, int64_t h) { return count == 1 ? 0 : h; }
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  return raw16(from_f32<T>(lo)) | (raw16(from_f32<T>(hi)) << 16);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core fused forward.
+template <class T, int D, int DV>
+__global__ void __launch_bounds__(32 * kWarps)
+attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+            const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ lse,
+            const int32_t* __restrict__ wcp, const int32_t* __restrict__ wc,
+            const int32_t* __restrict__ wbp, const uint32_t* __restrict__ bitmap,
+            const int32_t* __restrict__ bvp, const int32_t* __restrict__ schedule,
+            int64_t num_items, int64_t heads, Heads hc, int64_t m, int64_t n, int64_t nnz,
+            float scale, int has_bias) {
+  const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (unit >= num_items * heads) return;
+  const int64_t item = unit / heads, h = unit % heads;
+  const int64_t w = schedule[4 * item];
+  const int64_t b_first = wbp[w], b_end = wbp[w + 1];
+  if (schedule[4 * item + 1] != b_first) return;  // a later piece of a split window
+  const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  constexpr int QW = D / 8;    // words of Q / K a thread holds per row (D/4 elements)
+  constexpr int VW = DV / 16;  // words of V a thread holds per row (DV/8 elements)
+  constexpr int KS = D / 16;   // SDDMM k-steps
+  constexpr int MS = DV / 16;  // SpMM m-tiles
+
+  const T* qh = q + hsel(hc.q, h) * m * D;
+  const T* kh = k + hsel(hc.k, h) * n * D;
+  const T* vh = v + hsel(hc.v, h) * n * DV;
+  const T* bh = bias + hsel(hc.b, h) * nnz;
+
+  uint32_t qw[QW];
+  {
+    const int64_t i = w * 8 + g;
+    if (i < m) {
+      load_row<T, D / 4>(qh + i * D, int64_t(t) * (D / 4), D, true, qw);
+    } else {
+#pragma unroll
+      for (int x = 0; x < QW; ++x) qw[x] = 0u;
+    }
+  }
+  const float sl2 = scale * kLog2e;
+  float mrow[2] = {-INFINITY, -INFINITY};  // running max (log2 domain), rows 2t, 2t+1
+  float lrow[2] = {0.f, 0.f};              // partial sums of this thread's columns
+  float acc[MS][4];
+#pragma unroll
+  for (int s = 0; s < MS; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.f;
+
+  const int64_t c_begin = wcp[w], c_end = wcp[w + 1];
+  for (int64_t b0 = b_first; b0 < b_end; b0 += 2) {
+    const bool has1 = b0 + 1 < b_end;
+    const uint64_t bits0 = load_block_bits(bitmap, b0);
+    const uint64_t bits1 = has1 ? load_block_bits(bitmap, b0 + 1) : 0ull;
+    const int64_t cbase = c_begin + 8 * (b0 - b_first);
+    // K rows for condensed columns g and g+8
+    uint32_t kw0[QW], kw1[QW];
+    {
+      const int64_t c0 = cbase + g, c1 = cbase + 8 + g;
+      if (c0 < c_end) load_row<T, D / 4>(kh + int64_t(wc[c0]) * D, int64_t(t) * (D / 4), D, true, kw0);
+      else for (int x = 0; x < QW; ++x) kw0[x] = 0u;
+      if (c1 < c_end) load_row<T, D / 4>(kh + int64_t(wc[c1]) * D, int64_t(t) * (D / 4), D, true, kw1);
+      else for (int x = 0; x < QW; ++x) kw1[x] = 0u;
+    }
+    // V rows for condensed columns 2t, 2t+1, 2t+8, 2t+9 (issued early, used after softmax)
+    uint32_t vw[4][VW];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t c = cbase + 2 * t + (j & 1) + (j >> 1) * 8;
+      if (c < c_end) load_row<T, DV / 8>(vh + int64_t(wc[c]) * DV, int64_t(g) * (DV / 8), DV, true, vw[j]);
+      else for (int x = 0; x < VW; ++x) vw[j][x] = 0u;
+    }
+    float sc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+      const uint32_t a[4] = {kw0[2 * s], kw1[2 * s], kw0[2 * s + 1], kw1[2 * s + 1]};
+      const uint32_t bb[2] = {qw[2 * s], qw[2 * s + 1]};
+      mma_16816(sc, a, bb, T{});
+    }
+    // mask + logits (log2 domain). sc[0]: (col g, row 2t), [1]: (g, 2t+1), [2]/[3]: col g+8.
+    const int bit = g * 8 + 2 * t;
+    float x[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint64_t bits = e < 2 ? bits0 : bits1;
+      const int kb = bit + (e & 1);
+      const bool on = (bits >> kb) & 1ull;
+      float val = sc[e] * sl2;
+      if (has_bias && on) {
+        const int64_t idx = bvp[e < 2 ? b0 : b0 + 1] + __popcll(bits & ((1ull << kb) - 1ull));
+        val += to_f32<T>(bh[idx]) * kLog2e;
+      }
+      x[e] = on ? val : -INFINITY;
+    }
+    float p[4];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = fmaxf(x[r], x[r + 2]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float mnew = fmaxf(mrow[r], mx);
+      const float base = mnew == -INFINITY ? 0.f : mnew;
+      const float alpha = exp2f(mrow[r] - base);  // 0 when mrow = -inf
+      mrow[r] = mnew;
+      p[r] = exp2f(x[r] - base);
+      p[r + 2] = exp2f(x[r + 2] - base);
+      lrow[r] = lrow[r] * alpha + p[r] + p[r + 2];
+#pragma unroll
+      for (int s = 0; s < MS; ++s) { acc[s][r] *= alpha; acc[s][r + 2] *= alpha; }
+    }
+    // P^T as the SpMM's B operand: transpose the two 8x8 halves in registers.
+    const uint32_t pb[2] = {movmatrix_trans(pack2<T>(p[0], p[1])),
+                            movmatrix_trans(pack2<T>(p[2], p[3]))};
+#pragma unroll
+    for (int s = 0; s < MS; ++s) {
+      const uint32_t a[4] = {pack_lo(vw[0][s], vw[1][s]), pack_hi(vw[0][s], vw[1][s]),
+                             pack_lo(vw[2][s], vw[3][s]), pack_hi(vw[2][s], vw[3][s])};
+      mma_16816(acc[s], a, pb, T{});
+    }
+  }
+  // finish: full row sums, normalise, write rows 2t and 2t+1 (features g*DV/8 ..)
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = lrow[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 4);
+    l += __shfl_xor_sync(0xffffffffu, l, 8);
+    l += __shfl_xor_sync(0xffffffffu, l, 16);
+    const int64_t i = w * 8 + 2 * t + r;
+    const float inv = l > 0.f ? 1.0f / l : 0.f;
+    if (i < m) {
+      float o[DV / 8];
+#pragma unroll
+      for (int s = 0; s < MS; ++s) { o[2 * s] = acc[s][r] * inv; o[2 * s + 1] = acc[s][r + 2] * inv; }
+      store_row<T, DV / 8>(out + (h * m + i) * DV, int64_t(g) * (DV / 8), DV, true, o);
+      if (g == 0) lse[h * m + i] = l > 0.f ? (mrow[r] + log2f(l)) / kLog2e : -INFINITY;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scalar kernels: one warp per (row, head), lane holds features lane + 32 f.
+template <class T>
+__device__ __forceinline__ void load_lane(const T* row, int64_t d, float (&x)[kMaxPerLane], int lane) {
+#pragma unroll
+  for (int f = 0; f < kMaxPerLane; ++f) {
+    const int64_t c = lane + 32 * f;
+    x[f] = c < d ? to_f32<T>(row[c]) : 0.f;
+  }
+}
+__device__ __forceinline__ float lane_dot(const float (&a)[kMaxPerLane], const float (&b)[kMaxPerLane]) {
+  float s = 0.f;
+#pragma unroll
+  for (int f = 0; f < kMaxPerLane; ++f) s += a[f] * b[f];
+  return warp_sum(s);
+}
+
+// f(col, value_index) for each nonzero of row r of window w, in order.
+template <class F>
+__device__ __forceinline__ void row_walk(const int32_t* wcp, const int32_t* wc, const int32_t* wbp,
+                                         const uint32_t* bitmap, const int32_t* bvp, int64_t w,
+                                         int r, F&& f) {
+  const int64_t b_first = wbp[w];
+  const uint64_t rmask = 0x0101010101010101ull << r;
+  for (int64_t b = b_first; b < wbp[w + 1]; ++b) {
+    const uint64_t bits = load_block_bits(bitmap, b);
+    uint64_t rb = bits & rmask;
+    const int64_t col0 = wcp[w] + 8 * (b - b_first);
+    while (rb) {
+      const int kb = __ffsll(static_cast<long long>(rb)) - 1;
+      rb &= rb - 1;
+      f(int64_t(wc[col0 + kb / 8]), int64_t(bvp[b]) + __popcll(bits & ((1ull << kb) - 1ull)));
+    }
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(32 * kWarps)
+attn_fwd_scalar(const T* q, const T* k, const T* v, const T* bias, T* out, float* lse,
+                const int32_t* wcp, const int32_t* wc, const int32_t* wbp, const uint32_t* bitmap,
+                const int32_t* bvp, int64_t heads, Heads hc, int64_t m, int64_t n, int64_t d,
+                int64_t dv, int64_t nnz, float scale, int has_bias) {
+  const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (unit >= m * heads) return;
+  const int64_t i = unit / heads, h = unit % heads;
+  const int lane = threadIdx.x % 32;
+  float qi[kMaxPerLane], kj[kMaxPerLane], vj[kMaxPerLane], acc[kMaxPerLane] = {};
+  load_lane(q + (hsel(hc.q, h) * m + i) * d, d, qi, lane);
+  const T* kh = k + hsel(hc.k, h) * n * d;
+  const T* vh = v + hsel(hc.v, h) * n * dv;
+  const T* bh = bias + hsel(hc.b, h) * nnz;
+  float mx = -INFINITY, l = 0.f;
+  row_walk(wcp, wc, wbp, bitmap, bvp, i / 8, int(i % 8), [&](int64_t j, int64_t idx) {
+    load_lane(kh + j * d, d, kj, lane);
+    load_lane(vh + j * dv, dv, vj, lane);
+    const float s = scale * lane_dot(qi, kj) + (has_bias ? to_f32<T>(bh[idx]) : 0.f);
+    const float mnew = fmaxf(mx, s);
+    const float alpha = __expf(mx - mnew);
+    const float p = __expf(s - mnew);
+    mx = mnew;
+    l = l * alpha + p;
+#pragma unroll
+    for (int f = 0; f < kMaxPerLane; ++f) acc[f] = acc[f] * alpha + p * vj[f];
+  });
+  const float inv = l > 0.f ? 1.0f / l : 0.f;
+  T* orow = out + (h * m + i) * dv;
+#pragma unroll
+  for (int f = 0; f < kMaxPerLane; ++f)
+    if (lane + 32 * f < dv) orow[lane + 32 * f] = from_f32<T>(acc[f] * inv);
+  if (lane == 0) lse[h * m + i] = l > 0.f ? mx + logf(l) : -INFINITY;
+}
+
+// JVP: dO_i = sum_j P_ij dS_ij V_j - (sum_j P_ij dS_ij) O_i + sum_j P_ij dV_j.
+template <class T>
+__global__ void __launch_bounds__(32 * kWarps)
+attn_jvp_scalar(const T* q, const T* k, const T* v, const T* bias, const float* lse,
+                const T* dq, const T* dk, const T* dvv, const T* dbias, T* dout,
+                const int32_t* wcp, const int32_t* wc, const int32_t* wbp, const uint32_t* bitmap,
+                const int32_t* bvp, int64_t heads, Heads hc, Heads hd, int64_t hl, int64_t m,
+                int64_t n, int64_t d, int64_t dv, int64_t nnz, float scale, int has_bias) {
+  const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (unit >= m * heads) return;
+  const int64_t i = unit / heads, h = unit % heads;
+  const int lane = threadIdx.x % 32;
+  float qi[kMaxPerLane], dqi[kMaxPerLane], kj[kMaxPerLane], vj[kMaxPerLane];
+  float a1[kMaxPerLane] = {}, a2[kMaxPerLane] = {}, of[kMaxPerLane] = {};
+  load_lane(q + (hsel(hc.q, h) * m + i) * d, d, qi, lane);
+  load_lane(dq + (hsel(hd.q, h) * m + i) * d, d, dqi, lane);
+  const float li = lse[hsel(hl, h) * m + i];
+  float c = 0.f;
+  row_walk(wcp, wc, wbp, bitmap, bvp, i / 8, int(i % 8), [&](int64_t j, int64_t idx) {
+    load_lane(k + (hsel(hc.k, h) * n + j) * d, d, kj, lane);
+    const float qk = lane_dot(qi, kj), dqk = lane_dot(dqi, kj);
+    load_lane(dk + (hsel(hd.k, h) * n + j) * d, d, kj, lane);
+    const float qdk = lane_dot(qi, kj);
+    const float s = scale * qk + (has_bias ? to_f32<T>(bias[hsel(hc.b, h) * nnz + idx]) : 0.f);
+    const float p = __expf(s - li);
+    const float ds = scale * (dqk + qdk) + (has_bias ? to_f32<T>(dbias[hsel(hd.b, h) * nnz + idx]) : 0.f);
+    c += p * ds;
+    load_lane(v + (hsel(hc.v, h) * n + j) * dv, dv, vj, lane);
+#pragma unroll
+    for (int f = 0; f < kMaxPerLane; ++f) { a1[f] += p * ds * vj[f]; of[f] += p * vj[f]; }
+    load_lane(dvv + (hsel(hd.v, h) * n + j) * dv, dv, vj, lane);
+#pragma unroll
+    for (int f = 0; f < kMaxPerLane; ++f) a2[f] += p * vj[f];
+  });
+  T* orow = dout + (h * m + i) * dv;
+#pragma unroll
+  for (int f = 0; f < kMaxPerLane; ++f)
+    if (lane + 32 * f < dv) orow[lane + 32 * f] = from_f32<T>(a1[f] - c * of[f] + a2[f]);
+}
+
+// Backward row pass: D_i, dQ_i, dbias.
+template <class T>
+__global__ void __launch_bounds__(32 * kWarps)
+attn_bwd_rows(const T* q, const T* k, const T* v, const T* bias, const T* o, const float* lse,
+              const T* dout, T* dq, T* dbias, float* Dbuf, const int32_t* wcp, const int32_t* wc,
+              const int32_t* wbp, const uint32_t* bitmap, const int32_t* bvp, int64_t heads,
+              Heads hc, int64_t ho, int64_t hl, int64_t hdo, int64_t m, int64_t n, int64_t d,
+              int64_t dv, int64_t nnz, float scale, int has_bias) {
+  const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (unit >= m * heads) return;
+  const int64_t i = unit / heads, h = unit % heads;
+  const int lane = threadIdx.x % 32;
+  float qi[kMaxPerLane], doi[kMaxPerLane], x[kMaxPerLane], acc[kMaxPerLane] = {};
+  load_lane(q + (hsel(hc.q, h) * m + i) * d, d, qi, lane);
+  load_lane(dout + (hsel(hdo, h) * m + i) * dv, dv, doi, lane);
+  load_lane(o + (hsel(ho, h) * m + i) * dv, dv, x, lane);
+  const float Di = lane_dot(doi, x);
+  if (lane == 0) Dbuf[h * m + i] = Di;
+  const float li = lse[hsel(hl, h) * m + i];
+  row_walk(wcp, wc, wbp, bitmap, bvp, i / 8, int(i % 8), [&](int64_t j, int64_t idx) {
+    load_lane(v + (hsel(hc.v, h) * n + j) * dv, dv, x, lane);
+    const float dp = lane_dot(doi, x);
+    load_lane(k + (hsel(hc.k, h) * n + j) * d, d, x, lane);
+    const float s = scale * lane_dot(qi, x) + (has_bias ? to_f32<T>(bias[hsel(hc.b, h) * nnz + idx]) : 0.f);
+    const float p = __expf(s - li);
+    const float ds = p * (dp - Di);
+    if (has_bias && lane == 0) dbias[h * nnz + idx] = from_f32<T>(ds);
+#pragma unroll
+    for (int f = 0; f < kMaxPerLane; ++f) acc[f] += ds * x[f];
+  });
+  T* row = dq + (h * m + i) * d;
+#pragma unroll
+  for (int f = 0; f < kMaxPerLane; ++f)
+    if (lane + 32 * f < d) row[lane + 32 * f] = from_f32<T>(scale * acc[f]);
+}
+
+// Backward column pass over A^T: dK_j, dV_j (A^T's row j = A's column j).
+template <class T>
+__global__ void __launch_bounds__(32 * kWarps)
+attn_bwd_cols(const T* q, const T* k, const T* v, const T* bias, const float* lse, const T* dout,
+              const float* Dbuf, T* dk, T* dvv, const int32_t* wcp, const int32_t* wc,
+              const int32_t* wbp, const uint32_t* bitmap, const int32_t* bvp,
+              const int32_t* perm_t, int64_t heads, Heads hc, int64_t hl, int64_t hdo, int64_t m,
+              int64_t n, int64_t d, int64_t dv, int64_t nnz, float scale, int has_bias) {
+  const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (unit >= n * heads) return;
+  const int64_t j = unit / heads, h = unit % heads;
+  const int lane = threadIdx.x % 32;
+  float kj[kMaxPerLane], vj[kMaxPerLane], x[kMaxPerLane];
+  float ak[kMaxPerLane] = {}, av[kMaxPerLane] = {};
+  load_lane(k + (hsel(hc.k, h) * n + j) * d, d, kj, lane);
+  load_lane(v + (hsel(hc.v, h) * n + j) * dv, dv, vj, lane);
+  row_walk(wcp, wc, wbp, bitmap, bvp, j / 8, int(j % 8), [&](int64_t i, int64_t idx_t) {
+    load_lane(dout + (hsel(hdo, h) * m + i) * dv, dv, x, lane);
+    const float dp = lane_dot(x, vj);
+    const float li = lse[hsel(hl, h) * m + i];
+    const float Di = Dbuf[h * m + i];
+    float qi[kMaxPerLane];
+    load_lane(q + (hsel(hc.q, h) * m + i) * d, d, qi, lane);
+    const float b = has_bias ? to_f32<T>(bias[hsel(hc.b, h) * nnz + perm_t[idx_t]]) : 0.f;
+    const float p = __expf(scale * lane_dot(qi, kj) + b - li);
+    const float ds = p * (dp - Di);
+#pragma unroll
+    for (int f = 0; f < kMaxPerLane; ++f) { av[f] += p * x[f]; ak[f] += ds * qi[f]; }
+  });
+  T* rk = dk + (h * n + j) * d;
+  T* rv = dvv + (h * n + j) * dv;
+#pragma unroll
+  for (int f = 0; f < kMaxPerLane; ++f) {
+    if (lane + 32 * f < d) rk[lane + 32 * f] = from_f32<T>(scale * ak[f]);
+    if (lane + 32 * f < dv) rv[lane + 32 * f] = from_f32<T>(av[f]);
+  }
+}
+
+template <class F>
+ffi::Error dispatch(ffi::DataType dt, F&& f) {
+  switch (dt) {
+    case ffi::DataType::F32: f(float{}); return ffi::Error::Success();
+    case ffi::DataType::F16: f(__half{}); return ffi::Error::Success();
+    case ffi::DataType::BF16: f(__nv_bfloat16{}); return ffi::Error::Success();
+    default: return ffi::Error::InvalidArgument("sparse_attention: unsupported dtype");
+  }
+}
+
+ffi::Error launched(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    return ffi::Error::Internal(std::string(what) + ": kernel launch failed: " + cudaGetErrorString(err));
+  return ffi::Error::Success();
+}
+
+unsigned grid_for(int64_t units) { return unsigned((units + kWarps - 1) / kWarps); }
+
+template <class T, int D>
+void launch_tc(cudaStream_t st, unsigned grid, const T* q, const T* k, const T* v, const T* b,
+               T* o, float* l, const PatternView& p, int64_t heads, Heads hc, int64_t m,
+               int64_t n, int64_t nnz, float scale, int has_bias) {
+  attn_fwd_tc<T, D, D><<<grid, 32 * kWarps, 0, st>>>(
+      q, k, v, b, o, l, p.window_col_ptr, p.window_cols, p.window_block_ptr, p.block_bitmap,
+      p.block_value_ptr, p.schedule, p.num_items, heads, hc, m, n, nnz, scale, has_bias);
+}
+
+}  // namespace
+
+static ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                                     ffi::AnyBuffer v, ffi::AnyBuffer bias, I32 wcp, I32 wc,
+                                     I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
+                                     ffi::Result<ffi::AnyBuffer> o,
+                                     ffi::Result<ffi::Buffer<ffi::F32>> lse, float scale,
+                                     int32_t has_bias) {
+  const PatternView p = make_view(wcp, wc, wbp, bitmap, bvp, schedule);
+  const int64_t heads = o->dimensions()[0], m = o->dimensions()[1], dv = o->dimensions()[2];
+  const int64_t n = k.dimensions()[1], d = q.dimensions()[2], nnz = bias.dimensions()[1];
+  const Heads hc{q.dimensions()[0], k.dimensions()[0], v.dimensions()[0], bias.dimensions()[0]};
+  if (d > 32 * kMaxPerLane || dv > 32 * kMaxPerLane)
+    return ffi::Error::InvalidArgument("sparse_attention (CUDA): d and dv must be <= 256");
+  if (heads == 0 || m == 0) return ffi::Error::Success();
+  ffi::Error e = dispatch(q.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* qp = static_cast<const T*>(q.untyped_data());
+    const T* kp = static_cast<const T*>(k.untyped_data());
+    const T* vp = static_cast<const T*>(v.untyped_data());
+    const T* bp = static_cast<const T*>(bias.untyped_data());
+    T* op = static_cast<T*>(o->untyped_data());
+    float* lp = lse->typed_data();
+    if constexpr (sizeof(T) == 2) {
+      if (d == dv && (d == 32 || d == 64 || d == 128) && p.num_items > 0) {
+        const unsigned grid = grid_for(p.num_items * heads);
+        if (d == 32) launch_tc<T, 32>(st, grid, qp, kp, vp, bp, op, lp, p, heads, hc, m, n, nnz, scale, has_bias);
+        if (d == 64) launch_tc<T, 64>(st, grid, qp, kp, vp, bp, op, lp, p, heads, hc, m, n, nnz, scale, has_bias);
+        if (d == 128) launch_tc<T, 128>(st, grid, qp, kp, vp, bp, op, lp, p, heads, hc, m, n, nnz, scale, has_bias);
+        return;
+      }
+    }
+    attn_fwd_scalar<T><<<grid_for(m * heads), 32 * kWarps, 0, st>>>(
+        qp, kp, vp, bp, op, lp, p.window_col_ptr, p.window_cols, p.window_block_ptr,
+        p.block_bitmap, p.block_value_ptr, heads, hc, m, n, d, dv, nnz, scale, has_bias);
+  });
+  if (e.failure()) return e;
+  return launched("sparse_attention forward");
+}
+
+static ffi::Error attention_jvp_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                                     ffi::AnyBuffer v, ffi::AnyBuffer bias, ffi::AnyBuffer o,
+                                     ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dq,
+                                     ffi::AnyBuffer dk, ffi::AnyBuffer dvv, ffi::AnyBuffer dbias,
+                                     I32 wcp, I32 wc, I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
+                                     ffi::Result<ffi::AnyBuffer> dout, float scale,
+                                     int32_t has_bias) {
+  const PatternView p = make_view(wcp, wc, wbp, bitmap, bvp, schedule);
+  const int64_t heads = dout->dimensions()[0], m = dout->dimensions()[1];
+  const int64_t dv = dout->dimensions()[2], n = k.dimensions()[1], d = q.dimensions()[2];
+  const int64_t nnz = bias.dimensions()[1];
+  const Heads hc{q.dimensions()[0], k.dimensions()[0], v.dimensions()[0], bias.dimensions()[0]};
+  const Heads hd{dq.dimensions()[0], dk.dimensions()[0], dvv.dimensions()[0], dbias.dimensions()[0]};
+  if (d > 32 * kMaxPerLane || dv > 32 * kMaxPerLane)
+    return ffi::Error::InvalidArgument("sparse_attention (CUDA): d and dv must be <= 256");
+  if (heads == 0 || m == 0) return ffi::Error::Success();
+  ffi::Error e = dispatch(q.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    attn_jvp_scalar<T><<<grid_for(m * heads), 32 * kWarps, 0, st>>>(
+        static_cast<const T*>(q.untyped_data()), static_cast<const T*>(k.untyped_data()),
+        static_cast<const T*>(v.untyped_data()), static_cast<const T*>(bias.untyped_data()),
+        lse.typed_data(), static_cast<const T*>(dq.untyped_data()),
+        static_cast<const T*>(dk.untyped_data()), static_cast<const T*>(dvv.untyped_data()),
+        static_cast<const T*>(dbias.untyped_data()), static_cast<T*>(dout->untyped_data()),
+        p.window_col_ptr, p.window_cols, p.window_block_ptr, p.block_bitmap, p.block_value_ptr,
+        heads, hc, hd, lse.dimensions()[0], m, n, d, dv, nnz, scale, has_bias);
+  });
+  if (e.failure()) return e;
+  return launched("sparse_attention jvp");
+}
+
+static ffi::Error attention_bwd_cuda(cudaStream_t st, ffi::ScratchAllocator scratch,
+                                     ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                                     ffi::AnyBuffer bias, ffi::AnyBuffer o,
+                                     ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, I32 wcp,
+                                     I32 wc, I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
+                                     I32 t_wcp, I32 t_wc, I32 t_wbp, U32 t_bitmap, I32 t_bvp,
+                                     I32 t_schedule, I32 perm_t, ffi::Result<ffi::AnyBuffer> dq,
+                                     ffi::Result<ffi::AnyBuffer> dk,
+                                     ffi::Result<ffi::AnyBuffer> dvv,
+                                     ffi::Result<ffi::AnyBuffer> dbias, float scale,
+                                     int32_t has_bias) {
+  const PatternView p = make_view(wcp, wc, wbp, bitmap, bvp, schedule);
+  const PatternView pt = make_view(t_wcp, t_wc, t_wbp, t_bitmap, t_bvp, t_schedule);
+  const int64_t heads = dq->dimensions()[0], m = q.dimensions()[1], n = k.dimensions()[1];
+  const int64_t d = q.dimensions()[2], dv = v.dimensions()[2], nnz = bias.dimensions()[1];
+  const Heads hc{q.dimensions()[0], k.dimensions()[0], v.dimensions()[0], bias.dimensions()[0]};
+  if (d > 32 * kMaxPerLane || dv > 32 * kMaxPerLane)
+    return ffi::Error::InvalidArgument("sparse_attention (CUDA): d and dv must be <= 256");
+  if (heads == 0) return ffi::Error::Success();
+  float* Dbuf = nullptr;
+  if (m > 0) {
+    auto mem = scratch.Allocate(size_t(heads * m) * sizeof(float), 256);
+    if (!mem.has_value()) return ffi::Error::Internal("sparse_attention backward: no scratch");
+    Dbuf = static_cast<float*>(*mem);
+  }
+  ffi::Error e = dispatch(q.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* qp = static_cast<const T*>(q.untyped_data());
+    const T* kp = static_cast<const T*>(k.untyped_data());
+    const T* vp = static_cast<const T*>(v.untyped_data());
+    const T* bp = static_cast<const T*>(bias.untyped_data());
+    const T* dop = static_cast<const T*>(dout.untyped_data());
+    if (m > 0)
+      attn_bwd_rows<T><<<grid_for(m * heads), 32 * kWarps, 0, st>>>(
+          qp, kp, vp, bp, static_cast<const T*>(o.untyped_data()), lse.typed_data(), dop,
+          static_cast<T*>(dq->untyped_data()), static_cast<T*>(dbias->untyped_data()), Dbuf,
+          p.window_col_ptr, p.window_cols, p.window_block_ptr, p.block_bitmap,
+          p.block_value_ptr, heads, hc, o.dimensions()[0], lse.dimensions()[0],
+          dout.dimensions()[0], m, n, d, dv, nnz, scale, has_bias);
+    if (n > 0)
+      attn_bwd_cols<T><<<grid_for(n * heads), 32 * kWarps, 0, st>>>(
+          qp, kp, vp, bp, lse.typed_data(), dop, Dbuf, static_cast<T*>(dk->untyped_data()),
+          static_cast<T*>(dvv->untyped_data()), pt.window_col_ptr, pt.window_cols,
+          pt.window_block_ptr, pt.block_bitmap, pt.block_value_ptr, perm_t.typed_data(), heads,
+          hc, lse.dimensions()[0], dout.dimensions()[0], m, n, d, dv, nnz, scale, has_bias);
+  });
+  if (e.failure()) return e;
+  return launched("sparse_attention backward");
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionFwdCuda, attention_fwd_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  JAXSPARSE_TC_PATTERN_ARGS
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("scale")
+                                  .Attr<int32_t>("has_bias"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionJvpCuda, attention_jvp_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  JAXSPARSE_TC_PATTERN_ARGS
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<float>("scale")
+                                  .Attr<int32_t>("has_bias"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionBwdCuda, attention_bwd_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::ScratchAllocator>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  JAXSPARSE_TC_PATTERN_ARGS
+                                  JAXSPARSE_TC_PATTERN_ARGS
+                                  .Arg<I32>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<float>("scale")
+                                  .Attr<int32_t>("has_bias"));
+
+}  // namespace jaxsparse_tc

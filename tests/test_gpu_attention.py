@@ -1,0 +1,133 @@
+"""edge_softmax and sparse_attention on the CUDA kernels vs float64 references (and the CPU
+kernels). Skipped without a GPU and the CUDA extension."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+from conftest import rel_err
+from test_attention import (DTYPES, attention_ref, make_pattern, qkv, softmax_ref)
+import jaxsparse_tc as jst
+from jaxsparse_tc import SparseMatrix
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not (jst.has_cuda() and any(d.platform == "gpu" for d in jax.devices())),
+                       reason="needs a CUDA GPU and the CUDA extension"),
+]
+
+TOL = {jnp.float32: 1e-5, jnp.float16: 4e-3, jnp.bfloat16: 3e-2}
+
+
+def gpu(x):
+  return jax.device_put(x, jax.devices("gpu")[0])
+
+
+def on_gpu(A):
+  return jax.tree_util.tree_map(gpu, A)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_edge_softmax(rng, dtype):
+  A = on_gpu(make_pattern(rng, 301, 257, density=0.05, empty_rows=20))
+  v = gpu(jnp.asarray(rng.standard_normal((3, A.nnz)) * 4, dtype))
+  out = jax.jit(lambda x: jst.edge_softmax(A, x).values)(v)
+  assert list(out.devices())[0].platform == "gpu"
+  assert rel_err(out, softmax_ref(A, np.asarray(v, np.float64))) < TOL[dtype] * 2
+  big = gpu(jnp.asarray(rng.uniform(-1e4, 1e4, A.nnz), dtype))
+  out = np.asarray(jst.edge_softmax(A, big).values, np.float64)
+  assert np.all(np.isfinite(out))
+  assert rel_err(out, softmax_ref(A, np.asarray(big, np.float64))) < TOL[dtype] * 2
+  if dtype == jnp.float32:
+    check_grads(lambda x: jst.edge_softmax(A, x).values, (v,), order=1, modes=["fwd", "rev"],
+                atol=2e-2, rtol=2e-2)
+
+
+# d = dv in {32, 64, 128} with fp16/bf16 takes the tensor-core kernel; others the scalar one.
+@pytest.mark.parametrize("d,dv", [(32, 32), (64, 64), (128, 128), (16, 24)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_attention_forward(rng, dtype, d, dv):
+  A = on_gpu(make_pattern(rng, 203, 170, density=0.08, empty_rows=10))
+  H = 2
+  q, k, v = (gpu(x) for x in qkv(rng, A, d=d, dv=dv, dtype=dtype, h=H, amp=1.5))
+  bias = gpu(jnp.asarray(rng.standard_normal((H, A.nnz)), dtype))
+  for b in (None, bias):
+    out = jax.jit(lambda *a: jst.sparse_attention(A, *a[:3], bias=a[3]))(q, k, v, b)
+    ref = attention_ref(A, q, k, v, None, b)
+    assert rel_err(out, ref) < TOL[dtype], (b is None)
+  # one head of K/V broadcast, no head axis at all
+  out = jst.sparse_attention(A, q[0], k[0], v[0])
+  assert out.shape == (203, dv)
+  assert rel_err(out, attention_ref(A, q[0], k[0], v[0])) < TOL[dtype]
+
+
+def test_gpu_attention_hub_window(rng):
+  """A window far longer than one schedule item (split in the schedule) is still exact."""
+  m, n = 40, 3000
+  rows = np.concatenate([np.zeros(2500, np.int64), rng.integers(0, m, 400)])
+  cols = np.concatenate([rng.permutation(n)[:2500], rng.integers(0, n, 400)])
+  A = on_gpu(SparseMatrix.from_coo(rows, cols, shape=(m, n)))
+  for dtype in (jnp.float16, jnp.bfloat16):
+    q, k, v = (gpu(x) for x in qkv(rng, A, d=64, dv=64, dtype=dtype, h=2))
+    out = jst.sparse_attention(A, q, k, v)
+    assert rel_err(out, attention_ref(A, q, k, v)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_attention_large_logits(rng, dtype):
+  A = on_gpu(make_pattern(rng, 120, 100, density=0.1, empty_rows=5))
+  q, k, v = (gpu(x) for x in qkv(rng, A, d=64, dv=64, dtype=dtype, amp=6.0))  # |s| ~ 2e3
+  bias = gpu(jnp.asarray(rng.uniform(-1e4, 1e4, A.nnz), dtype))
+  for b in (None, bias):
+    out = np.asarray(jst.sparse_attention(A, q, k, v, scale=1.0, bias=b), np.float64)
+    assert np.all(np.isfinite(out))
+    assert rel_err(out, attention_ref(A, q, k, v, 1.0, b)) < 2 * TOL[dtype]
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gpu_attention_check_grads(rng, with_bias):
+  A = on_gpu(make_pattern(rng, 37, 29, density=0.2, empty_rows=3))
+  q, k, v = (gpu(x) for x in qkv(rng, A, d=16, dv=8, h=2))
+  args = [q, k, v]
+  if with_bias:
+    args.append(gpu(jnp.asarray(rng.standard_normal((2, A.nnz)), jnp.float32)))
+  f = lambda *a: jst.sparse_attention(A, *a[:3], scale=0.6, bias=a[3] if len(a) > 3 else None)
+  check_grads(f, args, order=1, modes=["fwd", "rev"], atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_attention_grads_match_cpu(rng, dtype):
+  """GPU backward and jvp vs the CPU kernels on identical inputs, plus vmap == loop."""
+  Ac = make_pattern(rng, 150, 130, density=0.06, empty_rows=8)
+  A = on_gpu(Ac)
+  H = 3
+  qc, kc, vc = qkv(rng, Ac, d=64, dv=64, dtype=dtype, h=H)
+  bc = jnp.asarray(rng.standard_normal((H, Ac.nnz)), dtype)
+  w = jnp.asarray(rng.standard_normal((H, 150, 64)), jnp.float32)
+
+  def loss(M, *a):
+    return jnp.sum(jst.sparse_attention(M, *a[:3], bias=a[3]).astype(jnp.float32) * w)
+
+  cpu = jax.devices("cpu")[0]
+  with jax.default_device(cpu):
+    ref = jax.grad(loss, argnums=(1, 2, 3, 4))(jax.device_put(Ac, cpu), qc, kc, vc, bc)
+  args = [gpu(x) for x in (qc, kc, vc, bc)]
+  got = jax.jit(jax.grad(loss, argnums=(1, 2, 3, 4)))(A, *args)
+  tol = {jnp.float32: 1e-4, jnp.float16: 1e-2, jnp.bfloat16: 5e-2}[dtype]
+  for g, r in zip(got, ref):
+    assert rel_err(g, r) < tol
+  tangents = [gpu(jnp.asarray(rng.standard_normal(x.shape), dtype)) for x in args]
+  _, jg = jax.jvp(lambda *a: loss(A, *a), tuple(args), tuple(tangents))
+  with jax.default_device(cpu):
+    _, jc = jax.jvp(lambda *a: loss(jax.device_put(Ac, cpu), *a), (qc, kc, vc, bc),
+                    tuple(jax.device_put(t, cpu) for t in tangents))
+  assert abs(float(jg) - float(jc)) < tol * (abs(float(jc)) + 1)
+  f = lambda a, b, c, bb: jst.sparse_attention(A, a, b, c, bias=bb)
+  batched = jax.vmap(f)(*args)
+  loop = jnp.stack([f(*(x[i] for x in args)) for i in range(H)])
+  np.testing.assert_allclose(np.asarray(batched, np.float32), np.asarray(loop, np.float32),
+                             rtol=1e-6, atol=1e-6)
