@@ -18,6 +18,7 @@
 // size, so they sit in the schedule's prefix); windows whose slot would exceed the workspace
 // cap fall back to their first piece computing the whole window alone (correct, slower).
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 
 #include "cpu/ffi_common.h"
@@ -126,8 +127,8 @@ __device__ __forceinline__ bool resolve_item(const SpmmParams& p, int4 it, int& 
 
 // Tensor-core SpMM. T = __half / __nv_bfloat16 (m16n8k16, two blocks per MMA) or float
 // (tf32 m16n8k8, one block per MMA). MT = m16 tiles per warp: the slab is 16*MT features.
-template <class T, int MT>
-__global__ void __launch_bounds__(kWarps * 32) spmm_tc(const SpmmParams p) {
+template <class T, int MT, int MINB>
+__global__ void __launch_bounds__(kWarps * 32, MINB) spmm_tc(const SpmmParams p) {
   constexpr bool kTf32 = sizeof(T) == 4;
   constexpr int E = 2 * MT;                   // consecutive features per thread
   constexpr int NW = Words<T, E>::N;          // words per gathered row
@@ -275,7 +276,12 @@ __global__ void __launch_bounds__(kWarps * 32) spmm_f32_exact(const SpmmParams p
 
 template <class T, int MT>
 void launch_tc(const SpmmParams& p, dim3 grid, cudaStream_t stream) {
-  spmm_tc<T, MT><<<grid, kWarps * 32, 0, stream>>>(p);
+  // Experiment switch (benchmarks): JAXSPARSE_TC_SPMM_MINB=6 caps registers for occupancy.
+  const char* minb = std::getenv("JAXSPARSE_TC_SPMM_MINB");
+  if (MT == 4 && minb && std::atoi(minb) == 6)
+    spmm_tc<T, MT, 6><<<grid, kWarps * 32, 0, stream>>>(p);
+  else
+    spmm_tc<T, MT, 1><<<grid, kWarps * 32, 0, stream>>>(p);
 }
 
 template <class T>
@@ -330,14 +336,16 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
   const int64_t slot_bytes = heads * kWindowRows * p.d * 4 + heads * nslab * 4;
   p.cap = std::min<int64_t>(p.num_items, std::max<int64_t>(1, kWorkspaceBytes / slot_bytes));
   p.nslab = nslab;
-  auto ws = scratch.Allocate(size_t(p.cap * heads * kWindowRows * p.d) * 4, 256);
-  auto done = scratch.Allocate(size_t(p.cap * heads * nslab) * 4, 256);
-  auto slot_of = scratch.Allocate(size_t(std::max<int64_t>(num_windows, 1)) * 4, 256);
-  if (!ws || !done || !slot_of)
+  // One scratch allocation (XLA's FFI allocator takes alignments up to 16 bytes).
+  const size_t ws_bytes = size_t(p.cap * heads * kWindowRows * p.d) * 4;
+  const size_t done_bytes = size_t(p.cap * heads * nslab) * 4;
+  const size_t slot_bytes_all = size_t(std::max<int64_t>(num_windows, 1)) * 4;
+  auto mem = scratch.Allocate(ws_bytes + done_bytes + slot_bytes_all, 16);
+  if (!mem)
     return ffi::Error(ffi::ErrorCode::kResourceExhausted, "spmm: workspace allocation failed");
-  p.ws = static_cast<float*>(*ws);
-  p.done = static_cast<int*>(*done);
-  p.slot_of = static_cast<int*>(*slot_of);
+  p.ws = static_cast<float*>(*mem);
+  p.done = reinterpret_cast<int*>(static_cast<char*>(*mem) + ws_bytes);
+  p.slot_of = reinterpret_cast<int*>(static_cast<char*>(*mem) + ws_bytes + done_bytes);
   split_prep<<<unsigned(std::min<int64_t>(p.num_items, 264)), 256, 0, stream>>>(p);
 
   if (exact) {
