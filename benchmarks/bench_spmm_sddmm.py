@@ -18,6 +18,12 @@ import numpy as np
 
 import common
 
+# Kernel variants timed at d=128 (environment switches of cuda/spmm.cu, read per launch).
+VARIANTS = {
+    "minb6": {"JAXSPARSE_TC_SPMM_MINB": "6"},
+    "staged": {"JAXSPARSE_TC_SPMM_STAGED": "1"},
+    "staged-minb6": {"JAXSPARSE_TC_SPMM_MINB": "6", "JAXSPARSE_TC_SPMM_STAGED": "1"},
+}
 COLUMNS = ["graph", "op", "d", "impl", "ms", "GB/s", "GFLOP/s", "err"]
 
 
@@ -149,14 +155,15 @@ def run(quick: bool = False) -> list[dict]:
           add("spmm", impl, name, _time(lambda: f(Ad, x), _sync_jax), _rel(out, ref))
           del out
           if d == 128 and prec is None and name != "bf16":
-            # Variant: register cap for occupancy (JAXSPARSE_TC_SPMM_MINB, read per launch).
-            os.environ["JAXSPARSE_TC_SPMM_MINB"] = "6"
-            try:
-              out = f(Ad, x)
-              add("spmm", impl + "-minb6", name, _time(lambda: f(Ad, x), _sync_jax),
-                  _rel(out, ref))
-            finally:
-              del os.environ["JAXSPARSE_TC_SPMM_MINB"]
+            for vname, env in VARIANTS.items():  # kernel experiments, read per launch
+              os.environ.update(env)
+              try:
+                out = f(Ad, x)
+                add("spmm", f"{impl}-{vname}", name, _time(lambda: f(Ad, x), _sync_jax),
+                    _rel(out, ref))
+              finally:
+                for k in env:
+                  del os.environ[k]
       add("spmm", "xla-segment_sum-fp32", "fp32", _time(lambda: seg(vals32, x32), _sync_jax))
       if d == 128:
         x16 = x32.astype(jnp.float16)

@@ -125,16 +125,76 @@ __device__ __forceinline__ bool resolve_item(const SpmmParams& p, int4 it, int& 
   return true;
 }
 
+// One MMA step of the tensor-core SpMM: KB blocks (bits, value base, the thread's two column
+// indices per block, -1 = no column) into acc. Shared by both loop drivers below.
+template <class T, int MT, int KB>
+__device__ __forceinline__ void spmm_step(const T* xh, const T* vh, const SpmmParams& p,
+                                          int64_t f, const uint64_t (&bits)[KB],
+                                          const int (&vbase)[KB], const int (&col)[KB][2],
+                                          int g, float (&acc)[MT][4]) {
+  constexpr bool kTf32 = sizeof(T) == 4;
+  constexpr int E = 2 * MT;
+  constexpr int NW = Words<T, E>::N;
+  const int t = threadIdx.x & 3;
+  uint32_t xw[KB][2][NW];  // [block][column j][words]
+  float bv[KB][2];
+#pragma unroll
+  for (int kb = 0; kb < KB; ++kb)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      // fp16: columns 2t, 2t+1 (k pairs); tf32: columns t, t+4.
+      const int c = kTf32 ? t + 4 * j : 2 * t + j;
+      const int off = bit_value_offset(bits[kb], c * 8 + g);  // A(row g, column c)
+      bv[kb][j] = off >= 0 ? to_f32<T>(vh[vbase[kb] + off]) : 0.f;
+      if (col[kb][j] >= 0 && f < p.d) {
+        load_row<T, E>(xh + int64_t(col[kb][j]) * p.d, f, p.d, p.vec, xw[kb][j]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < NW; ++i) xw[kb][j][i] = 0u;
+      }
+    }
+  if constexpr (kTf32) {
+    const uint32_t bw[2] = {to_tf32(bv[0][0]), to_tf32(bv[0][1])};
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      const uint32_t a[4] = {to_tf32(__uint_as_float(xw[0][0][2 * i])),
+                             to_tf32(__uint_as_float(xw[0][0][2 * i + 1])),
+                             to_tf32(__uint_as_float(xw[0][1][2 * i])),
+                             to_tf32(__uint_as_float(xw[0][1][2 * i + 1]))};
+      mma_1688_tf32(acc[i], a, bw);
+    }
+  } else {
+    uint32_t bw[2];
+#pragma unroll
+    for (int kb = 0; kb < KB; ++kb)
+      bw[kb] = raw16(from_f32<T>(bv[kb][0])) | (raw16(from_f32<T>(bv[kb][1])) << 16);
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      const uint32_t a[4] = {pack_lo(xw[0][0][i], xw[0][1][i]), pack_hi(xw[0][0][i], xw[0][1][i]),
+                             pack_lo(xw[1][0][i], xw[1][1][i]), pack_hi(xw[1][0][i], xw[1][1][i])};
+      mma_16816(acc[i], a, bw, T{});
+    }
+  }
+}
+
+constexpr int kStageBlocks = 32;  // blocks whose metadata a warp stages in shared memory at once
+
 // Tensor-core SpMM. T = __half / __nv_bfloat16 (m16n8k16, two blocks per MMA) or float
 // (tf32 m16n8k8, one block per MMA). MT = m16 tiles per warp: the slab is 16*MT features.
-template <class T, int MT, int MINB>
+// STAGED: the warp first copies a chunk's bitmaps, value offsets and column indices to shared
+// memory with coalesced loads, so each step's gathers wait on a shared read instead of a
+// dependent global load of the column index.
+template <class T, int MT, int MINB, bool STAGED>
 __global__ void __launch_bounds__(kWarps * 32, MINB) spmm_tc(const SpmmParams p) {
   constexpr bool kTf32 = sizeof(T) == 4;
   constexpr int E = 2 * MT;                   // consecutive features per thread
-  constexpr int NW = Words<T, E>::N;          // words per gathered row
   constexpr int KB = kTf32 ? 1 : 2;           // blocks per MMA
+  __shared__ int s_cols[STAGED ? kWarps : 1][kStageBlocks * 8];
+  __shared__ uint64_t s_bits[STAGED ? kWarps : 1][kStageBlocks];
+  __shared__ int s_vptr[STAGED ? kWarps : 1][kStageBlocks];
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int64_t gw = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int wid = threadIdx.x >> 5;
+  const int64_t gw = int64_t(blockIdx.x) * kWarps + wid;
   if (gw >= p.num_items * p.nslab) return;
   const int64_t item = gw / p.nslab;
   const int slab = int(gw % p.nslab);
@@ -145,7 +205,6 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) spmm_tc(const SpmmParams p)
   const int wb = p.wbp[w];
   const int cb = p.wcp[w], ncols_w = p.wcp[w + 1] - cb;
   const int64_t f = int64_t(slab) * 16 * MT + int64_t(E) * g;
-  const bool active = f < p.d;  // lanes past d still join every MMA (warp-wide), load nothing
 
   for (int h = blockIdx.y; h < p.heads; h += gridDim.y) {
     const T* xh = static_cast<const T*>(p.x) + h * p.x_head_stride;
@@ -154,56 +213,59 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) spmm_tc(const SpmmParams p)
 #pragma unroll
     for (int i = 0; i < MT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 
+    if constexpr (STAGED) {
+      for (int c0 = b0; c0 < b1; c0 += kStageBlocks) {
+        const int c1 = min(b1, c0 + kStageBlocks);
+        __syncwarp();  // the previous chunk's readers are done
+        if (c0 + lane < c1) {
+          s_bits[wid][lane] = load_block_bits(p.bitmap, c0 + lane);
+          s_vptr[wid][lane] = __ldg(p.bvp + c0 + lane);
+        }
+        const int col_lo = 8 * (c0 - wb), col_hi = min(8 * (c1 - wb), ncols_w);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const int i = k * 32 + lane;
+          s_cols[wid][i] = col_lo + i < col_hi ? __ldg(p.wc + cb + col_lo + i) : -1;
+        }
+        __syncwarp();
 #pragma unroll 2
-    for (int b = b0; b < b1; b += KB) {
-      uint32_t xw[KB][2][NW];  // [block][column j][words]
-      uint32_t bw[2];          // B fragment
-      float bv[KB][2];
+        for (int b = c0; b < c1; b += KB) {
+          uint64_t bits[KB];
+          int vbase[KB], col[KB][2];
 #pragma unroll
-      for (int kb = 0; kb < KB; ++kb) {
-        const int blk = b + kb;
-        const bool in = blk < b1;
-        const uint64_t bits = in ? load_block_bits(p.bitmap, blk) : 0ull;
-        const int vbase = in ? __ldg(p.bvp + blk) : 0;
-        const int colbase = 8 * (blk - wb);
+          for (int kb = 0; kb < KB; ++kb) {
+            const int lb = b + kb - c0;
+            const bool in = b + kb < c1;
+            bits[kb] = in ? s_bits[wid][lb] : 0ull;
+            vbase[kb] = in ? s_vptr[wid][lb] : 0;
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          // fp16: columns 2t, 2t+1 (k pairs); tf32: columns t, t+4.
-          const int c = kTf32 ? t + 4 * j : 2 * t + j;
-          const int off = bit_value_offset(bits, c * 8 + g);  // A(row g, column c)
-          bv[kb][j] = off >= 0 ? to_f32<T>(vh[vbase + off]) : 0.f;
-          if (in && active && colbase + c < ncols_w) {
-            const int col = __ldg(p.wc + cb + colbase + c);
-            load_row<T, E>(xh + int64_t(col) * p.d, f, p.d, p.vec, xw[kb][j]);
-          } else {
-#pragma unroll
-            for (int i = 0; i < NW; ++i) xw[kb][j][i] = 0u;
+            for (int j = 0; j < 2; ++j) {
+              const int c = kTf32 ? t + 4 * j : 2 * t + j;
+              col[kb][j] = in ? s_cols[wid][lb * 8 + c] : -1;
+            }
           }
+          spmm_step<T, MT, KB>(xh, vh, p, f, bits, vbase, col, g, acc);
         }
       }
-      if constexpr (kTf32) {
-        bw[0] = to_tf32(bv[0][0]);
-        bw[1] = to_tf32(bv[0][1]);
+    } else {
+#pragma unroll 2
+      for (int b = b0; b < b1; b += KB) {
+        uint64_t bits[KB];
+        int vbase[KB], col[KB][2];
 #pragma unroll
-        for (int i = 0; i < MT; ++i) {
-          const uint32_t a[4] = {to_tf32(__uint_as_float(xw[0][0][2 * i])),
-                                 to_tf32(__uint_as_float(xw[0][0][2 * i + 1])),
-                                 to_tf32(__uint_as_float(xw[0][1][2 * i])),
-                                 to_tf32(__uint_as_float(xw[0][1][2 * i + 1]))};
-          mma_1688_tf32(acc[i], a, bw);
+        for (int kb = 0; kb < KB; ++kb) {
+          const int blk = b + kb;
+          const bool in = blk < b1;
+          bits[kb] = in ? load_block_bits(p.bitmap, blk) : 0ull;
+          vbase[kb] = in ? __ldg(p.bvp + blk) : 0;
+          const int colbase = 8 * (blk - wb);
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int c = kTf32 ? t + 4 * j : 2 * t + j;
+            col[kb][j] = in && colbase + c < ncols_w ? __ldg(p.wc + cb + colbase + c) : -1;
+          }
         }
-      } else {
-#pragma unroll
-        for (int kb = 0; kb < KB; ++kb)
-          bw[kb] = raw16(from_f32<T>(bv[kb][0])) | (raw16(from_f32<T>(bv[kb][1])) << 16);
-#pragma unroll
-        for (int i = 0; i < MT; ++i) {
-          const uint32_t a[4] = {pack_lo(xw[0][0][i], xw[0][1][i]),
-                                 pack_hi(xw[0][0][i], xw[0][1][i]),
-                                 pack_lo(xw[1][0][i], xw[1][1][i]),
-                                 pack_hi(xw[1][0][i], xw[1][1][i])};
-          mma_16816(acc[i], a, bw, T{});
-        }
+        spmm_step<T, MT, KB>(xh, vh, p, f, bits, vbase, col, g, acc);
       }
     }
     // C fragment: c0/c1 = feature f+2i at rows 2t/2t+1, c2/c3 = feature f+2i+1.
@@ -276,12 +338,16 @@ __global__ void __launch_bounds__(kWarps * 32) spmm_f32_exact(const SpmmParams p
 
 template <class T, int MT>
 void launch_tc(const SpmmParams& p, dim3 grid, cudaStream_t stream) {
-  // Experiment switch (benchmarks): JAXSPARSE_TC_SPMM_MINB=6 caps registers for occupancy.
+  // Experiment switches (benchmarks), read per launch: JAXSPARSE_TC_SPMM_MINB=6 caps registers
+  // for occupancy; JAXSPARSE_TC_SPMM_STAGED=1 stages item metadata in shared memory.
   const char* minb = std::getenv("JAXSPARSE_TC_SPMM_MINB");
-  if (MT == 4 && minb && std::atoi(minb) == 6)
-    spmm_tc<T, MT, 6><<<grid, kWarps * 32, 0, stream>>>(p);
-  else
-    spmm_tc<T, MT, 1><<<grid, kWarps * 32, 0, stream>>>(p);
+  const char* staged = std::getenv("JAXSPARSE_TC_SPMM_STAGED");
+  const bool m6 = MT == 4 && minb && std::atoi(minb) == 6;
+  const bool st = staged && std::atoi(staged) == 1;
+  if (m6 && st) spmm_tc<T, MT, 6, true><<<grid, kWarps * 32, 0, stream>>>(p);
+  else if (m6) spmm_tc<T, MT, 6, false><<<grid, kWarps * 32, 0, stream>>>(p);
+  else if (st) spmm_tc<T, MT, 1, true><<<grid, kWarps * 32, 0, stream>>>(p);
+  else spmm_tc<T, MT, 1, false><<<grid, kWarps * 32, 0, stream>>>(p);
 }
 
 template <class T>

@@ -224,3 +224,22 @@ def test_repeatable(rng):
   a = np.asarray(f(_on(_gpu(), A), _on(_gpu(), x)))
   b = np.asarray(f(_on(_gpu(), A), _on(_gpu(), x)))
   assert rel_err(a, b) < 1e-6
+
+
+@pytest.mark.parametrize("env", [{"JAXSPARSE_TC_SPMM_STAGED": "1"},
+                                 {"JAXSPARSE_TC_SPMM_MINB": "6"},
+                                 {"JAXSPARSE_TC_SPMM_STAGED": "0"}])
+@pytest.mark.parametrize("dt", ["f32", "f16"])
+@pytest.mark.parametrize("kind", ["random", "heavy"])
+def test_spmm_kernel_variants(rng, monkeypatch, kind, dt, env):
+  """Every kernel variant the switches of cuda/spmm.cu select computes the same function."""
+  for k, v in env.items():
+    monkeypatch.setenv(k, v)
+  dtype, precision, tol = DTYPES[dt]
+  A, empty = _matrix(rng, kind)
+  for d in (64, 128, 40):
+    x = jnp.asarray(rng.standard_normal((A.shape[1], d)), dtype)
+    out = jax.jit(jst.spmm)(_on(_gpu(), A), _on(_gpu(), x))
+    ref = _dense64(A, dtype) @ np.asarray(x, np.float64)
+    assert rel_err(out, ref) < tol
+    np.testing.assert_array_equal(np.asarray(out, np.float64)[empty], 0.0)
