@@ -180,9 +180,9 @@ class TransformerConv(eqx.Module):
     ks = jax.random.split(key, 5)
     self.heads, self.concat = heads, concat
     width = heads * out_features
-    self.lin_query = Linear(in_features, width, key=ks[0])
-    self.lin_key = Linear(in_features, width, key=ks[1])
-    self.lin_value = Linear(in_features, width, key=ks[2])
+    self.lin_query = Linear(in_features, width, use_bias=use_bias, key=ks[0])
+    self.lin_key = Linear(in_features, width, use_bias=use_bias, key=ks[1])
+    self.lin_value = Linear(in_features, width, use_bias=use_bias, key=ks[2])
     out_width = width if concat else out_features
     self.lin_skip = (Linear(in_features, out_width, use_bias=use_bias, key=ks[3])
                      if root_weight else None)

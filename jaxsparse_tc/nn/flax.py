@@ -127,8 +127,8 @@ class TransformerConv(nnx.Module):
 
   Multi-head dot-product attention over A's edges, scale 1/sqrt(out_features), one fused
   `sparse_attention` call (sddmm -> edge_softmax -> dropout -> spmm when attention dropout is
-  active). `root_weight` adds `lin_skip(x)`; `beta` gates it as in PyG. Linears are
-  initialized like torch.nn.Linear.
+  active). `root_weight` adds `lin_skip(x)`; `beta` gates it as in PyG. `use_bias` applies to
+  the query/key/value/skip linears (as in PyG); they are initialized like torch.nn.Linear.
   """
 
   def __init__(self, in_features: int, out_features: int, *, heads: int = 1,
@@ -136,9 +136,9 @@ class TransformerConv(nnx.Module):
                use_bias: bool = True, root_weight: bool = True, rngs: nnx.Rngs):
     self.heads, self.concat = heads, concat
     width = heads * out_features
-    self.lin_query = _torch_linear(in_features, width, rngs=rngs)
-    self.lin_key = _torch_linear(in_features, width, rngs=rngs)
-    self.lin_value = _torch_linear(in_features, width, rngs=rngs)
+    self.lin_query = _torch_linear(in_features, width, use_bias=use_bias, rngs=rngs)
+    self.lin_key = _torch_linear(in_features, width, use_bias=use_bias, rngs=rngs)
+    self.lin_value = _torch_linear(in_features, width, use_bias=use_bias, rngs=rngs)
     out_width = width if concat else out_features
     self.lin_skip = (_torch_linear(in_features, out_width, use_bias=use_bias, rngs=rngs)
                      if root_weight else None)

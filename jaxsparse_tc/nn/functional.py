@@ -112,23 +112,20 @@ def transformer_conv(A: SparseMatrix, x, query, key, value, skip=None, beta_kern
                      heads: int, concat: bool = True, attn_dropout: Dropout = None):
   """Graph transformer convolution (Shi et al.), PyG's TransformerConv.
 
-  `query`, `key`, `value`: (kernel [f, H*C], bias [H*C]) pairs. alpha_ij = row softmax over
+  `query`, `key`, `value`: (kernel [f, H*C], bias [H*C] or None) pairs. alpha_ij = row softmax over
   A's edges j -> i of <q_i, k_j> / sqrt(C); out_i = sum_j alpha_ij v_j, heads concatenated or
   averaged. `skip` = (kernel, bias or None) adds the root weight x_i @ W_skip (+ b); with
   `beta_kernel` [3 * out, 1] the skip is gated: b = sigmoid([out, r, out - r] @ beta_kernel),
   out = b r + (1 - b) out. A's values are ignored (its pattern is the attention mask).
   """
   x = jnp.asarray(x)
-  q = _split_heads(x @ query[0] + query[1], heads)
-  k = _split_heads(x @ key[0] + key[1], heads)
-  v = _split_heads(x @ value[0] + value[1], heads)
+  lin = lambda p: x @ p[0] if p[1] is None else x @ p[0] + p[1]  # noqa: E731
+  q, k, v = (_split_heads(lin(p), heads) for p in (query, key, value))
   scale = 1.0 / math.sqrt(q.shape[-1])
   out = _merge_heads(multihead_attention(A, q, k, v, scale=scale, attn_dropout=attn_dropout),
                      concat)
   if skip is not None:
-    r = x @ skip[0]
-    if skip[1] is not None:
-      r = r + skip[1]
+    r = lin(skip)
     if beta_kernel is not None:
       gate = jax.nn.sigmoid(jnp.concatenate([out, r, out - r], axis=-1) @ beta_kernel)
       out = gate * r + (1 - gate) * out

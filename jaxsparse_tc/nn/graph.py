@@ -133,9 +133,11 @@ def normalize_symmetric(A: SparseMatrix, values=None) -> SparseMatrix:
   A.values) may be traced. The pattern must already hold the self-loops GCN needs (build it
   with `message_passing_matrix(..., self_loops=True)`).
   """
-  v = A.values if values is None else jnp.asarray(values)
-  deg = jax.ops.segment_sum(v, A.rows, num_segments=A.shape[0])
-  dinv = jnp.where(deg > 0, jax.lax.rsqrt(jnp.where(deg > 0, deg, 1.0)), 0.0)
   if A.shape[0] != A.shape[1]:
     raise ValueError(f"normalize_symmetric needs a square matrix; got shape {A.shape}")
+  v = A.values if values is None else jnp.asarray(values)
+  if v.shape != (A.nnz,):
+    raise ValueError(f"normalize_symmetric needs values of shape [{A.nnz}]; got {v.shape}")
+  deg = jax.ops.segment_sum(v, A.rows, num_segments=A.shape[0])
+  dinv = jnp.where(deg > 0, jax.lax.rsqrt(jnp.where(deg > 0, deg, 1.0)), 0.0)
   return A.with_values(dinv[A.rows] * v * dinv[A.cols])
