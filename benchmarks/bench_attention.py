@@ -17,23 +17,22 @@ COLUMNS = ["graph", "nodes", "nnz", "d", "H", "mode", "fused_ms", "lib_unfused_m
            "x_vs_xla", "x_vs_lib", "fused_tmp_MB", "lib_tmp_MB", "xla_tmp_MB"]
 
 
-def _methods(A, scale):
+def _methods(scale):
   import jax
   import jax.numpy as jnp
   import jaxsparse_tc as jst
 
-  rows, cols = A.rows, A.cols
-  m = A.shape[0]
-
-  def fused(q, k, v):
+  def fused(A, q, k, v):
     return jst.sparse_attention(A, q, k, v, scale=scale)
 
-  def lib(q, k, v):
+  def lib(A, q, k, v):
     s = jst.sddmm(A, q, k).values * jnp.asarray(scale, q.dtype)
     p = jst.edge_softmax(A, s)
     return jst.spmm(p, v)
 
-  def xla(q, k, v):
+  def xla(A, q, k, v):
+    rows, cols = A.rows, A.cols
+    m = A.shape[0]
     s = jnp.einsum("hed,hed->eh", q[:, rows], k[:, cols],
                    preferred_element_type=jnp.float32) * scale  # [nnz, H]
     mx = jax.ops.segment_max(s, rows, m)
@@ -53,7 +52,7 @@ def _measure(fn, args, repeat):
     compiled = jax.jit(fn).lower(*args).compile()
     mem = compiled.memory_analysis()
     tmp = getattr(mem, "temp_size_in_bytes", None) if mem is not None else None
-    ms = common.time_fn(compiled, *args, warmup=3, repeat=repeat)
+    ms = common.time_fn(compiled, *args, warmup=2, repeat=repeat)
     return ms, (tmp / 2**20 if tmp is not None else None)
   except Exception as e:  # out of memory, or a peer that cannot run this size
     msg = str(e).split("\n")[0][:80]
@@ -76,20 +75,24 @@ def run(quick: bool = False) -> list[dict]:
     A = jst.SparseMatrix.from_scipy(g)
     n = g.shape[0]
     big = g.nnz > 2_000_000
-    repeat = 10 if big else 30
+    repeat = 10 if big else 20
     for d, H in (configs if quick or not big else [(64, 4), (128, 4), (128, 8)]):
       scale = 1.0 / math.sqrt(d)
       q, k, v = (jnp.asarray(rng.standard_normal((H, n, d)), jnp.float16) for _ in range(3))
       w = jnp.asarray(rng.standard_normal((H, n, d)), jnp.float16)
-      methods = _methods(A, scale)
+      methods = _methods(scale)
       for mode in ("fwd", "fwd+bwd"):
         row = dict(graph=name, nodes=n, nnz=int(g.nnz), d=d, H=H, mode=mode)
         print(f"  {name} d={d} H={H} {mode}", flush=True)
         for key, fn in methods.items():
           if mode == "fwd+bwd":
             fn = (lambda f: jax.grad(
-                lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) * w), argnums=(0, 1, 2)))(fn)
-          ms, tmp = _measure(fn, (q, k, v), repeat)
+                lambda A, q, k, v, w: jnp.sum(f(A, q, k, v).astype(jnp.float32) * w),
+                argnums=(1, 2, 3)))(fn)
+            args = (A, q, k, v, w)
+          else:
+            args = (A, q, k, v)
+          ms, tmp = _measure(fn, args, repeat)
           row[{"fused": "fused_ms", "lib": "lib_unfused_ms", "xla": "xla_ms"}[key]] = ms
           row[{"fused": "fused_tmp_MB", "lib": "lib_tmp_MB", "xla": "xla_tmp_MB"}[key]] = tmp
         f, x, l = row["fused_ms"], row["xla_ms"], row["lib_unfused_ms"]
@@ -97,6 +100,7 @@ def run(quick: bool = False) -> list[dict]:
           row["x_vs_xla"] = x / f if isinstance(x, float) else x
           row["x_vs_lib"] = l / f if isinstance(l, float) else l
         rows_out.append(row)
+        print("   ", {c: row.get(c) for c in COLUMNS[3:]}, flush=True)
         del fn
   return rows_out
 

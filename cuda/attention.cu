@@ -484,7 +484,7 @@ static ffi::Error attention_jvp_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::Any
   return launched("sparse_attention jvp");
 }
 
-static ffi::Error attention_bwd_cuda(cudaStream_t st, ffi::ScratchAllocator scratch,
+static ffi::Error attention_bwd_cuda(cudaStream_t st,
                                      ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                                      ffi::AnyBuffer bias, ffi::AnyBuffer o,
                                      ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, I32 wcp,
@@ -493,7 +493,8 @@ static ffi::Error attention_bwd_cuda(cudaStream_t st, ffi::ScratchAllocator scra
                                      I32 t_schedule, I32 perm_t, ffi::Result<ffi::AnyBuffer> dq,
                                      ffi::Result<ffi::AnyBuffer> dk,
                                      ffi::Result<ffi::AnyBuffer> dvv,
-                                     ffi::Result<ffi::AnyBuffer> dbias, float scale,
+                                     ffi::Result<ffi::AnyBuffer> dbias,
+                                     ffi::Result<ffi::Buffer<ffi::F32>> dbuf, float scale,
                                      int32_t has_bias) {
   const PatternView p = make_view(wcp, wc, wbp, bitmap, bvp, schedule);
   const PatternView pt = make_view(t_wcp, t_wc, t_wbp, t_bitmap, t_bvp, t_schedule);
@@ -503,12 +504,7 @@ static ffi::Error attention_bwd_cuda(cudaStream_t st, ffi::ScratchAllocator scra
   if (d > 32 * kMaxPerLane || dv > 32 * kMaxPerLane)
     return ffi::Error::InvalidArgument("sparse_attention (CUDA): d and dv must be <= 256");
   if (heads == 0) return ffi::Error::Success();
-  float* Dbuf = nullptr;
-  if (m > 0) {
-    auto mem = scratch.Allocate(size_t(heads * m) * sizeof(float), 256);
-    if (!mem.has_value()) return ffi::Error::Internal("sparse_attention backward: no scratch");
-    Dbuf = static_cast<float*>(*mem);
-  }
+  float* Dbuf = dbuf->typed_data();  // D = rowsum(dO * O), written by the row pass
   ffi::Error e = dispatch(q.element_type(), [&](auto tag) {
     using T = decltype(tag);
     const T* qp = static_cast<const T*>(q.untyped_data());
@@ -568,7 +564,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionJvpCuda, attention_jvp_cuda,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionBwdCuda, attention_bwd_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
@@ -583,6 +578,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionBwdCuda, attention_bwd_cuda,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<float>("scale")
                                   .Attr<int32_t>("has_bias"));
 

@@ -8,8 +8,9 @@ Three primitives, one FFI kernel family each (CPU C++ reference, CUDA):
   is declared zero: sparse_attention never returns it).
 * `attention_jvp_p(q, k, v, bias, o, lse, dq, dk, dv, dbias) -> do`: the JVP, linear in the
   tangents (dq, dk, dv, dbias), computed by one fused kernel from the saved lse.
-* `attention_bwd_p(q, k, v, bias, o, lse, do) -> (dq, dk, dv, dbias)`: FlashAttention-2
-  backward from the saved o and lse, fused kernels.
+* `attention_bwd_p(q, k, v, bias, o, lse, do) -> (dq, dk, dv, dbias, D)`: FlashAttention-2
+  backward from the saved o and lse, fused kernels (D = rowsum(dO * O), float32 [H, m], is
+  an output only so that the two GPU passes can share it; it is discarded).
 
 How the transformations compose: `attention_fwd_p`'s JVP rule runs the fused forward and emits
 `attention_jvp_p` for the tangent. `jax.jvp` evaluates that kernel. `jax.grad`/`jax.vjp`
@@ -163,7 +164,7 @@ def _jvp_transpose(ct, q, k, v, bias, o, lse, dq, dk, dv, dbias, *pattern, **par
   outs = [None] * (10 + NUM_PATTERN_OPERANDS)
   if type(ct) is ad.Zero:
     return outs
-  gq, gk, gv, gb = attention_bwd_p.bind(q, k, v, bias, o, lse, ct, *pattern, **params)
+  gq, gk, gv, gb, _ = attention_bwd_p.bind(q, k, v, bias, o, lse, ct, *pattern, **params)
   for pos, tangent, g in ((6, dq, gq), (7, dk, gk), (8, dv, gv), (9, dbias, gb)):
     if ad.is_undefined_primal(tangent):
       if pos == 9 and not params["has_bias"]:
@@ -199,7 +200,7 @@ def _bwd_abstract(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
   nnz = pattern[12].shape[0]
   sa = lambda shp: q.update(shape=shp, dtype=q.dtype)
   return (sa((h, m, q.shape[2])), sa((h, n, k.shape[2])), sa((h, n, v.shape[2])),
-          sa((h, nnz if has_bias else 1)))
+          sa((h, nnz if has_bias else 1)), q.update(shape=(h, m), dtype=jnp.float32))
 
 
 def _bwd_batch(args, dims, **params):
@@ -207,7 +208,7 @@ def _bwd_batch(args, dims, **params):
   size = _batch_size(args, dims)
   ops, h = heads.merge_batch_into_heads(list(args[:7]), dims[:7], size)
   outs = attention_bwd_p.bind(*ops, *args[7:], **params)
-  return [x.reshape((size, h) + x.shape[1:]) for x in outs], [0, 0, 0, 0]
+  return [x.reshape((size, h) + x.shape[1:]) for x in outs], [0] * 5
 
 
 attention_bwd_p.def_abstract_eval(_bwd_abstract)

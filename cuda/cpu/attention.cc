@@ -168,10 +168,12 @@ static ffi::Error attention_bwd_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::Any
                                     I32, I32, I32, U32, I32, I32, I32 /*perm_t*/,
                                     ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                                     ffi::Result<ffi::AnyBuffer> dvv,
-                                    ffi::Result<ffi::AnyBuffer> dbias, float scale,
+                                    ffi::Result<ffi::AnyBuffer> dbias,
+                                    ffi::Result<ffi::Buffer<ffi::F32>> dbuf, float scale,
                                     int32_t has_bias) {
   const PatternView p = make_view(wcp, wc, wbp, bitmap, bvp, schedule);
   const Dense Q = dense(q), K = dense(k), V = dense(v), O = dense(o), dO = dense(dout);
+  float* Dout = dbuf->typed_data();
   const int64_t heads = dq->dimensions()[0], m = Q.rows, n = K.rows, d = Q.cols, dv = V.cols;
   const int64_t hb = bias.dimensions()[0], nnz = bias.dimensions()[1];
   const int64_t hl = lse.dimensions()[0];
@@ -191,7 +193,8 @@ static ffi::Error attention_bwd_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::Any
         float D[kWindowRows] = {0, 0, 0, 0, 0, 0, 0, 0};
         const int64_t rows = std::min<int64_t>(kWindowRows, m - w * kWindowRows);
         for (int64_t r = 0; r < rows; ++r)
-          D[r] = dot(row_of<T>(dO, h, w * kWindowRows + r), row_of<T>(O, h, w * kWindowRows + r), dv);
+          Dout[h * m + w * kWindowRows + r] = D[r] =
+              dot(row_of<T>(dO, h, w * kWindowRows + r), row_of<T>(O, h, w * kWindowRows + r), dv);
         for_each_in_window(p, w, [&](int r, int32_t col, int64_t idx) {
           const int64_t i = w * kWindowRows + r;
           const T* qi = row_of<T>(Q, h, i);
@@ -265,6 +268,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionBwdCpu, attention_bwd_cpu,
                                   .Ret<ffi::AnyBuffer>()  // dk [H, n, d]
                                   .Ret<ffi::AnyBuffer>()  // dv [H, n, dv]
                                   .Ret<ffi::AnyBuffer>()  // dbias [H, nnz] (or [H, 1])
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // D = rowsum(dO * O) [H, m]
                                   .Attr<float>("scale")
                                   .Attr<int32_t>("has_bias"));
 
