@@ -19,11 +19,7 @@ import numpy as np
 import common
 
 # Kernel variants timed at d=128 (environment switches of cuda/spmm.cu, read per launch).
-VARIANTS = {
-    "minb6": {"JAXSPARSE_TC_SPMM_MINB": "6"},
-    "staged": {"JAXSPARSE_TC_SPMM_STAGED": "1"},
-    "staged-minb6": {"JAXSPARSE_TC_SPMM_MINB": "6", "JAXSPARSE_TC_SPMM_STAGED": "1"},
-}
+VARIANTS = {v: {"JAXSPARSE_TC_SPMM_VARIANT": v} for v in ("unstaged", "staged1", "minb4")}
 COLUMNS = ["graph", "op", "d", "impl", "ms", "GB/s", "GFLOP/s", "err"]
 
 

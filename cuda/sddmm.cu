@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kWarps * 32) sddmm_tc(const SddmmParams p) {
         yrow[kb] = in && c < ncols_w ? yh + int64_t(__ldg(p.wc + cb + c)) * p.d : nullptr;
       }
       float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 2
+#pragma unroll 4  // d=128: every chunk's gathers in flight together
       for (int64_t q = 0; q < p.d; q += 32) {
         const int64_t f = q + 8 * t;
         uint32_t ya[NW], yb[NW], xw[NW];

@@ -19,6 +19,7 @@
 // cap fall back to their first piece computing the whole window alone (correct, slower).
 #include <algorithm>
 #include <cstdlib>
+#include <string>
 #include <cstdint>
 
 #include "cpu/ffi_common.h"
@@ -127,19 +128,21 @@ __device__ __forceinline__ bool resolve_item(const SpmmParams& p, int4 it, int& 
 
 // One MMA step of the tensor-core SpMM: KB blocks (bits, value base, the thread's two column
 // indices per block, -1 = no column) into acc. Shared by both loop drivers below.
-template <class T, int MT, int KB>
+// NB = blocks of the call (a multiple of KB, the blocks per MMA): every gather of the call is
+// issued before the first MMA, so NB/KB steps of loads are in flight per warp.
+template <class T, int MT, int KB, int NB = KB>
 __device__ __forceinline__ void spmm_step(const T* xh, const T* vh, const SpmmParams& p,
-                                          int64_t f, const uint64_t (&bits)[KB],
-                                          const int (&vbase)[KB], const int (&col)[KB][2],
+                                          int64_t f, const uint64_t (&bits)[NB],
+                                          const int (&vbase)[NB], const int (&col)[NB][2],
                                           int g, float (&acc)[MT][4]) {
   constexpr bool kTf32 = sizeof(T) == 4;
   constexpr int E = 2 * MT;
   constexpr int NW = Words<T, E>::N;
   const int t = threadIdx.x & 3;
-  uint32_t xw[KB][2][NW];  // [block][column j][words]
-  float bv[KB][2];
+  uint32_t xw[NB][2][NW];  // [block][column j][words]
+  float bv[NB][2];
 #pragma unroll
-  for (int kb = 0; kb < KB; ++kb)
+  for (int kb = 0; kb < NB; ++kb)
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       // fp16: columns 2t, 2t+1 (k pairs); tf32: columns t, t+4.
@@ -153,26 +156,30 @@ __device__ __forceinline__ void spmm_step(const T* xh, const T* vh, const SpmmPa
         for (int i = 0; i < NW; ++i) xw[kb][j][i] = 0u;
       }
     }
-  if constexpr (kTf32) {
-    const uint32_t bw[2] = {to_tf32(bv[0][0]), to_tf32(bv[0][1])};
 #pragma unroll
-    for (int i = 0; i < MT; ++i) {
-      const uint32_t a[4] = {to_tf32(__uint_as_float(xw[0][0][2 * i])),
-                             to_tf32(__uint_as_float(xw[0][0][2 * i + 1])),
-                             to_tf32(__uint_as_float(xw[0][1][2 * i])),
-                             to_tf32(__uint_as_float(xw[0][1][2 * i + 1]))};
-      mma_1688_tf32(acc[i], a, bw);
-    }
-  } else {
-    uint32_t bw[2];
+  for (int s = 0; s < NB; s += KB) {
+    if constexpr (kTf32) {
+      const uint32_t bw[2] = {to_tf32(bv[s][0]), to_tf32(bv[s][1])};
 #pragma unroll
-    for (int kb = 0; kb < KB; ++kb)
-      bw[kb] = raw16(from_f32<T>(bv[kb][0])) | (raw16(from_f32<T>(bv[kb][1])) << 16);
+      for (int i = 0; i < MT; ++i) {
+        const uint32_t a[4] = {to_tf32(__uint_as_float(xw[s][0][2 * i])),
+                               to_tf32(__uint_as_float(xw[s][0][2 * i + 1])),
+                               to_tf32(__uint_as_float(xw[s][1][2 * i])),
+                               to_tf32(__uint_as_float(xw[s][1][2 * i + 1]))};
+        mma_1688_tf32(acc[i], a, bw);
+      }
+    } else {
+      uint32_t bw[2];
 #pragma unroll
-    for (int i = 0; i < MT; ++i) {
-      const uint32_t a[4] = {pack_lo(xw[0][0][i], xw[0][1][i]), pack_hi(xw[0][0][i], xw[0][1][i]),
-                             pack_lo(xw[1][0][i], xw[1][1][i]), pack_hi(xw[1][0][i], xw[1][1][i])};
-      mma_16816(acc[i], a, bw, T{});
+      for (int kb = 0; kb < 2; ++kb)
+        bw[kb] = raw16(from_f32<T>(bv[s + kb][0])) | (raw16(from_f32<T>(bv[s + kb][1])) << 16);
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        const uint32_t a[4] = {pack_lo(xw[s][0][i], xw[s][1][i]), pack_hi(xw[s][0][i], xw[s][1][i]),
+                               pack_lo(xw[s + 1][0][i], xw[s + 1][1][i]),
+                               pack_hi(xw[s + 1][0][i], xw[s + 1][1][i])};
+        mma_16816(acc[i], a, bw, T{});
+      }
     }
   }
 }
@@ -184,11 +191,12 @@ constexpr int kStageBlocks = 32;  // blocks whose metadata a warp stages in shar
 // STAGED: the warp first copies a chunk's bitmaps, value offsets and column indices to shared
 // memory with coalesced loads, so each step's gathers wait on a shared read instead of a
 // dependent global load of the column index.
-template <class T, int MT, int MINB, bool STAGED>
+template <class T, int MT, int MINB, bool STAGED, int NS = 2>
 __global__ void __launch_bounds__(kWarps * 32, MINB) spmm_tc(const SpmmParams p) {
   constexpr bool kTf32 = sizeof(T) == 4;
   constexpr int E = 2 * MT;                   // consecutive features per thread
   constexpr int KB = kTf32 ? 1 : 2;           // blocks per MMA
+  constexpr int NB = KB * NS;                 // blocks per staged step (NS MMAs in flight)
   __shared__ int s_cols[STAGED ? kWarps : 1][kStageBlocks * 8];
   __shared__ uint64_t s_bits[STAGED ? kWarps : 1][kStageBlocks];
   __shared__ int s_vptr[STAGED ? kWarps : 1][kStageBlocks];
@@ -228,12 +236,11 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) spmm_tc(const SpmmParams p)
           s_cols[wid][i] = col_lo + i < col_hi ? __ldg(p.wc + cb + col_lo + i) : -1;
         }
         __syncwarp();
-#pragma unroll 2
-        for (int b = c0; b < c1; b += KB) {
-          uint64_t bits[KB];
-          int vbase[KB], col[KB][2];
+        for (int b = c0; b < c1; b += NB) {
+          uint64_t bits[NB];
+          int vbase[NB], col[NB][2];
 #pragma unroll
-          for (int kb = 0; kb < KB; ++kb) {
+          for (int kb = 0; kb < NB; ++kb) {
             const int lb = b + kb - c0;
             const bool in = b + kb < c1;
             bits[kb] = in ? s_bits[wid][lb] : 0ull;
@@ -244,7 +251,7 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) spmm_tc(const SpmmParams p)
               col[kb][j] = in ? s_cols[wid][lb * 8 + c] : -1;
             }
           }
-          spmm_step<T, MT, KB>(xh, vh, p, f, bits, vbase, col, g, acc);
+          spmm_step<T, MT, KB, NB>(xh, vh, p, f, bits, vbase, col, g, acc);
         }
       }
     } else {
@@ -338,16 +345,15 @@ __global__ void __launch_bounds__(kWarps * 32) spmm_f32_exact(const SpmmParams p
 
 template <class T, int MT>
 void launch_tc(const SpmmParams& p, dim3 grid, cudaStream_t stream) {
-  // Experiment switches (benchmarks), read per launch: JAXSPARSE_TC_SPMM_MINB=6 caps registers
-  // for occupancy; JAXSPARSE_TC_SPMM_STAGED=1 stages item metadata in shared memory.
-  const char* minb = std::getenv("JAXSPARSE_TC_SPMM_MINB");
-  const char* staged = std::getenv("JAXSPARSE_TC_SPMM_STAGED");
-  const bool m6 = MT == 4 && minb && std::atoi(minb) == 6;
-  const bool st = staged && std::atoi(staged) == 1;
-  if (m6 && st) spmm_tc<T, MT, 6, true><<<grid, kWarps * 32, 0, stream>>>(p);
-  else if (m6) spmm_tc<T, MT, 6, false><<<grid, kWarps * 32, 0, stream>>>(p);
-  else if (st) spmm_tc<T, MT, 1, true><<<grid, kWarps * 32, 0, stream>>>(p);
-  else spmm_tc<T, MT, 1, false><<<grid, kWarps * 32, 0, stream>>>(p);
+  // Default: staged metadata, two MMA steps of gathers in flight per warp. Experiment switches
+  // (benchmarks and tests), read per launch: JAXSPARSE_TC_SPMM_VARIANT=unstaged (metadata
+  // loaded per step, v1), staged1 (one step in flight, v2), minb4 (register cap for 16 warps per SM).
+  const char* v = std::getenv("JAXSPARSE_TC_SPMM_VARIANT");
+  const std::string variant = v ? v : "";
+  if (variant == "unstaged") spmm_tc<T, MT, 1, false><<<grid, kWarps * 32, 0, stream>>>(p);
+  else if (variant == "staged1") spmm_tc<T, MT, 1, true, 1><<<grid, kWarps * 32, 0, stream>>>(p);
+  else if (variant == "minb4") spmm_tc<T, MT, 4, true><<<grid, kWarps * 32, 0, stream>>>(p);
+  else spmm_tc<T, MT, 1, true><<<grid, kWarps * 32, 0, stream>>>(p);
 }
 
 template <class T>

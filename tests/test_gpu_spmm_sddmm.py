@@ -226,9 +226,8 @@ def test_repeatable(rng):
   assert rel_err(a, b) < 1e-6
 
 
-@pytest.mark.parametrize("env", [{"JAXSPARSE_TC_SPMM_STAGED": "1"},
-                                 {"JAXSPARSE_TC_SPMM_MINB": "6"},
-                                 {"JAXSPARSE_TC_SPMM_STAGED": "0"}])
+@pytest.mark.parametrize("env", [{"JAXSPARSE_TC_SPMM_VARIANT": v}
+                                 for v in ("unstaged", "staged1", "minb4")])
 @pytest.mark.parametrize("dt", ["f32", "f16"])
 @pytest.mark.parametrize("kind", ["random", "heavy"])
 def test_spmm_kernel_variants(rng, monkeypatch, kind, dt, env):
