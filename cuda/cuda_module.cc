@@ -12,7 +12,6 @@ extern "C" XLA_FFI_Error* EdgeSoftmaxCuda(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* EdgeSoftmaxBwdCuda(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* AttentionFwdCuda(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* AttentionJvpCuda(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* AttentionBwdCuda(XLA_FFI_CallFrame*);
 }  // namespace jaxsparse_tc
 
 namespace {
@@ -31,7 +30,6 @@ NB_MODULE(_cuda, m) {
     d["jaxsparse_tc_edge_softmax_bwd"] = capsule(jaxsparse_tc::EdgeSoftmaxBwdCuda);
     d["jaxsparse_tc_attention_fwd"] = capsule(jaxsparse_tc::AttentionFwdCuda);
     d["jaxsparse_tc_attention_jvp"] = capsule(jaxsparse_tc::AttentionJvpCuda);
-    d["jaxsparse_tc_attention_bwd"] = capsule(jaxsparse_tc::AttentionBwdCuda);
     return d;
   });
 }

@@ -1,6 +1,6 @@
 """sparse_attention: softmax_row(mask_A(scale * Q K^T + bias)) @ V, fused.
 
-Three primitives, one FFI kernel family each (CPU C++ reference, CUDA):
+Two primitives, each with a CPU C++ reference kernel and a CUDA kernel:
 
 * `attention_fwd_p(q, k, v, bias) -> (o, lse)`: the fused forward (on GPU: SDDMM -> online
   softmax in fp32 -> SpMM per 8-row window, never writing the nnz-sized score matrix). `lse`
@@ -8,39 +8,33 @@ Three primitives, one FFI kernel family each (CPU C++ reference, CUDA):
   is declared zero: sparse_attention never returns it).
 * `attention_jvp_p(q, k, v, bias, o, lse, dq, dk, dv, dbias) -> do`: the JVP, linear in the
   tangents (dq, dk, dv, dbias), computed by one fused kernel from the saved lse.
-* `attention_bwd_p(q, k, v, bias, o, lse, do) -> (dq, dk, dv, dbias, D)`: FlashAttention-2
-  backward from the saved o and lse, fused kernels (D = rowsum(dO * O), float32 [H, m], is
-  an output only so that the two GPU passes can share it; it is discarded).
 
 How the transformations compose: `attention_fwd_p`'s JVP rule runs the fused forward and emits
-`attention_jvp_p` for the tangent. `jax.jvp` evaluates that kernel. `jax.grad`/`jax.vjp`
-linearize the same JVP and transpose `attention_jvp_p` -- its transpose rule *is* the fused
-backward `attention_bwd_p`, so reverse mode never materialises a JVP: it runs forward +
-fused backward. vmap folds the batch into the kernels' head axis (heads.py) for all three.
-Higher-order derivatives (jvp of the jvp/bwd primitives) are not implemented.
+`attention_jvp_p` for the tangent; `jax.jvp` evaluates that kernel. `jax.grad`/`jax.vjp`
+linearize the same JVP and transpose `attention_jvp_p`: its transpose rule is the
+FlashAttention-2 backward (`_backward`) from the saved lse, built on the library's tensor-core
+SDDMM and SpMM, so reverse mode runs the fused forward plus that backward and never a JVP
+kernel. vmap folds the batch into the kernels' head axis (heads.py).
+Higher-order derivatives (jvp of the jvp primitive) are not implemented.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, batching
 
-from jaxsparse_tc import checks, heads
-from jaxsparse_tc._extensions import CUDA_TARGETS
-from jaxsparse_tc.lowering import apply_primitive
-from jaxsparse_tc.pattern import NUM_PATTERN_OPERANDS
+from jaxsparse_tc import checks, heads, precision as precision_lib, rules
+from jaxsparse_tc.lowering import register_ffi_lowering
+from jaxsparse_tc.pattern import NUM_PATTERN_OPERANDS, PERM_T, ROWS, transpose_operands
 
 attention_fwd_p = Primitive("jaxsparse_tc_attention_fwd")
 attention_fwd_p.multiple_results = True
 attention_jvp_p = Primitive("jaxsparse_tc_attention_jvp")
-attention_bwd_p = Primitive("jaxsparse_tc_attention_bwd")
-attention_bwd_p.multiple_results = True
 
 
 def sparse_attention(A, Q, K, V, *, scale=None, bias=None):
@@ -89,32 +83,8 @@ def sparse_attention(A, Q, K, V, *, scale=None, bias=None):
   return o[0] if no_heads else o
 
 
-def _zero(x):
-  """A symbolic zero tangent for primal x (ad.Zero.from_primal_value is not in every jax)."""
-  return ad.Zero(jax.typeof(x).to_tangent_aval())
-
-
-# -- lowering ---------------------------------------------------------------------------------
-def _register(prim, target: str, num_kernel_operands: int):
-  def rule(ctx, *operands, scale, has_bias, **_):
-    sub = ctx.replace(avals_in=ctx.avals_in[:num_kernel_operands])
-    return jax.ffi.ffi_lowering(target)(sub, *operands[:num_kernel_operands],
-                                        scale=np.float32(scale), has_bias=np.int32(has_bias))
-
-  prim.def_impl(functools.partial(apply_primitive, prim))
-  mlir.register_lowering(prim, rule, platform="cpu")
-  if target in CUDA_TARGETS:
-    mlir.register_lowering(prim, rule, platform="cuda")
-
-
-def _no_pattern_batching(dims, first_pattern):
-  if any(d is not None for d in dims[first_pattern:]):
-    raise NotImplementedError("jaxsparse_tc: vmap over the sparsity pattern is not supported; "
-                              "batch the dense operands or the bias")
-
-
-def _batch_size(args, dims):
-  return next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+# FFI attributes of the three kernels.
+_ATTRS = dict(scale=("scale", np.float32), has_bias=("has_bias", np.int32))
 
 
 # -- forward ----------------------------------------------------------------------------------
@@ -130,15 +100,15 @@ def _fwd_jvp(primals, tangents, **params):
   o, lse = attention_fwd_p.bind(*primals, **params)
   tans = tangents[:4]
   if all(type(t) is ad.Zero for t in tans):
-    return (o, lse), (_zero(o), _zero(lse))
+    return (o, lse), (rules.zero_tangent(o), rules.zero_tangent(lse))
   tans = [ad.instantiate_zeros(t) for t in tans]
   do = attention_jvp_p.bind(q, k, v, bias, o, lse, *tans, *pattern, **params)
-  return (o, lse), (do, _zero(lse))
+  return (o, lse), (do, rules.zero_tangent(lse))
 
 
 def _fwd_batch(args, dims, **params):
-  _no_pattern_batching(dims, 4)
-  size = _batch_size(args, dims)
+  rules.check_pattern_unbatched(dims, 4)
+  size = rules.batch_size(args, dims)
   ops, h = heads.merge_batch_into_heads(list(args[:4]), dims[:4], size)
   o, lse = attention_fwd_p.bind(*ops, *args[4:], **params)
   return (o.reshape((size, h) + o.shape[1:]), lse.reshape((size, h) + lse.shape[1:])), (0, 0)
@@ -147,7 +117,7 @@ def _fwd_batch(args, dims, **params):
 attention_fwd_p.def_abstract_eval(_fwd_abstract)
 ad.primitive_jvps[attention_fwd_p] = _fwd_jvp
 batching.primitive_batchers[attention_fwd_p] = _fwd_batch
-_register(attention_fwd_p, "jaxsparse_tc_attention_fwd", 4 + 6)
+register_ffi_lowering(attention_fwd_p, "jaxsparse_tc_attention_fwd", 4 + 6, **_ATTRS)
 
 
 # -- jvp (linear in operands 6..9) --------------------------------------------------------------
@@ -164,7 +134,7 @@ def _jvp_transpose(ct, q, k, v, bias, o, lse, dq, dk, dv, dbias, *pattern, **par
   outs = [None] * (10 + NUM_PATTERN_OPERANDS)
   if type(ct) is ad.Zero:
     return outs
-  gq, gk, gv, gb, _ = attention_bwd_p.bind(q, k, v, bias, o, lse, ct, *pattern, **params)
+  gq, gk, gv, gb = _backward(q, k, v, bias, o, lse, ct, pattern, **params)
   for pos, tangent, g in ((6, dq, gq), (7, dk, gk), (8, dv, gv), (9, dbias, gb)):
     if ad.is_undefined_primal(tangent):
       if pos == 9 and not params["has_bias"]:
@@ -174,8 +144,8 @@ def _jvp_transpose(ct, q, k, v, bias, o, lse, dq, dk, dv, dbias, *pattern, **par
 
 
 def _jvp_batch(args, dims, **params):
-  _no_pattern_batching(dims, 10)
-  size = _batch_size(args, dims)
+  rules.check_pattern_unbatched(dims, 10)
+  size = rules.batch_size(args, dims)
   ops, h = heads.merge_batch_into_heads(list(args[:10]), dims[:10], size)
   do = attention_jvp_p.bind(*ops, *args[10:], **params)
   return do.reshape((size, h) + do.shape[1:]), 0
@@ -190,28 +160,39 @@ attention_jvp_p.def_abstract_eval(_jvp_abstract)
 ad.primitive_jvps[attention_jvp_p] = _no_higher_order
 ad.primitive_transposes[attention_jvp_p] = _jvp_transpose
 batching.primitive_batchers[attention_jvp_p] = _jvp_batch
-_register(attention_jvp_p, "jaxsparse_tc_attention_jvp", 10 + 6)
+register_ffi_lowering(attention_jvp_p, "jaxsparse_tc_attention_jvp", 10 + 6, **_ATTRS)
 
 
 # -- backward ---------------------------------------------------------------------------------
-def _bwd_abstract(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
-  h = heads.num_heads(q.shape[0], k.shape[0], v.shape[0], bias.shape[0], do.shape[0])
-  m, n = shape
-  nnz = pattern[12].shape[0]
-  sa = lambda shp: q.update(shape=shp, dtype=q.dtype)
-  return (sa((h, m, q.shape[2])), sa((h, n, k.shape[2])), sa((h, n, v.shape[2])),
-          sa((h, nnz if has_bias else 1)), q.update(shape=(h, m), dtype=jnp.float32))
+def _backward(q, k, v, bias, o, lse, do, pattern, *, shape, scale, has_bias):
+  """FlashAttention-2 backward from the saved row log-sum-exp, on the tensor-core SpMM/SDDMM.
 
+  P = exp(scale QK^T + bias - lse) on A's pattern, dV = P^T dO, dP = dO V^T on the pattern,
+  dS = P (dP - rowsum(dO O)), dQ = scale dS K, dK = scale dS^T Q, dbias = dS. Per-edge work is
+  elementwise over nnz; every product runs on the library's SpMM/SDDMM kernels (A^T's pattern
+  for dV and dK). A fused scalar backward kernel was measured 5-14x slower than this on R-MAT
+  (docs/NOTES.md), so the products are not fused.
+  """
+  from jaxsparse_tc.sddmm import sddmm_p
+  from jaxsparse_tc.spmm import spmm_p
 
-def _bwd_batch(args, dims, **params):
-  _no_pattern_batching(dims, 7)
-  size = _batch_size(args, dims)
-  ops, h = heads.merge_batch_into_heads(list(args[:7]), dims[:7], size)
-  outs = attention_bwd_p.bind(*ops, *args[7:], **params)
-  return [x.reshape((size, h) + x.shape[1:]) for x in outs], [0] * 5
-
-
-attention_bwd_p.def_abstract_eval(_bwd_abstract)
-ad.primitive_jvps[attention_bwd_p] = _no_higher_order
-batching.primitive_batchers[attention_bwd_p] = _bwd_batch
-_register(attention_bwd_p, "jaxsparse_tc_attention_bwd", 7 + 13)
+  f32 = jnp.float32
+  dtype = q.dtype
+  # float16/bfloat16 operands are exact in tf32, so the float32 logits lose nothing on tensor
+  # cores; float32 operands take the exact path, as the forward does.
+  prec = precision_lib.HIGHEST if dtype == f32 else precision_lib.DEFAULT
+  rows, perm_t = pattern[ROWS], pattern[PERM_T]
+  pattern_t = transpose_operands(tuple(pattern))
+  logits = scale * sddmm_p.bind(q.astype(f32), k.astype(f32), *pattern, shape=shape,
+                                precision=prec)
+  if has_bias:
+    logits = logits + bias.astype(f32)
+  p = jnp.exp(logits - lse[:, rows])
+  dp = sddmm_p.bind(do, v, *pattern, shape=shape, precision=prec).astype(f32)
+  delta = jnp.sum(do.astype(f32) * o.astype(f32), axis=-1)
+  ds = p * (dp - delta[:, rows])
+  ds_scaled = (scale * ds).astype(dtype)
+  gv = spmm_p.bind(p[:, perm_t].astype(dtype), do, *pattern_t, shape=shape[::-1], precision=prec)
+  gq = spmm_p.bind(ds_scaled, k, *pattern, shape=shape, precision=prec)
+  gk = spmm_p.bind(ds_scaled[:, perm_t], q, *pattern_t, shape=shape[::-1], precision=prec)
+  return gq, gk, gv, ds.astype(dtype)

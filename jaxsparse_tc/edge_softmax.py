@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
-from jaxsparse_tc import checks, heads
+from jaxsparse_tc import checks, heads, rules
 from jaxsparse_tc.lowering import register_ffi_lowering
 from jaxsparse_tc.pattern import NUM_PATTERN_OPERANDS
 
@@ -42,11 +42,6 @@ def edge_softmax(A, values=None):
   return A.with_values(out if v.ndim == 2 else out[0])
 
 
-def _zero(x):
-  """A symbolic zero tangent for primal x (ad.Zero.from_primal_value is not in every jax)."""
-  return ad.Zero(jax.typeof(x).to_tangent_aval())
-
-
 def _rowsum_bcast(z, pattern):
   """rowsum(z) broadcast to each row's nonzeros, as a linear function of z."""
   ones = jnp.ones((1, z.shape[1]), z.dtype)
@@ -64,15 +59,13 @@ def _jvp(primals, tangents):
   dvalues = tangents[0]
   y = edge_softmax_p.bind(values, *pattern)
   if type(dvalues) is ad.Zero:
-    return y, _zero(y)
+    return y, rules.zero_tangent(y)
   return y, edge_softmax_bwd_p.bind(y, dvalues, *pattern)
 
 
 def _batch(args, dims):
   values, *pattern = args
-  if any(d is not None for d in dims[1:]):
-    raise NotImplementedError("jaxsparse_tc: vmap over the sparsity pattern is not supported; "
-                              "batch the values")
+  rules.check_pattern_unbatched(dims, 1)
   size = values.shape[dims[0]]
   (values,), h = heads.merge_batch_into_heads([values], dims[:1], size)
   out = edge_softmax_p.bind(values, *pattern)
@@ -104,7 +97,7 @@ def _bwd_jvp(primals, tangents):
     r = _rowsum_bcast(y * t, pattern)
     parts.append(dy * (t - r) - y * _rowsum_bcast(dy * t, pattern))
   if not parts:
-    return out, _zero(out)
+    return out, rules.zero_tangent(out)
   tangent = parts[0] if len(parts) == 1 else parts[0] + parts[1]
   return out, jnp.broadcast_to(tangent, out.shape).astype(out.dtype)
 
@@ -121,9 +114,7 @@ def _bwd_transpose(ct, y, t, *pattern):
 
 def _bwd_batch(args, dims):
   y, t, *pattern = args
-  if any(d is not None for d in dims[2:]):
-    raise NotImplementedError("jaxsparse_tc: vmap over the sparsity pattern is not supported; "
-                              "batch the values")
+  rules.check_pattern_unbatched(dims, 2)
   size = y.shape[dims[0]] if dims[0] is not None else t.shape[dims[1]]
   (y, t), h = heads.merge_batch_into_heads([y, t], dims[:2], size)
   out = edge_softmax_bwd_p.bind(y, t, *pattern)

@@ -20,12 +20,14 @@ def register_ffi_lowering(prim, target: str, num_kernel_operands: int, **static_
   """Lowers `prim` to FFI `target` on CPU (always) and CUDA (when built).
 
   Primitives carry both orientations of the pattern for their transpose rules; a kernel reads
-  only the first `num_kernel_operands`. Integer params named in `static_attrs` become int32
-  FFI attributes (the mapping gives the param name for each attribute).
+  only the first `num_kernel_operands`. `static_attrs` maps each FFI attribute to the param it
+  comes from: a param name (an int32 attribute) or a (param name, numpy scalar type) pair.
   """
+  attr_types = {attr: src if isinstance(src, tuple) else (src, np.int32)
+                for attr, src in static_attrs.items()}
 
   def rule(ctx, *operands, **params):
-    attrs = {attr: np.int32(params[name]) for attr, name in static_attrs.items()}
+    attrs = {attr: typ(params[name]) for attr, (name, typ) in attr_types.items()}
     sub = ctx.replace(avals_in=ctx.avals_in[:num_kernel_operands])
     return jax.ffi.ffi_lowering(target)(sub, *operands[:num_kernel_operands], **attrs)
 

@@ -65,11 +65,14 @@ def build(rows: np.ndarray, cols: np.ndarray, m: int, n: int) -> tuple[Pattern, 
   return pattern, raw["input_to_format"]
 
 
-# A primitive's pattern operands: A's kernel arrays, A^T's, then perm_t and perm_t_inv.
-NUM_PATTERN_OPERANDS = 14
+# A primitive's pattern operands, in order: A's kernel arrays (6), A^T's (6), perm_t, perm_t_inv,
+# then A's and A^T's per-value rows (for rules that gather per-row quantities onto nonzeros).
+NUM_PATTERN_OPERANDS = 16
+PERM_T = 12
+ROWS = 14
 
 
 def transpose_operands(operands: tuple) -> tuple:
   """The pattern operands of A^T, given those of A."""
   assert len(operands) == NUM_PATTERN_OPERANDS
-  return (*operands[6:12], *operands[:6], operands[13], operands[12])
+  return (*operands[6:12], *operands[:6], operands[13], operands[12], operands[15], operands[14])

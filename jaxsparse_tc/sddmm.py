@@ -7,9 +7,9 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
-from jaxsparse_tc import checks, heads, precision as precision_lib
+from jaxsparse_tc import checks, heads, precision as precision_lib, rules
 from jaxsparse_tc.lowering import register_ffi_lowering
-from jaxsparse_tc.pattern import NUM_PATTERN_OPERANDS, transpose_operands
+from jaxsparse_tc.pattern import NUM_PATTERN_OPERANDS, PERM_T, transpose_operands
 
 sddmm_p = Primitive("jaxsparse_tc_sddmm")
 
@@ -41,7 +41,7 @@ def sddmm(A, x, y, *, scale_by_values: bool = False, precision=None):
 def _abstract_eval(x, y, *pattern, shape, precision):
   del shape, precision
   h = heads.num_heads(x.shape[0], y.shape[0])
-  nnz = pattern[12].shape[0]  # perm_t has one entry per nonzero
+  nnz = pattern[PERM_T].shape[0]  # perm_t has one entry per nonzero
   return x.update(shape=(h, nnz), dtype=x.dtype)
 
 
@@ -55,7 +55,7 @@ def _jvp(primals, tangents, **params):
   if type(dy) is not ad.Zero:
     parts.append(sddmm_p.bind(x, dy, *pattern, **params))
   if not parts:
-    return out, ad.Zero.from_primal_value(out)
+    return out, rules.zero_tangent(out)
   return out, parts[0] if len(parts) == 1 else parts[0] + parts[1]
 
 
@@ -68,7 +68,7 @@ def _transpose(ct, x, y, *pattern, shape, precision):
   if ad.is_undefined_primal(x):
     dx = spmm_p.bind(ct, y, *pattern, shape=shape, precision=precision)
     return [heads.sum_to_heads(dx, x.aval.shape[0]), None] + none
-  ct_t = ct[:, pattern[12]]  # cotangent values in A^T's order
+  ct_t = ct[:, pattern[PERM_T]]  # cotangent values in A^T's order
   dy = spmm_p.bind(ct_t, x, *transpose_operands(tuple(pattern)),
                    shape=(shape[1], shape[0]), precision=precision)
   return [None, heads.sum_to_heads(dy, y.aval.shape[0])] + none
@@ -76,9 +76,7 @@ def _transpose(ct, x, y, *pattern, shape, precision):
 
 def _batch(args, dims, **params):
   x, y, *pattern = args
-  if any(d is not None for d in dims[2:]):
-    raise NotImplementedError("jaxsparse_tc: vmap over the sparsity pattern is not supported; "
-                              "batch the values or the dense operands")
+  rules.check_pattern_unbatched(dims, 2)
   size = x.shape[dims[0]] if dims[0] is not None else y.shape[dims[1]]
   (x, y), h = heads.merge_batch_into_heads([x, y], dims[:2], size)
   out = sddmm_p.bind(x, y, *pattern, **params)

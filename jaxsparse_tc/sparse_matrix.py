@@ -209,7 +209,7 @@ class SparseMatrix:
   def pattern_operands(self) -> tuple:
     """What primitives take besides values: both orientations' kernel arrays and perms."""
     return (*self.pattern.kernel_arrays(), *self.pattern_t.kernel_arrays(), self.perm_t,
-            self.perm_t_inv)
+            self.perm_t_inv, self.pattern.rows, self.pattern_t.rows)
 
   def todense(self) -> jax.Array:
     """Dense [m, n] (or [H, m, n]) array."""

@@ -7,9 +7,9 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
-from jaxsparse_tc import checks, heads, precision as precision_lib
+from jaxsparse_tc import checks, heads, precision as precision_lib, rules
 from jaxsparse_tc.lowering import register_ffi_lowering
-from jaxsparse_tc.pattern import NUM_PATTERN_OPERANDS, transpose_operands
+from jaxsparse_tc.pattern import NUM_PATTERN_OPERANDS, PERM_T, transpose_operands
 
 spmm_p = Primitive("jaxsparse_tc_spmm")
 
@@ -50,7 +50,7 @@ def _jvp(primals, tangents, **params):
   if type(dx) is not ad.Zero:
     parts.append(spmm_p.bind(values, dx, *pattern, **params))
   if not parts:
-    return out, ad.Zero.from_primal_value(out)
+    return out, rules.zero_tangent(out)
   return out, parts[0] if len(parts) == 1 else parts[0] + parts[1]
 
 
@@ -61,7 +61,7 @@ def _transpose(ct, values, x, *pattern, shape, precision):
   if type(ct) is ad.Zero:
     return [None, None] + none
   if ad.is_undefined_primal(x):
-    values_t = values[:, pattern[12]]  # A's values in A^T's order
+    values_t = values[:, pattern[PERM_T]]  # A's values in A^T's order
     dx = spmm_p.bind(values_t, ct, *transpose_operands(tuple(pattern)),
                      shape=(shape[1], shape[0]), precision=precision)
     return [None, heads.sum_to_heads(dx, x.aval.shape[0])] + none
@@ -71,9 +71,7 @@ def _transpose(ct, values, x, *pattern, shape, precision):
 
 def _batch(args, dims, **params):
   values, x, *pattern = args
-  if any(d is not None for d in dims[2:]):
-    raise NotImplementedError("jaxsparse_tc: vmap over the sparsity pattern is not supported; "
-                              "batch the values or the dense operands")
+  rules.check_pattern_unbatched(dims, 2)
   size = values.shape[dims[0]] if dims[0] is not None else x.shape[dims[1]]
   if dims[0] is None and values.shape[0] == 1:
     # One value set: fold the batch into the feature axis and read A once.

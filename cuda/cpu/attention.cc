@@ -1,7 +1,7 @@
 // CPU sparse attention (the executable specification of the CUDA kernels):
 //   forward  O = softmax_row(mask_A(scale * Q K^T + bias)) V, LSE = row log-sum-exp (fp32)
 //   jvp      dO for tangents (dQ, dK, dV, dbias), from the saved LSE
-//   backward dQ, dK, dV, dbias for a cotangent dO, from the saved O and LSE (FlashAttention-2)
+// (The backward is composed from the SpMM/SDDMM kernels: jaxsparse_tc/attention.py.)
 // Operands carry a head axis [H_i, ...] with H_i in {1, H}; float32 math throughout.
 // Rows without nonzeros: O = 0, LSE = -inf, no gradient.
 #include <cmath>
@@ -159,70 +159,6 @@ static ffi::Error attention_jvp_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::Any
   });
 }
 
-// FlashAttention-2 backward: D_i = dO_i . O_i; dP_ij = dO_i . V_j; dS_ij = P_ij (dP_ij - D_i);
-// dQ_i = scale sum_j dS_ij K_j; dK_j = scale sum_i dS_ij Q_i; dV_j = sum_i P_ij dO_i; dbias = dS.
-static ffi::Error attention_bwd_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                                    ffi::AnyBuffer bias, ffi::AnyBuffer o,
-                                    ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, I32 wcp,
-                                    I32 wc, I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
-                                    I32, I32, I32, U32, I32, I32, I32 /*perm_t*/,
-                                    ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-                                    ffi::Result<ffi::AnyBuffer> dvv,
-                                    ffi::Result<ffi::AnyBuffer> dbias,
-                                    ffi::Result<ffi::Buffer<ffi::F32>> dbuf, float scale,
-                                    int32_t has_bias) {
-  const PatternView p = make_view(wcp, wc, wbp, bitmap, bvp, schedule);
-  const Dense Q = dense(q), K = dense(k), V = dense(v), O = dense(o), dO = dense(dout);
-  float* Dout = dbuf->typed_data();
-  const int64_t heads = dq->dimensions()[0], m = Q.rows, n = K.rows, d = Q.cols, dv = V.cols;
-  const int64_t hb = bias.dimensions()[0], nnz = bias.dimensions()[1];
-  const int64_t hl = lse.dimensions()[0];
-  return dispatch_float(q.element_type(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* bs = static_cast<const T*>(bias.untyped_data());
-    const float* l = lse.typed_data();
-    T* gq = static_cast<T*>(dq->untyped_data());
-    T* gk = static_cast<T*>(dk->untyped_data());
-    T* gv = static_cast<T*>(dvv->untyped_data());
-    T* gb = static_cast<T*>(dbias->untyped_data());
-    std::vector<float> aq(kWindowRows * d), ak(n * d), av(n * dv);
-    for (int64_t h = 0; h < heads; ++h) {
-      std::fill(ak.begin(), ak.end(), 0.f), std::fill(av.begin(), av.end(), 0.f);
-      for (int64_t w = 0; w < p.num_windows; ++w) {
-        std::fill(aq.begin(), aq.end(), 0.f);
-        float D[kWindowRows] = {0, 0, 0, 0, 0, 0, 0, 0};
-        const int64_t rows = std::min<int64_t>(kWindowRows, m - w * kWindowRows);
-        for (int64_t r = 0; r < rows; ++r)
-          Dout[h * m + w * kWindowRows + r] = D[r] =
-              dot(row_of<T>(dO, h, w * kWindowRows + r), row_of<T>(O, h, w * kWindowRows + r), dv);
-        for_each_in_window(p, w, [&](int r, int32_t col, int64_t idx) {
-          const int64_t i = w * kWindowRows + r;
-          const T* qi = row_of<T>(Q, h, i);
-          const T* kj = row_of<T>(K, h, col);
-          const T* doi = row_of<T>(dO, h, i);
-          const float s = scale * dot(qi, kj, d) + bias_at(bs, hb, nnz, h, idx, has_bias);
-          const float pe = std::exp(s - l[(hl == 1 ? 0 : h) * m + i]);
-          const float dp = dot(doi, row_of<T>(V, h, col), dv);
-          const float ds = pe * (dp - D[r]);
-          if (has_bias) gb[h * nnz + idx] = from_float<T>(ds);
-          for (int64_t f = 0; f < d; ++f) {
-            aq[r * d + f] += ds * to_float(kj[f]);
-            ak[int64_t(col) * d + f] += ds * to_float(qi[f]);
-          }
-          for (int64_t f = 0; f < dv; ++f) av[int64_t(col) * dv + f] += pe * to_float(doi[f]);
-        });
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t f = 0; f < d; ++f)
-            gq[(h * m + w * kWindowRows + r) * d + f] = from_float<T>(scale * aq[r * d + f]);
-      }
-      for (int64_t j = 0; j < n; ++j) {
-        for (int64_t f = 0; f < d; ++f) gk[(h * n + j) * d + f] = from_float<T>(scale * ak[j * d + f]);
-        for (int64_t f = 0; f < dv; ++f) gv[(h * n + j) * dv + f] = from_float<T>(av[j * dv + f]);
-      }
-    }
-  });
-}
-
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionFwdCpu, attention_fwd_cpu,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()  // q [Hq, m, d]
@@ -252,24 +188,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionJvpCpu, attention_jvp_cpu,
                                   .Attr<float>("scale")
                                   .Attr<int32_t>("has_bias"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionBwdCpu, attention_bwd_cpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // k
-                                  .Arg<ffi::AnyBuffer>()  // v
-                                  .Arg<ffi::AnyBuffer>()  // bias
-                                  .Arg<ffi::AnyBuffer>()  // o
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // lse
-                                  .Arg<ffi::AnyBuffer>()  // do
-                                  JAXSPARSE_TC_PATTERN_ARGS  // A
-                                  JAXSPARSE_TC_PATTERN_ARGS  // A^T
-                                  .Arg<I32>()             // perm_t
-                                  .Ret<ffi::AnyBuffer>()  // dq [H, m, d]
-                                  .Ret<ffi::AnyBuffer>()  // dk [H, n, d]
-                                  .Ret<ffi::AnyBuffer>()  // dv [H, n, dv]
-                                  .Ret<ffi::AnyBuffer>()  // dbias [H, nnz] (or [H, 1])
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // D = rowsum(dO * O) [H, m]
-                                  .Attr<float>("scale")
-                                  .Attr<int32_t>("has_bias"));
 
 }  // namespace jaxsparse_tc

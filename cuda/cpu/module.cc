@@ -17,7 +17,6 @@ extern "C" XLA_FFI_Error* EdgeSoftmaxCpu(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* EdgeSoftmaxBwdCpu(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* AttentionFwdCpu(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* AttentionJvpCpu(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* AttentionBwdCpu(XLA_FFI_CallFrame*);
 }
 
 namespace {
@@ -71,7 +70,6 @@ NB_MODULE(_cpu, m) {
     d["jaxsparse_tc_edge_softmax_bwd"] = handler(jaxsparse_tc::EdgeSoftmaxBwdCpu);
     d["jaxsparse_tc_attention_fwd"] = handler(jaxsparse_tc::AttentionFwdCpu);
     d["jaxsparse_tc_attention_jvp"] = handler(jaxsparse_tc::AttentionJvpCpu);
-    d["jaxsparse_tc_attention_bwd"] = handler(jaxsparse_tc::AttentionBwdCpu);
     return d;
   });
 }
