@@ -9,7 +9,8 @@ Implementations, same GPU, same graph, same run:
 - `lib`: this library's Flax modules (jaxsparse_tc.nn.flax GCN / GAT) under jax.jit: SpMM,
   edge_softmax and SDDMM (in the backward) on the tensor-core kernels (tf32 for float32).
 - `xla`: the same model written with XLA gathers + jax.ops.segment_sum / segment_max over
-  row-sorted (CSR order) edges, `indices_are_sorted=True`; the same parameters.
+  row-sorted (CSR order) edges, `indices_are_sorted=True`, no gradient through the softmax's
+  stabilizing max; the same parameters. Graphs are jit arguments (not constants) for both.
 - `pyg`: torch_geometric GCNConv (cached normalization) / GATConv (add_self_loops=False on the
   pre-looped edge list) with torch.optim.Adam, edge_index input; `pyg_csr`: GCNConv on a
   torch.sparse CSR adj_t (cuSPARSE). Timed with CUDA events. Skipped if not importable.
@@ -64,7 +65,7 @@ def _sorted_edges(A):
 
 
 def _jax_steps(model_name, x, y, c, edge_index, n):
-  """(lib_step, xla_step, args, loss_fns) for jax.jit-compiled training steps."""
+  """(lib_step, xla_step, lib_args, xla_args, loss_fns): jax.jit-compiled training steps."""
   import jax
   import jax.numpy as jnp
   import optax
@@ -83,10 +84,9 @@ def _jax_steps(model_name, x, y, c, edge_index, n):
     model = nnf.GAT(f, HIDDEN // HEADS, c, heads=HEADS, dropout=0.0, rngs=rngs)
   model.eval()
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  rows, cols, vals = _sorted_edges(A)
-  seg = lambda data: jax.ops.segment_sum(data, rows, n, indices_are_sorted=True)  # noqa: E731
-
-  def xla_forward(m, x):
+  def xla_forward(m, x, edges):
+    rows, cols, vals = edges
+    seg = lambda d: jax.ops.segment_sum(d, rows, n, indices_are_sorted=True)  # noqa: E731
     if model_name == "gcn":
       def conv(layer, h):
         h = h @ layer.lin.kernel[...]
@@ -100,7 +100,8 @@ def _jax_steps(model_name, x, y, c, edge_index, n):
       a_src = jnp.einsum("nhc,hc->nh", h, layer.att_src[...])
       a_dst = jnp.einsum("nhc,hc->nh", h, layer.att_dst[...])
       e = jax.nn.leaky_relu(a_dst[rows] + a_src[cols], 0.2)               # [E, H]
-      mx = jax.ops.segment_max(e, rows, n, indices_are_sorted=True)
+      # the max only stabilizes exp: no gradient through it (as careful hand-written code does)
+      mx = jax.lax.stop_gradient(jax.ops.segment_max(e, rows, n, indices_are_sorted=True))
       p = jnp.exp(e - mx[rows])
       alpha = p / seg(p)[rows]
       out = seg(alpha[:, :, None] * h[cols])                              # [n, H, C]
@@ -109,20 +110,20 @@ def _jax_steps(model_name, x, y, c, edge_index, n):
 
     return conv(m.conv2, jax.nn.elu(conv(m.conv1, x, True)), False)
 
-  def lib_forward(m, x):
+  def lib_forward(m, x, A):
     return m(A, x)
 
   tx = optax.chain(optax.add_decayed_weights(5e-4), optax.adam(0.01))
   opt_state = tx.init(params)
 
   def make(forward):
-    def loss_fn(params, x, y):
-      logits = forward(nnx.merge(graphdef, params, rest), x)
+    def loss_fn(params, x, y, g):
+      logits = forward(nnx.merge(graphdef, params, rest), x, g)
       return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
     @jax.jit
-    def step(params, opt_state, x, y):
-      loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+    def step(params, opt_state, x, y, g):  # the graph is an argument, not a constant
+      loss, grads = jax.value_and_grad(loss_fn)(params, x, y, g)
       updates, opt_state = tx.update(grads, opt_state, params)
       return optax.apply_updates(params, updates), opt_state, loss
 
@@ -131,7 +132,7 @@ def _jax_steps(model_name, x, y, c, edge_index, n):
   lib_step, lib_loss = make(lib_forward)
   xla_step, xla_loss = make(xla_forward)
   args = (params, opt_state, jnp.asarray(x), jnp.asarray(y))
-  return lib_step, xla_step, args, (lib_loss, xla_loss)
+  return (lib_step, xla_step, args + (A,), args + (_sorted_edges(A),), (lib_loss, xla_loss))
 
 
 def _time_jax(step, args, repeat):
@@ -237,16 +238,17 @@ def run(quick: bool = False) -> list[dict]:
       row = dict(graph=name, nodes=n, edges=int(edge_index.shape[1]), model=model_name)
       # PyG first, then free its cache: JAX (no preallocation) then grows into the memory.
       row.update(_pyg_times(model_name, x, y, c, edge_index, n, repeat))
-      lib_step, xla_step, args, (lib_loss, xla_loss) = _jax_steps(model_name, x, y, c,
-                                                                  edge_index, n)
-      row["lib_ms"] = _time_jax(lib_step, args, repeat)
+      lib_step, xla_step, largs, xargs, (lib_loss, xla_loss) = _jax_steps(
+          model_name, x, y, c, edge_index, n)
+      row["lib_ms"] = _time_jax(lib_step, largs, repeat)
       try:
-        l1, l2 = float(lib_loss(*args[:1], *args[2:])), float(xla_loss(*args[:1], *args[2:]))
+        l1 = float(lib_loss(largs[0], *largs[2:]))
+        l2 = float(xla_loss(xargs[0], *xargs[2:]))
         row["loss_err"] = f"{abs(l1 - l2) / abs(l2):.1e}"
       except Exception as e:  # noqa: BLE001
         print(f"    loss check failed: {str(e).splitlines()[0][:100]}", flush=True)
-      row["xla_ms"] = _time_jax(xla_step, args, repeat)
-      del lib_step, xla_step, args
+      row["xla_ms"] = _time_jax(xla_step, xargs, repeat)
+      del lib_step, xla_step, largs, xargs
       jax.clear_caches()
       lib = row["lib_ms"]
       if isinstance(lib, float):
