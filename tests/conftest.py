@@ -41,6 +41,15 @@ def x64():
     jax.config.update("jax_enable_x64", False)
 
 
+@pytest.fixture
+def on_cpu():
+  """Runs the test on the CPU kernels (the specification), also on a GPU machine."""
+  import jax
+
+  with jax.default_device(jax.devices("cpu")[0]):
+    yield
+
+
 def load_graph(name: str) -> sp.csr_matrix | None:
   """A real graph (npz with indptr/indices/shape) from the package or ../shared/data."""
   for folder in (ROOT / "jaxsparse_tc" / "data", ROOT.parent / "shared" / "data"):

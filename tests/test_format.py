@@ -12,6 +12,9 @@ from conftest import random_coo
 from jaxsparse_tc import SparseMatrix
 from jaxsparse_tc.pattern import SPLIT_BLOCKS, window_schedule
 
+# The CPU kernels: GPU kernels are checked against them in tests/test_gpu_*.py.
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 SHAPES = [(1, 1), (7, 5), (8, 8), (17, 33), (64, 40), (131, 97)]
 
 

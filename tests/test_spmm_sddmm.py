@@ -12,6 +12,9 @@ from conftest import random_coo, rel_err
 import jaxsparse_tc as jst
 from jaxsparse_tc import SparseMatrix
 
+# The CPU kernels: GPU kernels are checked against them in tests/test_gpu_*.py.
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 TOL = {jnp.float32: 1e-5, jnp.float16: 1e-2, jnp.bfloat16: 1e-2}
 CASES = [(1, 1, 1), (7, 13, 3), (17, 9, 16), (40, 33, 17), (64, 100, 8), (9, 131, 33)]
 
