@@ -19,7 +19,7 @@ import numpy as np
 import common
 
 # Kernel variants timed at d=128 (environment switches of cuda/spmm.cu, read per launch).
-VARIANTS = {v: {"JAXSPARSE_TC_SPMM_VARIANT": v} for v in ("unstaged", "staged1", "minb4")}
+VARIANTS = {v: {"JAXSPARSE_TC_SPMM_VARIANT": v} for v in ("unstaged", "staged1", "ns2", "minb4")}
 COLUMNS = ["graph", "op", "d", "impl", "ms", "GB/s", "GFLOP/s", "err"]
 
 

@@ -345,15 +345,19 @@ __global__ void __launch_bounds__(kWarps * 32) spmm_f32_exact(const SpmmParams p
 
 template <class T, int MT>
 void launch_tc(const SpmmParams& p, dim3 grid, cudaStream_t stream) {
-  // Default: staged metadata, two MMA steps of gathers in flight per warp. Experiment switches
-  // (benchmarks and tests), read per launch: JAXSPARSE_TC_SPMM_VARIANT=unstaged (metadata
-  // loaded per step, v1), staged1 (one step in flight, v2), minb4 (register cap for 16 warps per SM).
+  // Default: staged metadata, two MMA steps of gathers in flight per warp; for 16-bit types
+  // with a 128-register cap (16 warps/SM, no spills), the fastest variant measured on H100
+  // (docs/NOTES.md, v3/v4). Experiment switches (benchmarks and tests), read per launch:
+  // JAXSPARSE_TC_SPMM_VARIANT=unstaged (metadata loaded per step, v1), staged1 (one step in
+  // flight, v2), ns2 (v3: two steps, no register cap), minb4 (two steps, register cap).
   const char* v = std::getenv("JAXSPARSE_TC_SPMM_VARIANT");
   const std::string variant = v ? v : "";
+  constexpr bool k16 = sizeof(T) == 2;
   if (variant == "unstaged") spmm_tc<T, MT, 1, false><<<grid, kWarps * 32, 0, stream>>>(p);
   else if (variant == "staged1") spmm_tc<T, MT, 1, true, 1><<<grid, kWarps * 32, 0, stream>>>(p);
+  else if (variant == "ns2") spmm_tc<T, MT, 1, true><<<grid, kWarps * 32, 0, stream>>>(p);
   else if (variant == "minb4") spmm_tc<T, MT, 4, true><<<grid, kWarps * 32, 0, stream>>>(p);
-  else spmm_tc<T, MT, 1, true><<<grid, kWarps * 32, 0, stream>>>(p);
+  else spmm_tc<T, MT, k16 ? 4 : 1, true><<<grid, kWarps * 32, 0, stream>>>(p);
 }
 
 template <class T>

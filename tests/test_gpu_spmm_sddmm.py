@@ -227,7 +227,7 @@ def test_repeatable(rng):
 
 
 @pytest.mark.parametrize("env", [{"JAXSPARSE_TC_SPMM_VARIANT": v}
-                                 for v in ("unstaged", "staged1", "minb4")])
+                                 for v in ("unstaged", "staged1", "ns2", "minb4")])
 @pytest.mark.parametrize("dt", ["f32", "f16"])
 @pytest.mark.parametrize("kind", ["random", "heavy"])
 def test_spmm_kernel_variants(rng, monkeypatch, kind, dt, env):
