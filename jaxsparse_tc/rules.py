@@ -20,3 +20,22 @@ def check_pattern_unbatched(dims, first_pattern: int) -> None:
 
 def batch_size(args, dims) -> int:
   return next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+
+
+def bilinear_jvp(prim):
+  """The JVP rule of a primitive bilinear in its first two operands (the rest: the pattern)."""
+
+  def jvp(primals, tangents, **params):
+    a, b, *pattern = primals
+    da, db = tangents[:2]
+    out = prim.bind(a, b, *pattern, **params)
+    parts = []
+    if type(da) is not ad.Zero:
+      parts.append(prim.bind(da, b, *pattern, **params))
+    if type(db) is not ad.Zero:
+      parts.append(prim.bind(a, db, *pattern, **params))
+    if not parts:
+      return out, zero_tangent(out)
+    return out, parts[0] if len(parts) == 1 else parts[0] + parts[1]
+
+  return jvp

@@ -45,20 +45,6 @@ def _abstract_eval(x, y, *pattern, shape, precision):
   return x.update(shape=(h, nnz), dtype=x.dtype)
 
 
-def _jvp(primals, tangents, **params):
-  x, y, *pattern = primals
-  dx, dy = tangents[:2]
-  out = sddmm_p.bind(x, y, *pattern, **params)
-  parts = []
-  if type(dx) is not ad.Zero:
-    parts.append(sddmm_p.bind(dx, y, *pattern, **params))
-  if type(dy) is not ad.Zero:
-    parts.append(sddmm_p.bind(x, dy, *pattern, **params))
-  if not parts:
-    return out, rules.zero_tangent(out)
-  return out, parts[0] if len(parts) == 1 else parts[0] + parts[1]
-
-
 def _transpose(ct, x, y, *pattern, shape, precision):
   from jaxsparse_tc.spmm import spmm_p
 
@@ -84,7 +70,7 @@ def _batch(args, dims, **params):
 
 
 sddmm_p.def_abstract_eval(_abstract_eval)
-ad.primitive_jvps[sddmm_p] = _jvp
+ad.primitive_jvps[sddmm_p] = rules.bilinear_jvp(sddmm_p)
 ad.primitive_transposes[sddmm_p] = _transpose
 batching.primitive_batchers[sddmm_p] = _batch
 register_ffi_lowering(sddmm_p, "jaxsparse_tc_sddmm", 8, precision="precision")

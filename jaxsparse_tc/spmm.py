@@ -40,20 +40,6 @@ def _abstract_eval(values, x, *pattern, shape, precision):
   return x.update(shape=(h, shape[0], x.shape[2]), dtype=x.dtype)
 
 
-def _jvp(primals, tangents, **params):
-  values, x, *pattern = primals
-  dvalues, dx = tangents[:2]
-  out = spmm_p.bind(values, x, *pattern, **params)
-  parts = []
-  if type(dvalues) is not ad.Zero:
-    parts.append(spmm_p.bind(dvalues, x, *pattern, **params))
-  if type(dx) is not ad.Zero:
-    parts.append(spmm_p.bind(values, dx, *pattern, **params))
-  if not parts:
-    return out, rules.zero_tangent(out)
-  return out, parts[0] if len(parts) == 1 else parts[0] + parts[1]
-
-
 def _transpose(ct, values, x, *pattern, shape, precision):
   from jaxsparse_tc.sddmm import sddmm_p  # the two primitives are each other's transposes
 
@@ -86,7 +72,7 @@ def _batch(args, dims, **params):
 
 
 spmm_p.def_abstract_eval(_abstract_eval)
-ad.primitive_jvps[spmm_p] = _jvp
+ad.primitive_jvps[spmm_p] = rules.bilinear_jvp(spmm_p)
 ad.primitive_transposes[spmm_p] = _transpose
 batching.primitive_batchers[spmm_p] = _batch
 register_ffi_lowering(spmm_p, "jaxsparse_tc_spmm", 8, precision="precision")
