@@ -20,6 +20,9 @@ import common
 
 # Kernel variants timed at d=128 (environment switches of cuda/spmm.cu, read per launch).
 VARIANTS = {v: {"JAXSPARSE_TC_SPMM_VARIANT": v} for v in ("unstaged", "staged1", "ns2", "minb4")}
+# The CUDA-core kernel family, timed at every d for every dtype next to the default
+# (rows `ours-cuda_core-<dtype>`; its fp32 is exact, so compare it with ours-fp32-highest too).
+CUDA_CORE = {"JAXSPARSE_TC_SPMM_VARIANT": "cuda_core"}
 COLUMNS = ["graph", "op", "d", "impl", "ms", "GB/s", "GFLOP/s", "err"]
 
 
@@ -150,6 +153,16 @@ def run(quick: bool = False) -> list[dict]:
             impl = "ours-fp32-highest"
           add("spmm", impl, name, _time(lambda: f(Ad, x), _sync_jax), _rel(out, ref))
           del out
+          if prec is None:
+            os.environ.update(CUDA_CORE)
+            try:
+              out = f(Ad, x)
+              add("spmm", f"ours-cuda_core-{name}", name, _time(lambda: f(Ad, x), _sync_jax),
+                  _rel(out, ref))
+              del out
+            finally:
+              for k in CUDA_CORE:
+                del os.environ[k]
           if d == 128 and prec is None and name != "bf16":
             for vname, env in VARIANTS.items():  # kernel experiments, read per launch
               os.environ.update(env)
@@ -222,6 +235,19 @@ def summary(rows: list[dict]) -> list[dict]:
       ("SpMM ours-tf32 vs cusparse-fp32", "spmm", "ours-tf32", "cusparse-fp32", 1.5),
       ("SpMM ours-fp32-highest vs cusparse-fp32", "spmm", "ours-fp32-highest", "cusparse-fp32",
        None),
+      ("SpMM ours-cuda_core-fp16 vs ours-fp16 (default)", "spmm", "ours-cuda_core-fp16",
+       "ours-fp16", None),
+      ("SpMM ours-cuda_core-bf16 vs ours-bf16 (default)", "spmm", "ours-cuda_core-bf16",
+       "ours-bf16", None),
+      ("SpMM ours-cuda_core-fp32 vs ours-fp32-highest", "spmm", "ours-cuda_core-fp32",
+       "ours-fp32-highest", None),
+      ("SpMM ours-cuda_core-fp32 vs ours-tf32", "spmm", "ours-cuda_core-fp32", "ours-tf32", None),
+      ("SpMM ours-cuda_core-fp16 vs cusparse-fp32", "spmm", "ours-cuda_core-fp16",
+       "cusparse-fp32", 2.5),
+      ("SpMM ours-cuda_core-fp16 vs cusparse-fp16", "spmm", "ours-cuda_core-fp16",
+       "cusparse-fp16", 2.0),
+      ("SpMM ours-cuda_core-fp32 vs cusparse-fp32", "spmm", "ours-cuda_core-fp32",
+       "cusparse-fp32", None),
       ("SDDMM ours-fp16 vs xla-gather-fp16", "sddmm", "ours-fp16", "xla-gather-fp16", 3.0),
       ("SDDMM ours-tf32 vs xla-gather-fp32", "sddmm", "ours-tf32", "xla-gather-fp32", None),
   ]

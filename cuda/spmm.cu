@@ -11,6 +11,9 @@
 //
 // Exact fp32 path (precision attr 1): CUDA cores, one warp per item and 128-feature slab.
 //
+// CUDA-core family (spmm_cuda_core, JAXSPARSE_TC_SPMM_VARIANT=cuda_core, all dtypes, fp32
+// exact): one FMA per nonzero instead of padded 8x8 MMAs; see its comment and prefer_cuda_core.
+//
 // Split windows (schedule items with split=1): each piece adds its fp32 partial into a
 // per-window workspace slot with atomics; the piece that completes the window's block count
 // (a per-slot counter) converts the slot into the output. A prep kernel zeroes the slots first.
@@ -343,6 +346,243 @@ __global__ void __launch_bounds__(kWarps * 32) spmm_f32_exact(const SpmmParams p
   }
 }
 
+// ---- CUDA-core SpMM (JAXSPARSE_TC_SPMM_VARIANT=cuda_core), DA-SpMM style --------------------
+// Row-major dense access with warp-level feature parallelism and "parallel reduction" over
+// condensed columns for narrow d. One warp per (schedule item, feature slab); the warp is cut
+// into G groups of L = 32/G lanes. Lane li of group grp owns E consecutive features
+// f = slab*L*E + E*li, so one gathered X row segment is ONE coalesced load per group (E*sizeof(T)
+// = 8 or 16 bytes per lane); group grp takes condensed columns c = grp, grp+G, ... of each block
+// (G > 1 only where d <= 16*E: idle lanes would otherwise cover features past d). E = 4 here
+// (cc_config). Accumulators:
+// acc[8 rows][E] fp32 in registers, indexed with compile-time constants only (a switch picks
+// the row); at the end the G groups are summed with xor shuffles and group 0 writes through
+// finish() (the same split-window workspace scheme as the tensor-core kernels).
+// Per chunk of 32 blocks: bitmaps and value offsets in registers (lane i = block c0+i, shared
+// by shuffles), column indices in shared memory (coalesced). Per step of NB blocks: the NB
+// blocks' values (contiguous in format order) are loaded with coalesced loads, every X gather
+// of the step is issued, then the values go to shared memory (converted to fp32) and the FMAs
+// run, one per nonzero: acc[r] += value * x for the set bits r of the column's byte.
+// fp32 inputs are computed exactly (no tf32).
+constexpr int kCcXWords = 32;  // gathered-X registers per lane per step (sets NB)
+
+template <class T, int E, int G>
+struct CcShape {
+  static constexpr int L = 32 / G;           // lanes per group
+  static constexpr int CPG = kBlockCols / G;  // condensed columns per group per block
+  static constexpr int NW = Words<T, E>::N;  // 32-bit words of one lane's X segment
+  static constexpr int NB0 = kCcXWords / (CPG * NW);
+  static constexpr int NB = NB0 < 1 ? 1 : NB0 > 2 ? 2 : NB0;  // blocks per step
+};
+
+// E consecutive elements held in words -> floats (exact conversions).
+template <class T, int E>
+__device__ __forceinline__ void cc_unpack(const uint32_t (&w)[Words<T, E>::N], float (&x)[E]) {
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) x[e] = __uint_as_float(w[e]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const uint32_t b = (w[e / 2] >> (16 * (e % 2))) & 0xffffu;
+      if constexpr (std::is_same_v<T, __half>) x[e] = __half2float(__ushort_as_half((unsigned short)b));
+      else x[e] = __uint_as_float(b << 16);  // bfloat16 -> fp32 is a shift
+    }
+  }
+}
+
+template <int R, int E>
+__device__ __forceinline__ void cc_fma(float (&acc)[kWindowRows][E], float a, const float (&x)[E]) {
+#pragma unroll
+  for (int e = 0; e < E; ++e) acc[R][e] = fmaf(a, x[e], acc[R][e]);
+}
+
+// acc[r] += a * x with r known only at run time: a switch keeps acc in registers.
+template <int E>
+__device__ __forceinline__ void cc_fma_row(float (&acc)[kWindowRows][E], int r, float a,
+                                           const float (&x)[E]) {
+  switch (r) {
+    case 0: cc_fma<0>(acc, a, x); break;
+    case 1: cc_fma<1>(acc, a, x); break;
+    case 2: cc_fma<2>(acc, a, x); break;
+    case 3: cc_fma<3>(acc, a, x); break;
+    case 4: cc_fma<4>(acc, a, x); break;
+    case 5: cc_fma<5>(acc, a, x); break;
+    case 6: cc_fma<6>(acc, a, x); break;
+    default: cc_fma<7>(acc, a, x); break;
+  }
+}
+
+template <class T, int E, int G>
+__global__ void __launch_bounds__(kWarps * 32, 4) spmm_cuda_core(const SpmmParams p) {
+  using S = CcShape<T, E, G>;
+  constexpr int L = S::L, CPG = S::CPG, NW = S::NW, NB = S::NB;
+  static_assert(G == 1 || G == 2 || G == 4 || G == 8, "groups must divide the 8 block columns");
+  __shared__ int s_cols[kWarps][kStageBlocks * kBlockCols];
+  __shared__ float s_vals[kWarps][NB * 64];
+  const unsigned full = 0xffffffffu;
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  const int grp = lane / L, li = lane % L;
+  const int64_t gw = int64_t(blockIdx.x) * kWarps + wid;
+  if (gw >= p.num_items * p.nslab) return;
+  const int64_t item = gw / p.nslab;
+  const int slab = int(gw % p.nslab);
+  const int4 it = p.sched[item];
+  const int w = it.x, b0 = it.y;
+  int b1 = it.z, slot;
+  if (!resolve_item(p, it, b1, slot)) return;
+  const int wb = p.wbp[w];
+  const int cb = p.wcp[w], ncols_w = p.wcp[w + 1] - cb;
+  const int64_t f = int64_t(slab) * (L * E) + int64_t(E) * li;
+  const bool active = f < p.d;
+
+  for (int h = blockIdx.y; h < p.heads; h += gridDim.y) {
+    const T* xh = static_cast<const T*>(p.x) + h * p.x_head_stride;
+    const T* vh = static_cast<const T*>(p.values) + h * p.v_head_stride;
+    float acc[kWindowRows][E];
+#pragma unroll
+    for (int r = 0; r < kWindowRows; ++r)
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[r][e] = 0.f;
+
+    for (int c0 = b0; c0 < b1; c0 += kStageBlocks) {
+      const int c1 = min(b1, c0 + kStageBlocks);
+      __syncwarp();  // the previous chunk's readers of s_cols are done
+      uint32_t my_lo = 0u, my_hi = 0u;
+      int my_vptr = 0;
+      if (c0 + lane < c1) {
+        const uint64_t bb = load_block_bits(p.bitmap, c0 + lane);
+        my_lo = uint32_t(bb);
+        my_hi = uint32_t(bb >> 32);
+        my_vptr = __ldg(p.bvp + c0 + lane);
+      }
+      const int col_lo = 8 * (c0 - wb), col_hi = min(8 * (c1 - wb), ncols_w);
+#pragma unroll
+      for (int k = 0; k < kBlockCols; ++k) {
+        const int i = k * 32 + lane;
+        s_cols[wid][i] = col_lo + i < col_hi ? __ldg(p.wc + cb + col_lo + i) : -1;
+      }
+      __syncwarp();
+
+      for (int b = c0; b < c1; b += NB) {
+        // Step metadata (warp-uniform): bitmaps and value offsets of blocks b .. b+NB-1.
+        const int vbase = __shfl_sync(full, my_vptr, b - c0);  // b - c0 < 32
+        uint64_t bits[NB];
+        int off[NB + 1];
+        off[0] = 0;
+#pragma unroll
+        for (int kb = 0; kb < NB; ++kb) {
+          const int src = (b + kb - c0) & 31;
+          const uint32_t lo = __shfl_sync(full, my_lo, src);
+          const uint32_t hi = __shfl_sync(full, my_hi, src);
+          bits[kb] = b + kb < c1 ? (uint64_t(lo) | (uint64_t(hi) << 32)) : 0ull;
+          off[kb + 1] = off[kb] + __popcll(bits[kb]);
+        }
+        // The step's values are contiguous in format order: vbase .. vbase + off[NB].
+        float vv[2 * NB];
+#pragma unroll
+        for (int k = 0; k < 2 * NB; ++k) {
+          const int i = k * 32 + lane;
+          vv[k] = i < off[NB] ? to_f32<T>(vh[vbase + i]) : 0.f;
+        }
+        // Every X gather of the step before the first FMA.
+        uint32_t xw[NB][CPG][NW];
+#pragma unroll
+        for (int kb = 0; kb < NB; ++kb)
+#pragma unroll
+          for (int i = 0; i < CPG; ++i) {
+            const int c = grp + G * i;
+            const int col = b + kb < c1 ? s_cols[wid][(b + kb - c0) * kBlockCols + c] : -1;
+            if (col >= 0 && active) {
+              load_row<T, E>(xh + int64_t(col) * p.d, f, p.d, p.vec, xw[kb][i]);
+            } else {
+#pragma unroll
+              for (int j = 0; j < NW; ++j) xw[kb][i][j] = 0u;
+            }
+          }
+        __syncwarp();  // the previous step's readers of s_vals are done
+#pragma unroll
+        for (int k = 0; k < 2 * NB; ++k) {
+          const int i = k * 32 + lane;
+          if (i < off[NB]) s_vals[wid][i] = vv[k];
+        }
+        __syncwarp();
+#pragma unroll
+        for (int kb = 0; kb < NB; ++kb)
+#pragma unroll
+          for (int i = 0; i < CPG; ++i) {
+            const int c = grp + G * i;  // uniform per group
+            uint32_t byte = uint32_t(bits[kb] >> (8 * c)) & 0xffu;
+            if (!byte) continue;
+            float x[E];
+            cc_unpack<T, E>(xw[kb][i], x);
+            // Value of (row r, column c): off[kb] + popcount of the block's lower bits; rows
+            // of one column are consecutive, so a running index walks them in order.
+            int idx = off[kb] + __popcll(bits[kb] & ((1ull << (8 * c)) - 1ull));
+            do {
+              const int r = __ffs(byte) - 1;
+              byte &= byte - 1u;
+              cc_fma_row<E>(acc, r, s_vals[wid][idx++], x);
+            } while (byte);
+          }
+      }
+    }
+    // Sum the G groups' partials (every lane ends with the total); group 0 writes.
+#pragma unroll
+    for (int o = L; o < 32; o <<= 1)
+#pragma unroll
+      for (int r = 0; r < kWindowRows; ++r)
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[r][e] += __shfl_xor_sync(full, acc[r][e], o);
+    const int rows[kWindowRows] = {0, 1, 2, 3, 4, 5, 6, 7};
+    // Lanes of other groups pass f = d: finish() masks every store and atomic past d.
+    finish<T, kWindowRows, E>(p, h, w, slab, grp == 0 ? f : p.d, rows, acc, slot, b1 - b0,
+                              p.wbp[w + 1] - wb);
+  }
+}
+
+// CUDA-core launch shape for d: E = 4 features per lane (16-bit: 8-byte loads, fp32: 16-byte
+// loads), lanes per group L = the smallest power of two in [4, 32] covering d (or 32), G = 32/L
+// groups, slabs of L*E features (d > 128: several slabs, one warp each). E = 8 (16-byte 16-bit
+// loads, one warp for d = 256) was tried: acc[8][8] + 8 gathered columns of 4 words spilled
+// under the 128-register cap (112 B stores / 288 B loads per thread), so it is not built.
+struct CcConfig {
+  int e, g, nslab;
+};
+
+CcConfig cc_config(int64_t d) {
+  const int e = 4;
+  int lanes = 4;
+  while (lanes < 32 && int64_t(lanes) * e < d) lanes *= 2;
+  const int64_t slab = int64_t(lanes) * e;
+  return {e, 32 / lanes, int((d + slab - 1) / slab)};
+}
+
+template <class T>
+void launch_cc(const SpmmParams& p, const CcConfig& c, dim3 grid, cudaStream_t stream) {
+  switch (c.g) {
+    case 1: spmm_cuda_core<T, 4, 1><<<grid, kWarps * 32, 0, stream>>>(p); break;
+    case 2: spmm_cuda_core<T, 4, 2><<<grid, kWarps * 32, 0, stream>>>(p); break;
+    case 4: spmm_cuda_core<T, 4, 4><<<grid, kWarps * 32, 0, stream>>>(p); break;
+    default: spmm_cuda_core<T, 4, 8><<<grid, kWarps * 32, 0, stream>>>(p); break;
+  }
+}
+
+// Heuristic choice of the CUDA-core kernel over the tensor-core one (JAXSPARSE_TC_SPMM_VARIANT
+// unset with kCudaCoreAuto, or =auto). Both gather one X row per condensed column, so the bytes
+// are equal; the tensor-core kernel pays for all 64 entries of a block (fill = nnz / (64 B))
+// in MMA work and in fragment assembly, the CUDA-core one only for the nonzeros (one FMA per
+// nonzero and feature). Prediction, to be calibrated on the benchmark: CUDA cores win when
+// blocks are sparse (fill <= 1/4, e.g. R-MAT with ~8 of 64), and for exact fp32 always (the
+// old exact kernel is a CUDA-core kernel with 4-byte loads and no staging).
+bool prefer_cuda_core(bool exact_f32, int64_t nnz, int64_t num_blocks) {
+  if (exact_f32) return true;
+  if (num_blocks == 0) return true;
+  return nnz * 4 <= num_blocks * 64;
+}
+// Off until measured: the default stays the tensor-core kernel (and spmm_f32_exact for exact
+// fp32). Set to true to make prefer_cuda_core the default selector.
+constexpr bool kCudaCoreAuto = false;
+
 template <class T, int MT>
 void launch_tc(const SpmmParams& p, dim3 grid, cudaStream_t stream) {
   // Default: staged metadata, two MMA steps of gathers in flight per warp; for 16-bit types
@@ -350,6 +590,7 @@ void launch_tc(const SpmmParams& p, dim3 grid, cudaStream_t stream) {
   // (docs/NOTES.md, v3/v4). Experiment switches (benchmarks and tests), read per launch:
   // JAXSPARSE_TC_SPMM_VARIANT=unstaged (metadata loaded per step, v1), staged1 (one step in
   // flight, v2), ns2 (v3: two steps, no register cap), minb4 (two steps, register cap).
+  // (cuda_core and auto are resolved in spmm_cuda: the CUDA-core family, spmm_cuda_core.)
   const char* v = std::getenv("JAXSPARSE_TC_SPMM_VARIANT");
   const std::string variant = v ? v : "";
   constexpr bool k16 = sizeof(T) == 2;
@@ -406,7 +647,20 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
 
   const bool exact = dtype == ffi::DataType::F32 && precision == 1;
   const int mt = p.d <= 16 ? 1 : p.d <= 32 ? 2 : 4;
-  const int nslab = exact ? int((p.d + 127) / 128) : int((p.d + 16 * mt - 1) / (16 * mt));
+  // Kernel family: JAXSPARSE_TC_SPMM_VARIANT=cuda_core forces the CUDA-core kernels, =auto asks
+  // prefer_cuda_core; unset, the tensor-core kernels (exact fp32: spmm_f32_exact) unless
+  // kCudaCoreAuto. The other values select tensor-core variants (launch_tc).
+  const char* venv = std::getenv("JAXSPARSE_TC_SPMM_VARIANT");
+  const std::string variant = venv ? venv : "";
+  const int64_t num_blocks = int64_t(bitmap.element_count()) / 2;
+  const bool cuda_core =
+      variant == "cuda_core" ||
+      ((variant == "auto" || (variant.empty() && kCudaCoreAuto)) &&
+       prefer_cuda_core(exact, p.nnz, num_blocks));
+  const CcConfig cc = cc_config(p.d);
+  const int nslab = cuda_core ? cc.nslab
+                    : exact   ? int((p.d + 127) / 128)
+                              : int((p.d + 16 * mt - 1) / (16 * mt));
 
   // Split-window workspace: slot = schedule index of a window's first piece, capped.
   const int64_t slot_bytes = heads * kWindowRows * p.d * 4 + heads * nslab * 4;
@@ -424,7 +678,14 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
   p.slot_of = reinterpret_cast<int*>(static_cast<char*>(*mem) + ws_bytes + done_bytes);
   split_prep<<<unsigned(std::min<int64_t>(p.num_items, 264)), 256, 0, stream>>>(p);
 
-  if (exact) {
+  if (cuda_core) {
+    p.vec = p.d % cc.e == 0;
+    const int64_t warps = p.num_items * nslab;
+    const dim3 grid(unsigned((warps + kWarps - 1) / kWarps), unsigned(std::min<int64_t>(heads, 65535)));
+    if (dtype == ffi::DataType::F32) launch_cc<float>(p, cc, grid, stream);
+    else if (dtype == ffi::DataType::F16) launch_cc<__half>(p, cc, grid, stream);
+    else launch_cc<__nv_bfloat16>(p, cc, grid, stream);
+  } else if (exact) {
     p.vec = p.d % 4 == 0;
     const int64_t warps = p.num_items * nslab;
     const dim3 grid(unsigned((warps + kWarps - 1) / kWarps), unsigned(std::min<int64_t>(heads, 65535)));

@@ -227,7 +227,8 @@ def test_repeatable(rng):
 
 
 @pytest.mark.parametrize("env", [{"JAXSPARSE_TC_SPMM_VARIANT": v}
-                                 for v in ("unstaged", "staged1", "ns2", "minb4")])
+                                 for v in ("unstaged", "staged1", "ns2", "minb4", "cuda_core",
+                                           "auto")])
 @pytest.mark.parametrize("dt", ["f32", "f16"])
 @pytest.mark.parametrize("kind", ["random", "heavy"])
 def test_spmm_kernel_variants(rng, monkeypatch, kind, dt, env):
@@ -242,3 +243,73 @@ def test_spmm_kernel_variants(rng, monkeypatch, kind, dt, env):
     ref = _dense64(A, dtype) @ np.asarray(x, np.float64)
     assert rel_err(out, ref) < tol
     np.testing.assert_array_equal(np.asarray(out, np.float64)[empty], 0.0)
+
+
+CUDA_CORE = {"JAXSPARSE_TC_SPMM_VARIANT": "cuda_core"}
+
+
+@pytest.mark.parametrize("d", DS)
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("kind", ["random", "heavy", "cora"])
+def test_spmm_cuda_core(rng, monkeypatch, kind, dt, d):
+  """The CUDA-core kernel family: every dtype (fp32 exact whatever the precision), every d
+  (lane groups for d <= 64, several slabs for d > 128, scalar tails), split windows (heavy),
+  empty rows and windows written as zeros."""
+  for k, v in CUDA_CORE.items():
+    monkeypatch.setenv(k, v)
+  dtype, precision, tol = DTYPES[dt]
+  if dtype == jnp.float32:
+    tol = 1e-5  # no tf32 on this path
+  A, empty = _matrix(rng, kind)
+  x = rng.standard_normal((A.shape[1], d)).astype(np.float32)
+  xj = jnp.asarray(x, dtype)
+  f = jax.jit(lambda A, x: jst.spmm(A, x, precision=precision))
+  out = f(_on(_gpu(), A), _on(_gpu(), xj))
+  assert out.dtype == dtype and out.shape == (A.shape[0], d)
+  cpu_out = f(_on(_cpu(), A), _on(_cpu(), xj))
+  ref = _dense64(A, dtype) @ np.asarray(xj, np.float64)
+  _check(out, ref, cpu_out, tol, f"spmm cuda_core {kind} {dt} d={d}")
+  np.testing.assert_array_equal(np.asarray(out, np.float64)[empty], 0.0)
+
+
+@pytest.mark.parametrize("d", [8, 24, 33, 256])
+@pytest.mark.parametrize("dt", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("kind", ["random", "heavy"])
+def test_spmm_cuda_core_heads(rng, monkeypatch, kind, dt, d):
+  """CUDA-core kernels with heads: H x H, H x 1 and 1 x H (values x dense), split windows."""
+  for k, v in CUDA_CORE.items():
+    monkeypatch.setenv(k, v)
+  dtype, _, tol = DTYPES[dt]
+  if dtype == jnp.float32:
+    tol = 1e-5
+  H = 3
+  A, empty = _matrix(rng, kind, heads=H)
+  n = A.shape[1]
+  a64 = _dense64(A, dtype)
+  xs = jnp.asarray(rng.standard_normal((H, n, d)), dtype)
+  x1 = jnp.asarray(rng.standard_normal((n, d)), dtype)
+  gpu = _gpu()
+  Ag = _on(gpu, A)
+  spmm = jax.jit(lambda A, x: jst.spmm(A, x))
+  for A_, x_, ref in [
+      (Ag, xs, np.einsum("hmn,hnd->hmd", a64, np.asarray(xs, np.float64))),  # H x H
+      (Ag, x1, np.einsum("hmn,nd->hmd", a64, np.asarray(x1, np.float64))),  # H x 1
+      (Ag.with_values(Ag.values[0]), xs,  # 1 x H
+       np.einsum("mn,hnd->hmd", a64[0], np.asarray(xs, np.float64)))]:
+    out = spmm(A_, _on(gpu, x_))
+    assert out.shape == ref.shape
+    assert rel_err(out, ref) < tol, f"{kind} {dt} d={d}: {rel_err(out, ref):.3g}"
+    np.testing.assert_array_equal(np.asarray(out, np.float64)[:, empty], 0.0)
+
+
+def test_spmm_cuda_core_many_heads_split(rng, monkeypatch):
+  """Split windows with several heads, d not a multiple of 4 (scalar tails), CUDA cores."""
+  for k, v in CUDA_CORE.items():
+    monkeypatch.setenv(k, v)
+  A, empty = _matrix(rng, "heavy", heads=5)
+  for d, dtype, tol in ((33, jnp.float16, 1e-2), (130, jnp.bfloat16, 1e-2), (7, jnp.float32, 1e-5)):
+    x = jnp.asarray(rng.standard_normal((5, A.shape[1], d)), dtype)
+    out = jax.jit(jst.spmm)(_on(_gpu(), A), _on(_gpu(), x))
+    ref = np.einsum("hmn,hnd->hmd", _dense64(A, dtype), np.asarray(x, np.float64))
+    assert rel_err(out, ref) < tol
+    np.testing.assert_array_equal(np.asarray(out, np.float64)[:, empty], 0.0)
