@@ -97,6 +97,8 @@ def run(quick: bool = False) -> list[dict]:
   rows_out.append({"graph": "-", "op": "copy", "d": 0, "impl": "device copy", "GB/s": bw})
   print(f"device copy bandwidth: {bw:.0f} GB/s")
   ds = [128] if quick else [32, 64, 128, 256]
+  if os.environ.get("BENCH_DIMS"):  # e.g. BENCH_DIMS=128: all graphs, fewer widths
+    ds = [int(x) for x in os.environ["BENCH_DIMS"].split(",")]
   dtypes = {"fp16": jnp.float16, "bf16": jnp.bfloat16, "fp32": jnp.float32}
 
   for gname, csr in common.benchmark_graphs(quick).items():
