@@ -1,4 +1,4 @@
-"""A small SpMM/SDDMM case for `compute-sanitizer --tool memcheck` (scripts/gpu_check.sh
+"""A small SpMM/SDDMM/edge-softmax/attention case for `compute-sanitizer --tool memcheck` (scripts/gpu_check.sh
 --sanitize): every dtype and precision, a split window, a partial last window, d not a multiple
 of 8. Buffers come from plain cudaMalloc (platform allocator) so out-of-bounds accesses are seen.
 """
@@ -41,6 +41,21 @@ def main() -> None:
       print(f"{np.dtype(dtype).name:9s} {precision or 'default':8s} d={d:3d} spmm {err:.2e} "
             f"sddmm {serr:.2e}")
   assert worst < 2e-2, worst
+  # edge softmax and attention (forward, jvp, grad through the composed backward), every dtype
+  for dtype in (jnp.float32, jnp.float16, jnp.bfloat16):
+    for d in (24, 64):
+      q = jnp.asarray(rng.standard_normal((2, m, d)), dtype)
+      k = jnp.asarray(rng.standard_normal((2, n, d)), dtype)
+      v = jnp.asarray(rng.standard_normal((2, n, d)), dtype)
+      p = jax.jit(lambda A: jst.edge_softmax(A.with_values(A.values.astype(dtype))).values)(A)
+      f = lambda q, k, v: jst.sparse_attention(A, q, k, v)
+      o = jax.jit(f)(q, k, v)
+      _, t = jax.jit(lambda q: jax.jvp(lambda q: f(q, k, v), (q,), (q,)))(q)
+      g = jax.jit(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) ** 2),
+                           argnums=(0, 1, 2)))(q, k, v)
+      ok = all(bool(jnp.all(jnp.isfinite(a.astype(jnp.float32)))) for a in (p, o, t, *g))
+      print(f"{np.dtype(dtype).name:9s} d={d:3d} edge_softmax/attention finite: {ok}")
+      assert ok
   print("sanitize case ok")
 
 
