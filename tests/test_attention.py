@@ -184,7 +184,8 @@ def test_attention_large_logits(rng, dtype):
     assert np.all(np.isfinite(out))
     ref = attention_ref(A, q, k, v, 1.0, b)
     assert np.abs(attention_ref(A, q, k, v, 1.0, None)).max() > 0
-    assert rel_err(out, ref) < ATT_TOL[dtype] * 2
+    # float32 logits of magnitude L carry absolute rounding ~L * 6e-8 into exp(): ~6e-4 at 1e4
+    assert rel_err(out, ref) < max(ATT_TOL[dtype] * 2, 1e-3)
   g = jax.grad(lambda a: jnp.sum(jst.sparse_attention(A, a, k, v, scale=1.0, bias=bias)
                                  .astype(jnp.float32)))(q)
   assert np.all(np.isfinite(np.asarray(g, np.float32)))
