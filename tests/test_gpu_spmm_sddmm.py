@@ -137,6 +137,16 @@ def test_sddmm(rng, kind, dt, d):
   _check(out, ref, cpu_out, tol, f"sddmm {kind} {dt} d={d}")
 
 
+def _head_cases(rng, Ag, a64, n, d, dtype):
+  """(matrix, X, float64 reference) for heads H x H, H x 1 (dense broadcast), 1 x H."""
+  xs = jnp.asarray(rng.standard_normal((a64.shape[0], n, d)), dtype)
+  x1 = jnp.asarray(rng.standard_normal((n, d)), dtype)
+  return [(Ag, xs, np.einsum("hmn,hnd->hmd", a64, np.asarray(xs, np.float64))),
+          (Ag, x1, np.einsum("hmn,nd->hmd", a64, np.asarray(x1, np.float64))),
+          (Ag.with_values(Ag.values[0]), xs,
+           np.einsum("mn,hnd->hmd", a64[0], np.asarray(xs, np.float64)))]
+
+
 @pytest.mark.parametrize("dt", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("kind", ["random", "heavy"])
 def test_heads_and_vmap(rng, kind, dt):
@@ -146,23 +156,19 @@ def test_heads_and_vmap(rng, kind, dt):
   A, _ = _matrix(rng, kind, heads=H)
   m, n = A.shape
   a64 = _dense64(A, dtype)
-  xs = jnp.asarray(rng.standard_normal((H, n, d)), dtype)
-  x1 = jnp.asarray(rng.standard_normal((n, d)), dtype)
   gpu = _gpu()
   Ag = _on(gpu, A)
   spmm = jax.jit(lambda A, x: jst.spmm(A, x))
-  for A_, x_, ref in [
-      (Ag, xs, np.einsum("hmn,hnd->hmd", a64, np.asarray(xs, np.float64))),  # H x H
-      (Ag, x1, np.einsum("hmn,nd->hmd", a64, np.asarray(x1, np.float64))),  # H x 1
-      (Ag.with_values(Ag.values[0]), xs,  # 1 x H
-       np.einsum("mn,hnd->hmd", a64[0], np.asarray(xs, np.float64)))]:
+  cases = _head_cases(rng, Ag, a64, n, d, dtype)
+  for A_, x_, ref in cases:
     out = spmm(A_, _on(gpu, x_))
     assert rel_err(out, ref) < tol
-  # vmap over value sets and dense operands
+  # vmap over value sets and dense operands (the H x H case)
+  _, xs, ref = cases[0]
   vm = jax.jit(jax.vmap(lambda v, x: jst.spmm(Ag.with_values(v), x)))
   out = vm(Ag.values, _on(gpu, xs))
   assert out.shape == (H, m, d)
-  assert rel_err(out, np.einsum("hmn,hnd->hmd", a64, np.asarray(xs, np.float64))) < tol
+  assert rel_err(out, ref) < tol
   # sddmm with heads and vmap
   xq = jnp.asarray(rng.standard_normal((H, m, d)), dtype)
   yk = jnp.asarray(rng.standard_normal((H, n, d)), dtype)
@@ -286,16 +292,10 @@ def test_spmm_cuda_core_heads(rng, monkeypatch, kind, dt, d):
   A, empty = _matrix(rng, kind, heads=H)
   n = A.shape[1]
   a64 = _dense64(A, dtype)
-  xs = jnp.asarray(rng.standard_normal((H, n, d)), dtype)
-  x1 = jnp.asarray(rng.standard_normal((n, d)), dtype)
   gpu = _gpu()
   Ag = _on(gpu, A)
   spmm = jax.jit(lambda A, x: jst.spmm(A, x))
-  for A_, x_, ref in [
-      (Ag, xs, np.einsum("hmn,hnd->hmd", a64, np.asarray(xs, np.float64))),  # H x H
-      (Ag, x1, np.einsum("hmn,nd->hmd", a64, np.asarray(x1, np.float64))),  # H x 1
-      (Ag.with_values(Ag.values[0]), xs,  # 1 x H
-       np.einsum("mn,hnd->hmd", a64[0], np.asarray(xs, np.float64)))]:
+  for A_, x_, ref in _head_cases(rng, Ag, a64, n, d, dtype):
     out = spmm(A_, _on(gpu, x_))
     assert out.shape == ref.shape
     assert rel_err(out, ref) < tol, f"{kind} {dt} d={d}: {rel_err(out, ref):.3g}"

@@ -84,23 +84,28 @@ def _evaluate(logits, labels, splits):
   return out
 
 
+def _build_model(layers, model_name, cfg, ds, **init):
+  """The named two-layer model from `layers` (nn.flax or nn.equinox, same constructors);
+  `init` is the framework's randomness (rngs= or key=)."""
+  f, c = ds.num_features, ds.num_classes
+  if model_name == "gcn":
+    return layers.GCN(f, cfg.hidden, c, dropout=cfg.dropout, **init)
+  if model_name == "gat":
+    return layers.GAT(f, cfg.hidden, c, heads=cfg.heads, dropout=cfg.dropout, **init)
+  if model_name == "agnn":
+    return layers.AGNN(f, cfg.hidden, c, dropout=cfg.dropout, **init)
+  return layers.GraphTransformer(f, cfg.hidden, c, heads=cfg.heads, dropout=cfg.dropout,
+                                 attn_dropout=cfg.attn_dropout, norm_first=cfg.norm_first,
+                                 **init)
+
+
 def _flax_runner(model_name, cfg, ds, seed):
   from flax import nnx
 
   from jaxsparse_tc.nn import flax as nnf
 
-  rngs = nnx.Rngs(params=seed, dropout=seed + 10_000)
-  f, c = ds.num_features, ds.num_classes
-  if model_name == "gcn":
-    model = nnf.GCN(f, cfg.hidden, c, dropout=cfg.dropout, rngs=rngs)
-  elif model_name == "gat":
-    model = nnf.GAT(f, cfg.hidden, c, heads=cfg.heads, dropout=cfg.dropout, rngs=rngs)
-  elif model_name == "agnn":
-    model = nnf.AGNN(f, cfg.hidden, c, dropout=cfg.dropout, rngs=rngs)
-  else:
-    model = nnf.GraphTransformer(f, cfg.hidden, c, heads=cfg.heads, dropout=cfg.dropout,
-                                 attn_dropout=cfg.attn_dropout, norm_first=cfg.norm_first,
-                                 rngs=rngs)
+  model = _build_model(nnf, model_name, cfg, ds,
+                       rngs=nnx.Rngs(params=seed, dropout=seed + 10_000))
   opt = nnx.Optimizer(model, _optimizer(cfg), wrt=nnx.Param)
 
   @nnx.jit
@@ -133,17 +138,7 @@ def _equinox_runner(model_name, cfg, ds, seed):
   from jaxsparse_tc.nn import equinox as nne
 
   key, drop_key = jax.random.split(jax.random.key(seed))
-  f, c = ds.num_features, ds.num_classes
-  if model_name == "gcn":
-    model = nne.GCN(f, cfg.hidden, c, dropout=cfg.dropout, key=key)
-  elif model_name == "gat":
-    model = nne.GAT(f, cfg.hidden, c, heads=cfg.heads, dropout=cfg.dropout, key=key)
-  elif model_name == "agnn":
-    model = nne.AGNN(f, cfg.hidden, c, dropout=cfg.dropout, key=key)
-  else:
-    model = nne.GraphTransformer(f, cfg.hidden, c, heads=cfg.heads, dropout=cfg.dropout,
-                                 attn_dropout=cfg.attn_dropout, norm_first=cfg.norm_first,
-                                 key=key)
+  model = _build_model(nne, model_name, cfg, ds, key=key)
   tx = _optimizer(cfg)
   state = {"model": model, "opt": tx.init(eqx.filter(model, eqx.is_inexact_array)),
            "key": drop_key}
