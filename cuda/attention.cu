@@ -25,7 +25,7 @@
 #include <cstdint>
 #include <string>
 
-#include "cpu/ffi_common.h"
+#include "jaxsparse_tc/ffi_cuda.cuh"
 #include "jaxsparse_tc/bitmap.cuh"
 #include "jaxsparse_tc/cuda_common.cuh"
 #include "jaxsparse_tc/format.h"
@@ -309,23 +309,6 @@ attn_jvp_scalar(const T* q, const T* k, const T* v, const T* bias, const float* 
     if (lane + 32 * f < dv) orow[lane + 32 * f] = from_f32<T>(a1[f] - c * of[f] + a2[f]);
 }
 
-template <class F>
-ffi::Error dispatch(ffi::DataType dt, F&& f) {
-  switch (dt) {
-    case ffi::DataType::F32: f(float{}); return ffi::Error::Success();
-    case ffi::DataType::F16: f(__half{}); return ffi::Error::Success();
-    case ffi::DataType::BF16: f(__nv_bfloat16{}); return ffi::Error::Success();
-    default: return ffi::Error::InvalidArgument("sparse_attention: unsupported dtype");
-  }
-}
-
-ffi::Error launched(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess)
-    return ffi::Error::Internal(std::string(what) + ": kernel launch failed: " + cudaGetErrorString(err));
-  return ffi::Error::Success();
-}
-
 unsigned grid_for(int64_t units) { return unsigned((units + kWarps - 1) / kWarps); }
 
 template <class T, int D>
@@ -352,7 +335,7 @@ static ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::Any
   if (d > 32 * kMaxPerLane || dv > 32 * kMaxPerLane)
     return ffi::Error::InvalidArgument("sparse_attention (CUDA): d and dv must be <= 256");
   if (heads == 0 || m == 0) return ffi::Error::Success();
-  ffi::Error e = dispatch(q.element_type(), [&](auto tag) {
+  ffi::Error e = dispatch_device_float(q.element_type(), "sparse_attention", [&](auto tag) {
     using T = decltype(tag);
     const T* qp = static_cast<const T*>(q.untyped_data());
     const T* kp = static_cast<const T*>(k.untyped_data());
@@ -374,7 +357,7 @@ static ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::Any
         p.block_bitmap, p.block_value_ptr, heads, hc, m, n, d, dv, nnz, scale, has_bias);
   });
   if (e.failure()) return e;
-  return launched("sparse_attention forward");
+  return launch_status("sparse_attention forward");
 }
 
 static ffi::Error attention_jvp_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer k,
@@ -393,7 +376,7 @@ static ffi::Error attention_jvp_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::Any
   if (d > 32 * kMaxPerLane || dv > 32 * kMaxPerLane)
     return ffi::Error::InvalidArgument("sparse_attention (CUDA): d and dv must be <= 256");
   if (heads == 0 || m == 0) return ffi::Error::Success();
-  ffi::Error e = dispatch(q.element_type(), [&](auto tag) {
+  ffi::Error e = dispatch_device_float(q.element_type(), "sparse_attention", [&](auto tag) {
     using T = decltype(tag);
     attn_jvp_scalar<T><<<grid_for(m * heads), 32 * kWarps, 0, st>>>(
         static_cast<const T*>(q.untyped_data()), static_cast<const T*>(k.untyped_data()),
@@ -405,7 +388,7 @@ static ffi::Error attention_jvp_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::Any
         heads, hc, hd, lse.dimensions()[0], m, n, d, dv, nnz, scale, has_bias);
   });
   if (e.failure()) return e;
-  return launched("sparse_attention jvp");
+  return launch_status("sparse_attention jvp");
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionFwdCuda, attention_fwd_cuda,

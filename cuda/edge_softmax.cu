@@ -7,7 +7,7 @@
 #include <cfloat>
 #include <cstdint>
 
-#include "cpu/ffi_common.h"
+#include "jaxsparse_tc/ffi_cuda.cuh"
 #include "jaxsparse_tc/bitmap.cuh"
 #include "jaxsparse_tc/cuda_common.cuh"
 #include "jaxsparse_tc/format.h"
@@ -110,23 +110,6 @@ edge_softmax_bwd_kernel(const T* __restrict__ y, const T* __restrict__ t, T* __r
   });
 }
 
-template <class F>
-ffi::Error dispatch_cuda(ffi::DataType dt, F&& f) {
-  switch (dt) {
-    case ffi::DataType::F32: f(float{}); return ffi::Error::Success();
-    case ffi::DataType::F16: f(__half{}); return ffi::Error::Success();
-    case ffi::DataType::BF16: f(__nv_bfloat16{}); return ffi::Error::Success();
-    default: return ffi::Error::InvalidArgument("edge_softmax: unsupported dtype");
-  }
-}
-
-ffi::Error launched(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess)
-    return ffi::Error::Internal(std::string(what) + ": kernel launch failed: " + cudaGetErrorString(err));
-  return ffi::Error::Success();
-}
-
 }  // namespace
 
 static ffi::Error edge_softmax_cuda(cudaStream_t stream, ffi::AnyBuffer values, I32 wcp, I32 wc,
@@ -139,14 +122,14 @@ static ffi::Error edge_softmax_cuda(cudaStream_t stream, ffi::AnyBuffer values, 
   if (W <= 0 || heads == 0 || nnz == 0) return ffi::Error::Success();
   const int64_t units = W * heads;
   const unsigned grid = unsigned((units + kWarps - 1) / kWarps);
-  ffi::Error e = dispatch_cuda(values.element_type(), [&](auto tag) {
+  ffi::Error e = dispatch_device_float(values.element_type(), "edge_softmax", [&](auto tag) {
     using T = decltype(tag);
     edge_softmax_kernel<T><<<grid, 32 * kWarps, 0, stream>>>(
         static_cast<const T*>(values.untyped_data()), static_cast<T*>(out->untyped_data()),
         wbp.typed_data(), bitmap.typed_data(), bvp.typed_data(), W, heads, nnz);
   });
   if (e.failure()) return e;
-  return launched("edge_softmax");
+  return launch_status("edge_softmax");
 }
 
 static ffi::Error edge_softmax_bwd_cuda(cudaStream_t stream, ffi::AnyBuffer y, ffi::AnyBuffer t,
@@ -159,7 +142,7 @@ static ffi::Error edge_softmax_bwd_cuda(cudaStream_t stream, ffi::AnyBuffer y, f
   if (W <= 0 || heads == 0 || nnz == 0) return ffi::Error::Success();
   const int64_t units = W * heads;
   const unsigned grid = unsigned((units + kWarps - 1) / kWarps);
-  ffi::Error e = dispatch_cuda(y.element_type(), [&](auto tag) {
+  ffi::Error e = dispatch_device_float(y.element_type(), "edge_softmax", [&](auto tag) {
     using T = decltype(tag);
     edge_softmax_bwd_kernel<T><<<grid, 32 * kWarps, 0, stream>>>(
         static_cast<const T*>(y.untyped_data()), static_cast<const T*>(t.untyped_data()),
@@ -167,7 +150,7 @@ static ffi::Error edge_softmax_bwd_cuda(cudaStream_t stream, ffi::AnyBuffer y, f
         bvp.typed_data(), W, heads, y.dimensions()[0], t.dimensions()[0], nnz);
   });
   if (e.failure()) return e;
-  return launched("edge_softmax_bwd");
+  return launch_status("edge_softmax_bwd");
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EdgeSoftmaxCuda, edge_softmax_cuda,

@@ -13,7 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "cpu/ffi_common.h"
+#include "jaxsparse_tc/ffi_cuda.cuh"
 #include "jaxsparse_tc/bitmap.cuh"
 #include "jaxsparse_tc/cuda_common.cuh"
 #include "jaxsparse_tc/format.h"
@@ -24,19 +24,12 @@ namespace {
 
 constexpr int kWarps = 4;
 
-struct SddmmParams {
+struct SddmmParams : KernelPattern {
   const void* x;
   const void* y;
   void* out;
-  const int32_t* wcp;
-  const int32_t* wc;
-  const int32_t* wbp;
-  const uint32_t* bitmap;
-  const int32_t* bvp;
-  const int4* sched;
   int64_t nnz, m, n, d;
   int64_t x_head_stride, y_head_stride;  // 0 where the operand broadcasts over heads
-  int64_t num_items;
   int heads;
   bool vec;  // d % 8 == 0: every thread's 8 features are in range together, 16-byte aligned
 };
@@ -175,12 +168,7 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
   p.x = x.untyped_data();
   p.y = y.untyped_data();
   p.out = out->untyped_data();
-  p.wcp = wcp.typed_data();
-  p.wc = wc.typed_data();
-  p.wbp = wbp.typed_data();
-  p.bitmap = bitmap.typed_data();
-  p.bvp = bvp.typed_data();
-  p.sched = reinterpret_cast<const int4*>(schedule.typed_data());
+  static_cast<KernelPattern&>(p) = kernel_pattern(wcp, wc, wbp, bitmap, bvp, schedule);
   p.m = xd[1];
   p.d = xd[2];
   p.n = yd[1];
@@ -189,7 +177,6 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
   p.heads = int(heads);
   p.x_head_stride = xd[0] == 1 ? 0 : p.m * p.d;
   p.y_head_stride = yd[0] == 1 ? 0 : p.n * p.d;
-  p.num_items = int64_t(schedule.element_count()) / 4;
   if (heads == 0 || p.nnz == 0) return ffi::Error::Success();
   if (p.d == 0) {  // empty dot products
     const size_t bytes = size_t(heads * p.nnz) * (dtype == ffi::DataType::F32 ? 4 : 2);
@@ -208,10 +195,7 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
     else if (dtype == ffi::DataType::F16) sddmm_tc<__half><<<grid, kWarps * 32, 0, stream>>>(p);
     else sddmm_tc<__nv_bfloat16><<<grid, kWarps * 32, 0, stream>>>(p);
   }
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess)
-    return ffi::Error::Internal(std::string("sddmm: kernel launch failed: ") + cudaGetErrorString(err));
-  return ffi::Error::Success();
+  return launch_status("sddmm");
 }
 
 }  // namespace

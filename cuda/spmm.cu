@@ -25,7 +25,7 @@
 #include <string>
 #include <cstdint>
 
-#include "cpu/ffi_common.h"
+#include "jaxsparse_tc/ffi_cuda.cuh"
 #include "jaxsparse_tc/bitmap.cuh"
 #include "jaxsparse_tc/cuda_common.cuh"
 #include "jaxsparse_tc/format.h"
@@ -37,19 +37,12 @@ namespace {
 constexpr int kWarps = 4;                       // warps per CTA
 constexpr int64_t kWorkspaceBytes = 128 << 20;  // cap on the split-window fp32 workspace
 
-struct SpmmParams {
+struct SpmmParams : KernelPattern {
   const void* values;
   const void* x;
   void* out;
-  const int32_t* wcp;
-  const int32_t* wc;
-  const int32_t* wbp;
-  const uint32_t* bitmap;
-  const int32_t* bvp;
-  const int4* sched;
   int64_t nnz, n, m, d;
   int64_t v_head_stride, x_head_stride;  // 0 where the operand broadcasts over heads
-  int64_t num_items;
   int nslab, heads;
   bool vec;          // rows may be accessed with full-width vector loads/stores
   float* ws;         // [cap, heads, 8, d] fp32 partial sums of split windows
@@ -627,12 +620,7 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
   p.values = values.untyped_data();
   p.x = x.untyped_data();
   p.out = out->untyped_data();
-  p.wcp = wcp.typed_data();
-  p.wc = wc.typed_data();
-  p.wbp = wbp.typed_data();
-  p.bitmap = bitmap.typed_data();
-  p.bvp = bvp.typed_data();
-  p.sched = reinterpret_cast<const int4*>(schedule.typed_data());
+  static_cast<KernelPattern&>(p) = kernel_pattern(wcp, wc, wbp, bitmap, bvp, schedule);
   p.nnz = vd[1];
   p.n = xd[1];
   p.d = xd[2];
@@ -641,7 +629,6 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
   p.heads = int(heads);
   p.v_head_stride = vd[0] == 1 ? 0 : p.nnz;
   p.x_head_stride = xd[0] == 1 ? 0 : p.n * p.d;
-  p.num_items = int64_t(schedule.element_count()) / 4;
   const int64_t num_windows = int64_t(wcp.element_count()) - 1;
   if (heads == 0 || p.m == 0 || p.d == 0 || p.num_items == 0) return ffi::Error::Success();
 
@@ -697,10 +684,7 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
   } else {
     launch_tc_mt<__nv_bfloat16>(p, mt, p.num_items, p.heads, stream);
   }
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess)
-    return ffi::Error::Internal(std::string("spmm: kernel launch failed: ") + cudaGetErrorString(err));
-  return ffi::Error::Success();
+  return launch_status("spmm");
 }
 
 }  // namespace
