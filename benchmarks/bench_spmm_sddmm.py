@@ -19,7 +19,9 @@ import numpy as np
 import common
 
 # Kernel variants timed at d=128 (environment switches of cuda/spmm.cu, read per launch).
-VARIANTS = {v: {"JAXSPARSE_TC_SPMM_VARIANT": v} for v in ("unstaged", "staged1", "ns2", "minb4")}
+# `tc` = the register-gather kernel that was the default before the pipelined one (v4).
+VARIANTS = {v: {"JAXSPARSE_TC_SPMM_VARIANT": v}
+            for v in os.environ.get("BENCH_VARIANTS", "tc,async2,async4,async_slab64").split(",") if v}
 # The CUDA-core kernel family, timed at every d for every dtype next to the default
 # (rows `ours-cuda_core-<dtype>`; its fp32 is exact, so compare it with ours-fp32-highest too).
 CUDA_CORE = {"JAXSPARSE_TC_SPMM_VARIANT": "cuda_core"}
@@ -155,7 +157,7 @@ def run(quick: bool = False) -> list[dict]:
             impl = "ours-fp32-highest"
           add("spmm", impl, name, _time(lambda: f(Ad, x), _sync_jax), _rel(out, ref))
           del out
-          if prec is None:
+          if prec is None and d == 128:
             os.environ.update(CUDA_CORE)
             try:
               out = f(Ad, x)

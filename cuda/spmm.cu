@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "jaxsparse_tc/ffi_cuda.cuh"
+#include "jaxsparse_tc/async_copy.cuh"
 #include "jaxsparse_tc/bitmap.cuh"
 #include "jaxsparse_tc/cuda_common.cuh"
 #include "jaxsparse_tc/format.h"
@@ -282,6 +283,203 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) spmm_tc(const SpmmParams p)
       v[1][2 * i + 1] = acc[i][3];
     }
     finish<T, 2, E>(p, h, w, slab, f, rows, v, slot, b1 - b0, p.wbp[w + 1] - wb);
+  }
+}
+
+// ---- Pipelined tensor-core SpMM (default where rows are 16-byte aligned) -------------------
+// Same math and fragments as spmm_tc, but the gathered X rows never pass through registers:
+// the warp copies them with cp.async into a ring of S shared-memory stages (32 gathered rows =
+// 4 blocks per stage, plus the stage's values), so S-1 stages of gathers are in flight while
+// it computes on the oldest one; MMA operands come from shared memory by ldmatrix.trans (fp16,
+// bf16) or plain shared loads (tf32). An item's metadata (column indices, bitmaps, value
+// offsets; <= 32 blocks at a time) is staged first with coalesced loads, so issuing a stage
+// reads only shared memory. The accumulators leave through shared memory, so stores are
+// row-contiguous and reuse finish() (split windows included).
+// Needs d * sizeof(T) % 16 == 0 and a 16-byte aligned X (cp.async.cg is 16 bytes wide).
+template <class T, int SLAB, int S, int WARPS>
+struct AsyncShape {
+  static constexpr int kRowBytes = SLAB * int(sizeof(T));  // one gathered slab row, <= 256
+  // Padding makes the 8 rows an ldmatrix (or tf32 load) touches hit distinct banks.
+  static constexpr int kRowStride = kRowBytes + (sizeof(T) == 4 ? 32 : 16);
+  static constexpr int kStageRows = 32;                   // 4 blocks x 8 condensed columns
+  static constexpr int kStageBlocks = kStageRows / kBlockCols;
+  static constexpr int kValBytes = kStageBlocks * 64 * int(sizeof(T)) + 16;
+  static constexpr int kStageBytes = kStageRows * kRowStride + kValBytes;
+  static constexpr int kMetaBlocks = 32;  // blocks whose metadata is staged at once
+  static constexpr int kMetaBytes = kMetaBlocks * 8 * 4 + kMetaBlocks * 8 + 144;
+  static constexpr int kWarpBytes = kMetaBytes + S * kStageBytes;
+  static constexpr int kCtaBytes = WARPS * kWarpBytes;
+  static_assert(kRowBytes % 16 == 0 && kRowBytes <= 512, "slab row");
+  static_assert(kStageBytes % 16 == 0 && kMetaBytes % 16 == 0, "16-byte stage alignment");
+  static_assert(kWindowRows * (SLAB + 4) * 4 <= kStageBytes, "epilogue tile fits a stage");
+};
+
+template <class T, int SLAB, int S, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) {
+  using Sh = AsyncShape<T, SLAB, S, WARPS>;
+  constexpr bool kTf32 = sizeof(T) == 4;
+  constexpr int MT = SLAB / 16;                     // m16 tiles (16 features each)
+  constexpr int kPieces = Sh::kRowBytes / 16;       // 16-byte pieces of a slab row
+  constexpr int kRowsPerPass = 32 / kPieces;        // rows one warp-wide cp.async covers
+  constexpr int SO = SLAB + 4;                      // epilogue tile row stride (floats)
+  constexpr int E = SLAB / 8;                       // features per lane in the epilogue
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int wid = threadIdx.x >> 5;
+  unsigned char* wsm = smem + wid * Sh::kWarpBytes;
+  int* s_cols = reinterpret_cast<int*>(wsm);
+  uint64_t* s_bits = reinterpret_cast<uint64_t*>(wsm + Sh::kMetaBlocks * 8 * 4);
+  int* s_vptr = reinterpret_cast<int*>(wsm + Sh::kMetaBlocks * 8 * 4 + Sh::kMetaBlocks * 8);
+  unsigned char* ring = wsm + Sh::kMetaBytes;
+
+  const int64_t gw = int64_t(blockIdx.x) * WARPS + wid;
+  if (gw >= p.num_items * p.nslab) return;
+  const int64_t item = gw / p.nslab;
+  const int slab = int(gw % p.nslab);
+  const int4 it = p.sched[item];
+  const int w = it.x, b0 = it.y;
+  int b1 = it.z, slot;
+  if (!resolve_item(p, it, b1, slot)) return;
+  const int wb = p.wbp[w];
+  const int cb = p.wcp[w], ncols_w = p.wcp[w + 1] - cb;
+  const int64_t f0 = int64_t(slab) * SLAB;
+  const int valid_bytes = int(p.d - f0 < SLAB ? p.d - f0 : SLAB) * int(sizeof(T));
+  const int piece = lane % kPieces, prow = lane / kPieces;
+  const int piece_bytes = max(0, min(16, valid_bytes - 16 * piece));
+  const int64_t row_bytes = p.d * int64_t(sizeof(T));
+  const uintptr_t v_end = reinterpret_cast<uintptr_t>(p.values) +
+                          uintptr_t(p.v_head_stride ? p.heads : 1) * uintptr_t(p.nnz) * sizeof(T);
+
+  for (int h = blockIdx.y; h < p.heads; h += gridDim.y) {
+    const char* xh = static_cast<const char*>(p.x) +
+                     (h * p.x_head_stride + f0) * int64_t(sizeof(T)) + 16 * piece;
+    const T* vh = static_cast<const T*>(p.values) + h * p.v_head_stride;
+    float acc[MT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+    for (int c0 = b0; c0 < b1; c0 += Sh::kMetaBlocks) {
+      const int c1 = min(b1, c0 + Sh::kMetaBlocks);
+      __syncwarp();  // the previous chunk's readers are done with the metadata
+      if (c0 + lane < c1) s_bits[lane] = load_block_bits(p.bitmap, c0 + lane);
+      if (c0 + lane <= c1) s_vptr[lane] = __ldg(p.bvp + c0 + lane);
+      if (lane == 0 && c0 + 32 <= c1) s_vptr[32] = __ldg(p.bvp + c0 + 32);
+      const int col_lo = 8 * (c0 - wb), col_hi = min(8 * (c1 - wb), ncols_w);
+#pragma unroll
+      for (int k = 0; k < Sh::kMetaBlocks * 8 / 32; ++k) {
+        const int i = k * 32 + lane;
+        s_cols[i] = col_lo + i < col_hi ? __ldg(p.wc + cb + col_lo + i) : -1;
+      }
+      __syncwarp();
+      const int nstage = (c1 - c0 + Sh::kStageBlocks - 1) / Sh::kStageBlocks;
+
+      // Issues stage q's copies: its gathered rows (missing columns zero-filled) and the 4-byte
+      // words covering its values.
+      auto issue = [&](int q) {
+        unsigned char* st = ring + (q % S) * Sh::kStageBytes;
+        const int lb = q * Sh::kStageBlocks;
+        const int nb = min(Sh::kStageBlocks, c1 - c0 - lb);
+        const int nrows = (kTf32 ? nb : (nb + 1) & ~1) * kBlockCols;
+        const uint32_t rows_at = shared_addr(st) + 16 * piece;
+#pragma unroll
+        for (int r0 = 0; r0 < Sh::kStageRows; r0 += kRowsPerPass) {
+          const int r = r0 + prow;
+          if (r < nrows) {
+            const int col = s_cols[lb * kBlockCols + r];
+            cp_async16(rows_at + r * Sh::kRowStride, xh + (col >= 0 ? col * row_bytes : 0),
+                       col >= 0 ? piece_bytes : 0);
+          }
+        }
+        const uintptr_t a = reinterpret_cast<uintptr_t>(vh + s_vptr[lb]);
+        const uintptr_t lo = a & ~uintptr_t(3);
+        const uintptr_t hi = reinterpret_cast<uintptr_t>(vh + s_vptr[lb + nb]);
+        const int words = int((hi - lo + 3) / 4);
+        const uint32_t vals_at = shared_addr(st + Sh::kStageRows * Sh::kRowStride);
+        for (int i = lane; i < words; i += 32) {
+          const uintptr_t src = lo + 4 * uintptr_t(i);
+          cp_async4(vals_at + 4 * i, reinterpret_cast<const void*>(src), v_end - src < 4 ? int(v_end - src) : 4);
+        }
+      };
+
+#pragma unroll
+      for (int q = 0; q < S - 1; ++q) {
+        if (q < nstage) issue(q);
+        cp_async_commit();
+      }
+      for (int q = 0; q < nstage; ++q) {
+        if (q + S - 1 < nstage) issue(q + S - 1);  // into the stage consumed last iteration
+        cp_async_commit();
+        cp_async_wait<S - 1>();
+        __syncwarp();
+        const unsigned char* st = ring + (q % S) * Sh::kStageBytes;
+        const int lb = q * Sh::kStageBlocks;
+        const int nb = min(Sh::kStageBlocks, c1 - c0 - lb);
+        const T* sv = reinterpret_cast<const T*>(st + Sh::kStageRows * Sh::kRowStride);
+        const uintptr_t a = reinterpret_cast<uintptr_t>(vh + s_vptr[lb]);
+        const int vshift = int((a & 3) / sizeof(T)) - s_vptr[lb];  // value index -> stage slot
+        if constexpr (kTf32) {
+          for (int kb = 0; kb < nb; ++kb) {
+            const uint64_t bits = s_bits[lb + kb];
+            const int vb = s_vptr[lb + kb] + vshift;
+            const int o0 = bit_value_offset(bits, t * 8 + g), o1 = bit_value_offset(bits, (t + 4) * 8 + g);
+            const uint32_t bw[2] = {to_tf32(o0 >= 0 ? sv[vb + o0] : 0.f),
+                                    to_tf32(o1 >= 0 ? sv[vb + o1] : 0.f)};
+            const float* x0 = reinterpret_cast<const float*>(st + (kb * 8 + t) * Sh::kRowStride);
+            const float* x1 = reinterpret_cast<const float*>(st + (kb * 8 + t + 4) * Sh::kRowStride);
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+              const uint32_t af[4] = {to_tf32(x0[16 * i + g]), to_tf32(x0[16 * i + g + 8]),
+                                      to_tf32(x1[16 * i + g]), to_tf32(x1[16 * i + g + 8])};
+              mma_1688_tf32(acc[i], af, bw);
+            }
+          }
+        } else {
+          const uint16_t* sv16 = reinterpret_cast<const uint16_t*>(sv);
+          for (int kb = 0; kb < nb; kb += 2) {
+            uint32_t bw[2];
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const bool in = kb + j < nb;
+              const uint64_t bits = in ? s_bits[lb + kb + j] : 0ull;
+              const int vb = in ? s_vptr[lb + kb + j] + vshift : 0;
+              const int o0 = bit_value_offset(bits, (2 * t) * 8 + g);
+              const int o1 = bit_value_offset(bits, (2 * t + 1) * 8 + g);
+              bw[j] = uint32_t(o0 >= 0 ? sv16[vb + o0] : 0) | (uint32_t(o1 >= 0 ? sv16[vb + o1] : 0) << 16);
+            }
+            // Lanes 0-7: rows k0..k0+7, features 16i..; 8-15: features +8; 16-31: rows +8.
+            const uint32_t a_at = shared_addr(st) +
+                                  (kb * 8 + (lane & 7) + ((lane >> 4) & 1) * 8) * Sh::kRowStride +
+                                  ((lane >> 3) & 1) * 16;
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+              uint32_t af[4];
+              ldmatrix_x4_trans(af, a_at + 32 * i);
+              mma_16816(acc[i], af, bw, T{});
+            }
+          }
+        }
+        __syncwarp();  // every lane is done with this stage before it is refilled
+      }
+    }
+    // Epilogue: C fragment (feature 16i+g (+8), rows 2t, 2t+1) -> [8][SLAB] fp32 tile in stage
+    // 0 (every copy has landed) -> each lane takes rows lane/8 and lane/8+4, E features.
+    float* tile = reinterpret_cast<float*>(ring);
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      tile[(2 * t) * SO + 16 * i + g] = acc[i][0];
+      tile[(2 * t + 1) * SO + 16 * i + g] = acc[i][1];
+      tile[(2 * t) * SO + 16 * i + g + 8] = acc[i][2];
+      tile[(2 * t + 1) * SO + 16 * i + g + 8] = acc[i][3];
+    }
+    __syncwarp();
+    const int rows[2] = {lane >> 3, (lane >> 3) + 4};
+    float v[2][E];
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int e = 0; e < E; ++e) v[r][e] = tile[rows[r] * SO + (lane & 7) * E + e];
+    __syncwarp();  // the tile is read before the next head's copies land in stage 0
+    finish<T, 2, E>(p, h, w, slab, f0 + (lane & 7) * E, rows, v, slot, b1 - b0, p.wbp[w + 1] - wb);
   }
 }
 
@@ -605,6 +803,48 @@ void launch_tc_mt(SpmmParams& p, int mt, int64_t items, int heads, cudaStream_t 
   else launch_tc<T, 4>(p, grid, stream);
 }
 
+// Pipelined kernel configuration: slab width by d, S stages (JAXSPARSE_TC_SPMM_VARIANT=
+// async2 / async4 pick 2 or 4 stages, async_slab64 a 64-feature slab for 16-bit d > 64).
+struct AsyncConfig {
+  int slab, stages;
+};
+template <class T>
+AsyncConfig async_config(int64_t d, const std::string& variant) {
+  int slab = d <= 32 ? 32 : d <= 64 || sizeof(T) == 4 ? 64 : 128;
+  if (variant == "async_slab64" && slab > 64) slab = 64;
+  const int stages = variant == "async2" ? 2 : variant == "async4" || variant == "async_slab64" ? 4 : 3;
+  return {slab, stages};
+}
+
+constexpr int kAsyncWarps = 2;  // warps per CTA (each warp owns its shared-memory ring)
+
+template <class T, int SLAB, int S>
+void launch_async_shape(const SpmmParams& p, dim3 grid, cudaStream_t stream) {
+  using Sh = AsyncShape<T, SLAB, S, kAsyncWarps>;
+  auto kernel = spmm_async<T, SLAB, S, kAsyncWarps>;
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Sh::kCtaBytes);
+  (void)attr;  // a failure shows up as the launch's error
+  kernel<<<grid, kAsyncWarps * 32, Sh::kCtaBytes, stream>>>(p);
+}
+
+template <class T, int SLAB>
+void launch_async_stages(const SpmmParams& p, int stages, dim3 grid, cudaStream_t stream) {
+  if (stages == 2) launch_async_shape<T, SLAB, 2>(p, grid, stream);
+  else if (stages == 4) launch_async_shape<T, SLAB, 4>(p, grid, stream);
+  else launch_async_shape<T, SLAB, 3>(p, grid, stream);
+}
+
+template <class T>
+void launch_async(const SpmmParams& p, const AsyncConfig& c, cudaStream_t stream) {
+  const int64_t warps = p.num_items * p.nslab;
+  const dim3 grid(unsigned((warps + kAsyncWarps - 1) / kAsyncWarps),
+                  unsigned(std::min(p.heads, 65535)));
+  if (c.slab == 32) launch_async_stages<T, 32>(p, c.stages, grid, stream);
+  else if (c.slab == 64) launch_async_stages<T, 64>(p, c.stages, grid, stream);
+  else if constexpr (sizeof(T) == 2) launch_async_stages<T, 128>(p, c.stages, grid, stream);
+}
+
 ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer values,
                      ffi::AnyBuffer x, I32 wcp, I32 wc, I32 wbp, U32 bitmap, I32 bvp,
                      I32 schedule, ffi::Result<ffi::AnyBuffer> out, int32_t precision) {
@@ -645,9 +885,21 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
       ((variant == "auto" || (variant.empty() && kCudaCoreAuto)) &&
        prefer_cuda_core(exact, p.nnz, num_blocks));
   const CcConfig cc = cc_config(p.d);
-  const int nslab = cuda_core ? cc.nslab
-                    : exact   ? int((p.d + 127) / 128)
-                              : int((p.d + 16 * mt - 1) / (16 * mt));
+  // The pipelined kernel is the default tensor-core path where its 16-byte copies apply; the
+  // older variants stay selectable by name.
+  const size_t esize = dtype == ffi::DataType::F32 ? 4 : 2;
+  const bool old_tc = variant == "unstaged" || variant == "staged1" || variant == "ns2" ||
+                      variant == "minb4" || variant == "tc";
+  const bool use_async = !cuda_core && !exact && !old_tc && (p.d * esize) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+  AsyncConfig ac{};
+  if (use_async)
+    ac = dtype == ffi::DataType::F32 ? async_config<float>(p.d, variant)
+                                     : async_config<__half>(p.d, variant);
+  const int nslab = cuda_core   ? cc.nslab
+                    : exact     ? int((p.d + 127) / 128)
+                    : use_async ? int((p.d + ac.slab - 1) / ac.slab)
+                                : int((p.d + 16 * mt - 1) / (16 * mt));
 
   // Split-window workspace: slot = schedule index of a window's first piece, capped.
   const int64_t slot_bytes = heads * kWindowRows * p.d * 4 + heads * nslab * 4;
@@ -672,6 +924,11 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
     if (dtype == ffi::DataType::F32) launch_cc<float>(p, cc, grid, stream);
     else if (dtype == ffi::DataType::F16) launch_cc<__half>(p, cc, grid, stream);
     else launch_cc<__nv_bfloat16>(p, cc, grid, stream);
+  } else if (use_async) {
+    p.vec = p.d % (ac.slab / 8) == 0;
+    if (dtype == ffi::DataType::F32) launch_async<float>(p, ac, stream);
+    else if (dtype == ffi::DataType::F16) launch_async<__half>(p, ac, stream);
+    else launch_async<__nv_bfloat16>(p, ac, stream);
   } else if (exact) {
     p.vec = p.d % 4 == 0;
     const int64_t warps = p.num_items * nslab;

@@ -5,12 +5,14 @@
 #                        [--tests=PYTEST_ARGS] [--only=BENCH_NAME]
 #   --tests="tests/test_gpu_spmm_sddmm.py --maxfail=20" runs those tests instead of all (-x);
 #   --only=spmm_sddmm runs only the benchmark modules whose names contain it.
+#   --profile="VARIANT ..." profiles one rmat17 fp16 d=128 SpMM per kernel variant with ncu
+#   ("default" = no variant set) and prints the key counters.
 # Results: $OUT (default ./out) holds test logs and benchmark JSON.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 export OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-tests=1; bench=1; quick=""; sanitize=0; pytest_args="-x tests"; only=""
+tests=1; bench=1; quick=""; sanitize=0; pytest_args="-x tests"; only=""; profile=""
 
 for a in "$@"; do
   case $a in
@@ -20,6 +22,7 @@ for a in "$@"; do
     --sanitize) sanitize=1 ;;
     --tests=*) pytest_args="${a#--tests=}" ;;
     --only=*) only="--only ${a#--only=}" ;;
+    --profile=*) profile="${a#--profile=}" ;;
   esac
 done
 
@@ -42,6 +45,15 @@ if [ $sanitize = 1 ]; then
   timeout ${SANITIZE_TIMEOUT:-300} compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/sanitize_case.py \
     2>&1 | tee "$OUT/sanitizer.log" | tail -15
 fi
+for v in $profile; do
+  echo "== ncu: spmm variant $v"
+  [ "$v" = default ] && v=""
+  JAXSPARSE_TC_SPMM_VARIANT=$v timeout 120 ncu --clock-control none -k regex:spmm_ --launch-skip 2 \
+    --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+    --section WarpStateStats --section LaunchStats python3 scripts/profile_spmm.py 2>&1 \
+    | grep -E "spmm_|Duration|Throughput|Hit Rate|Achieved Occupancy|Theoretical Occupancy|Registers|Shared Memory Config|Stall|Warp Cycles Per Issued|Dynamic Shared|Block Limit" \
+    | tee -a "$OUT/profile.log" | cut -c1-150
+done
 if [ $bench = 1 ]; then
   python3 benchmarks/run.py $quick $only 2>&1 | tee "$OUT/bench.log"
 fi

@@ -233,7 +233,8 @@ def test_repeatable(rng):
 
 
 @pytest.mark.parametrize("env", [{"JAXSPARSE_TC_SPMM_VARIANT": v}
-                                 for v in ("unstaged", "staged1", "ns2", "minb4", "cuda_core",
+                                 for v in ("tc", "unstaged", "staged1", "ns2", "minb4",
+                                           "async2", "async4", "async_slab64", "cuda_core",
                                            "auto")])
 @pytest.mark.parametrize("dt", ["f32", "f16"])
 @pytest.mark.parametrize("kind", ["random", "heavy"])

@@ -1,0 +1,28 @@
+"""One SpMM on rmat17-d16 (d=128 by default), for `ncu` (scripts/gpu_check.sh --profile).
+
+Usage: [JAXSPARSE_TC_SPMM_VARIANT=...] python3 scripts/profile_spmm.py [dtype] [d]
+The SpMM runs 3 times (compile + 2); profile the last launch with `--launch-skip 2`.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import common  # noqa: E402
+import jaxsparse_tc as jst  # noqa: E402
+
+dtype = {"fp16": jnp.float16, "bf16": jnp.bfloat16, "fp32": jnp.float32}[
+    sys.argv[1] if len(sys.argv) > 1 else "fp16"]
+d = int(sys.argv[2]) if len(sys.argv) > 2 else 128
+A = jst.SparseMatrix.from_scipy(common.rmat(17, 16))
+A = A.with_values(A.values.astype(dtype))
+x = jnp.asarray(np.random.default_rng(0).standard_normal((A.shape[1], d)), dtype)
+f = jax.jit(jst.spmm)
+for _ in range(3):
+  jax.block_until_ready(f(A, x))
+print("done", A.nnz, d, dtype)
