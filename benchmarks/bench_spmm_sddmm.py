@@ -19,9 +19,15 @@ import numpy as np
 import common
 
 # Kernel variants timed at d=128 (environment switches of cuda/spmm.cu, read per launch).
-# `tc` = the register-gather kernel that was the default before the pipelined one (v4).
-VARIANTS = {v: {"JAXSPARSE_TC_SPMM_VARIANT": v}
-            for v in os.environ.get("BENCH_VARIANTS", "tc,async2,async4,async_slab64").split(",") if v}
+# `tc` = the register-gather kernel that was the default before the pipelined one (v4); the
+# others are knobs of the pipelined kernel (docs/NOTES.md, v5). BENCH_VARIANTS="name=K:V;K:V,..."
+# replaces the list.
+_KNOBS = {"tc": "VARIANT:tc", "s3": "STAGES:3", "l1": "L1:1", "l1s3": "L1:1;STAGES:3",
+          "slab64": "SLAB:64;STAGES:3"}
+if os.environ.get("BENCH_VARIANTS"):
+  _KNOBS = dict(v.split("=", 1) for v in os.environ["BENCH_VARIANTS"].split(","))
+VARIANTS = {name: {f"JAXSPARSE_TC_SPMM_{kv.split(':')[0]}": kv.split(":")[1]
+                   for kv in spec.split(";")} for name, spec in _KNOBS.items()}
 # The CUDA-core kernel family, timed at every d for every dtype next to the default
 # (rows `ours-cuda_core-<dtype>`; its fp32 is exact, so compare it with ours-fp32-highest too).
 CUDA_CORE = {"JAXSPARSE_TC_SPMM_VARIANT": "cuda_core"}

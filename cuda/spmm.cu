@@ -314,7 +314,7 @@ struct AsyncShape {
   static_assert(kWindowRows * (SLAB + 4) * 4 <= kStageBytes, "epilogue tile fits a stage");
 };
 
-template <class T, int SLAB, int S, int WARPS>
+template <class T, int SLAB, int S, int WARPS, bool L1>
 __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) {
   using Sh = AsyncShape<T, SLAB, S, WARPS>;
   constexpr bool kTf32 = sizeof(T) == 4;
@@ -386,7 +386,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
           const int r = r0 + prow;
           if (r < nrows) {
             const int col = s_cols[lb * kBlockCols + r];
-            cp_async16(rows_at + r * Sh::kRowStride, xh + (col >= 0 ? col * row_bytes : 0),
+            cp_async16<L1>(rows_at + r * Sh::kRowStride, xh + (col >= 0 ? col * row_bytes : 0),
                        col >= 0 ? piece_bytes : 0);
           }
         }
@@ -803,25 +803,30 @@ void launch_tc_mt(SpmmParams& p, int mt, int64_t items, int heads, cudaStream_t 
   else launch_tc<T, 4>(p, grid, stream);
 }
 
-// Pipelined kernel configuration: slab width by d, S stages (JAXSPARSE_TC_SPMM_VARIANT=
-// async2 / async4 pick 2 or 4 stages, async_slab64 a 64-feature slab for 16-bit d > 64).
+// Pipelined kernel configuration: slab width by d (64 features for 16-bit d > 64 with
+// JAXSPARSE_TC_SPMM_SLAB=64), S stages (JAXSPARSE_TC_SPMM_STAGES=2|3|4), L1-allocating gathers
+// (JAXSPARSE_TC_SPMM_L1=1). Read per launch, for the benchmarks; defaults from docs/NOTES.md.
 struct AsyncConfig {
   int slab, stages;
+  bool l1;
 };
+inline int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
 template <class T>
-AsyncConfig async_config(int64_t d, const std::string& variant) {
+AsyncConfig async_config(int64_t d) {
   int slab = d <= 32 ? 32 : d <= 64 || sizeof(T) == 4 ? 64 : 128;
-  if (variant == "async_slab64" && slab > 64) slab = 64;
-  const int stages = variant == "async2" ? 2 : variant == "async4" || variant == "async_slab64" ? 4 : 3;
-  return {slab, stages};
+  if (env_int("JAXSPARSE_TC_SPMM_SLAB", 128) == 64 && slab > 64) slab = 64;
+  return {slab, env_int("JAXSPARSE_TC_SPMM_STAGES", 2), env_int("JAXSPARSE_TC_SPMM_L1", 0) != 0};
 }
 
 constexpr int kAsyncWarps = 2;  // warps per CTA (each warp owns its shared-memory ring)
 
-template <class T, int SLAB, int S>
+template <class T, int SLAB, int S, bool L1>
 void launch_async_shape(const SpmmParams& p, dim3 grid, cudaStream_t stream) {
   using Sh = AsyncShape<T, SLAB, S, kAsyncWarps>;
-  auto kernel = spmm_async<T, SLAB, S, kAsyncWarps>;
+  auto kernel = spmm_async<T, SLAB, S, kAsyncWarps, L1>;
   static const cudaError_t attr = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Sh::kCtaBytes);
   (void)attr;  // a failure shows up as the launch's error
@@ -829,10 +834,14 @@ void launch_async_shape(const SpmmParams& p, dim3 grid, cudaStream_t stream) {
 }
 
 template <class T, int SLAB>
-void launch_async_stages(const SpmmParams& p, int stages, dim3 grid, cudaStream_t stream) {
-  if (stages == 2) launch_async_shape<T, SLAB, 2>(p, grid, stream);
-  else if (stages == 4) launch_async_shape<T, SLAB, 4>(p, grid, stream);
-  else launch_async_shape<T, SLAB, 3>(p, grid, stream);
+void launch_async_stages(const SpmmParams& p, const AsyncConfig& c, dim3 grid, cudaStream_t stream) {
+  if (c.l1) {
+    if (c.stages >= 3) launch_async_shape<T, SLAB, 3, true>(p, grid, stream);
+    else launch_async_shape<T, SLAB, 2, true>(p, grid, stream);
+  } else {
+    if (c.stages >= 3) launch_async_shape<T, SLAB, 3, false>(p, grid, stream);
+    else launch_async_shape<T, SLAB, 2, false>(p, grid, stream);
+  }
 }
 
 template <class T>
@@ -840,9 +849,9 @@ void launch_async(const SpmmParams& p, const AsyncConfig& c, cudaStream_t stream
   const int64_t warps = p.num_items * p.nslab;
   const dim3 grid(unsigned((warps + kAsyncWarps - 1) / kAsyncWarps),
                   unsigned(std::min(p.heads, 65535)));
-  if (c.slab == 32) launch_async_stages<T, 32>(p, c.stages, grid, stream);
-  else if (c.slab == 64) launch_async_stages<T, 64>(p, c.stages, grid, stream);
-  else if constexpr (sizeof(T) == 2) launch_async_stages<T, 128>(p, c.stages, grid, stream);
+  if (c.slab == 32) launch_async_stages<T, 32>(p, c, grid, stream);
+  else if (c.slab == 64) launch_async_stages<T, 64>(p, c, grid, stream);
+  else if constexpr (sizeof(T) == 2) launch_async_stages<T, 128>(p, c, grid, stream);
 }
 
 ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer values,
@@ -894,8 +903,7 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
                          reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
   AsyncConfig ac{};
   if (use_async)
-    ac = dtype == ffi::DataType::F32 ? async_config<float>(p.d, variant)
-                                     : async_config<__half>(p.d, variant);
+    ac = dtype == ffi::DataType::F32 ? async_config<float>(p.d) : async_config<__half>(p.d);
   const int nslab = cuda_core   ? cc.nslab
                     : exact     ? int((p.d + 127) / 128)
                     : use_async ? int((p.d + ac.slab - 1) / ac.slab)

@@ -45,14 +45,23 @@ if [ $sanitize = 1 ]; then
   timeout ${SANITIZE_TIMEOUT:-300} compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/sanitize_case.py \
     2>&1 | tee "$OUT/sanitizer.log" | tail -15
 fi
+# --profile entries: "default", "tc" (JAXSPARSE_TC_SPMM_VARIANT), "K=V:K=V" (JAXSPARSE_TC_SPMM_K),
+# "cusparse-fp32" / "cusparse-fp16" (torch.sparse.mm on the same matrix).
 for v in $profile; do
-  echo "== ncu: spmm variant $v"
-  [ "$v" = default ] && v=""
-  JAXSPARSE_TC_SPMM_VARIANT=$v timeout 120 ncu --clock-control none -k regex:spmm_ --launch-skip 2 \
+  echo "== ncu: spmm $v"
+  envs=(); args=(fp16 128); kre="regex:spmm_"
+  case $v in
+    default) ;;
+    cusparse-*) args=(${v#cusparse-} 128 torch); kre="regex:csrmm|spmm|SpMM|cusparse" ;;
+    *=*) for kv in ${v//:/ }; do envs+=("JAXSPARSE_TC_SPMM_${kv%%=*}=${kv#*=}"); done ;;
+    *) envs+=("JAXSPARSE_TC_SPMM_VARIANT=$v") ;;
+  esac
+  env "${envs[@]}" timeout 120 ncu --clock-control none -k "$kre" --launch-skip 2 \
     --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-    --section WarpStateStats --section LaunchStats python3 scripts/profile_spmm.py 2>&1 \
-    | grep -E "spmm_|Duration|Throughput|Hit Rate|Achieved Occupancy|Theoretical Occupancy|Registers|Shared Memory Config|Stall|Warp Cycles Per Issued|Dynamic Shared|Block Limit" \
-    | tee -a "$OUT/profile.log" | cut -c1-150
+    --section WarpStateStats --section LaunchStats python3 scripts/profile_spmm.py "${args[@]}" \
+    > "$OUT/ncu_$v.log" 2>&1
+  grep -E "  void|Duration|Throughput|Hit Rate|Achieved Occupancy|Registers Per|Dynamic Shared|Warp Cycles Per Issued|Block Limit Shared" \
+    "$OUT/ncu_$v.log" | cut -c1-150
 done
 if [ $bench = 1 ]; then
   python3 benchmarks/run.py $quick $only 2>&1 | tee "$OUT/bench.log"

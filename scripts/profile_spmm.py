@@ -1,7 +1,8 @@
 """One SpMM on rmat17-d16 (d=128 by default), for `ncu` (scripts/gpu_check.sh --profile).
 
-Usage: [JAXSPARSE_TC_SPMM_VARIANT=...] python3 scripts/profile_spmm.py [dtype] [d]
+Usage: [JAXSPARSE_TC_SPMM_...=...] python3 scripts/profile_spmm.py [dtype] [d] [torch]
 The SpMM runs 3 times (compile + 2); profile the last launch with `--launch-skip 2`.
+With `torch` the same product runs through torch.sparse.mm on a CSR tensor (cuSPARSE).
 """
 
 import sys
@@ -19,7 +20,21 @@ import jaxsparse_tc as jst  # noqa: E402
 dtype = {"fp16": jnp.float16, "bf16": jnp.bfloat16, "fp32": jnp.float32}[
     sys.argv[1] if len(sys.argv) > 1 else "fp16"]
 d = int(sys.argv[2]) if len(sys.argv) > 2 else 128
-A = jst.SparseMatrix.from_scipy(common.rmat(17, 16))
+g = common.rmat(17, 16)
+if len(sys.argv) > 3 and sys.argv[3] == "torch":
+  import torch
+
+  tdt = {jnp.float16: torch.float16, jnp.bfloat16: torch.bfloat16, jnp.float32: torch.float32}[dtype]
+  tA = torch.sparse_csr_tensor(torch.as_tensor(g.indptr.astype(np.int64)),
+                               torch.as_tensor(g.indices.astype(np.int64)),
+                               torch.as_tensor(g.data), size=g.shape).to(tdt).cuda()
+  tx = torch.randn(g.shape[1], d, dtype=tdt, device="cuda")
+  for _ in range(3):
+    torch.sparse.mm(tA, tx)
+  torch.cuda.synchronize()
+  print("done torch", g.nnz, d, dtype)
+  sys.exit(0)
+A = jst.SparseMatrix.from_scipy(g)
 A = A.with_values(A.values.astype(dtype))
 x = jnp.asarray(np.random.default_rng(0).standard_normal((A.shape[1], d)), dtype)
 f = jax.jit(jst.spmm)

@@ -11,10 +11,16 @@ __device__ __forceinline__ uint32_t shared_addr(const void* p) {
 }
 
 // Copies src_bytes (0..16) of src to 16 bytes at dst, zero-filling the rest; src_bytes = 0
-// reads nothing. L2 only (.cg): gathered rows are shared across SMs, not reused in L1.
+// reads nothing. L1 = true allocates in L1 (.ca: rows gathered again by the same SM, such as
+// power-law hub columns, hit there); false goes to L2 only (.cg).
+template <bool L1 = false>
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
+  if constexpr (L1)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes));
+  else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes));
 }
 
 // 4-byte variant (src_bytes 0..4), for arrays with only 4-byte alignment.
