@@ -18,11 +18,13 @@ Memory, from the compiled program's memory_analysis(): `*_tmp_MB` = temp bytes (
 allocates beyond inputs and outputs), `*_MB` = temp + arguments + outputs (the footprint).
 Check: for the first config of each graph the three methods' outputs (fwd) and gradients
 (fwd+bwd) agree to a relative error < 1e-2 (asserted; `rel_err` is the largest pairwise one).
-Timing: common.time_fn median after one warm-up, fewer repeats for slow calls.
+Timing: common.time_fn median after one warm-up, fewer repeats for slow calls (~0.4 s of
+timed calls each); a config's six programs compile concurrently.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import math
 import os
@@ -164,13 +166,33 @@ def rel_err(a, b) -> float:
   return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def _measure(fn, args, repeat, keep=False, budget_s=0.5):
-  """{'ms', 'tmp', 'tot', 'out'}: one compile; 'ms' is 'OOM' or 'fail' when it cannot run."""
+def _compile_all(jobs, pool):
+  """{job key: compiled program or the exception}: traced here, compiled on a thread pool."""
+  import jax
+
+  lowered, out = {}, {}
+  for key, (fn, args) in jobs.items():
+    try:
+      lowered[key] = jax.jit(fn).lower(*args)
+    except Exception as e:  # noqa: BLE001
+      out[key] = e
+  futures = {key: pool.submit(low.compile) for key, low in lowered.items()}
+  for key, fut in futures.items():
+    try:
+      out[key] = fut.result()
+    except Exception as e:  # noqa: BLE001
+      out[key] = e
+  return out
+
+
+def _measure(compiled, args, repeat, keep=False, budget_s=0.4):
+  """{'ms', 'tmp', 'tot', 'out'} of a compiled program; 'ms' is 'OOM' or 'fail' if it fails."""
   import jax
 
   res = {"ms": None, "tmp": None, "tot": None, "out": None}
   try:
-    compiled = jax.jit(fn).lower(*args).compile()
+    if isinstance(compiled, Exception):
+      raise compiled
     res["tmp"], res["tot"] = memory_mb(compiled)
     t0 = time.perf_counter()
     out = jax.block_until_ready(compiled(*args))
@@ -230,43 +252,52 @@ def run(quick: bool = False) -> list[dict]:
   configs = _grid(quick)
   rows_out = []
   seed = 0
-  for name, g in _graphs(quick).items():
-    A = jst.SparseMatrix.from_scipy(g)
-    n = g.shape[0]
-    erows, ecols = csr_edges(g)
-    assert erows.size == A.nnz, (erows.size, A.nnz)
-    edges = (jnp.asarray(erows), jnp.asarray(ecols))
-    graph_arg = {"fused": A, "lib": A, "xla": edges}
-    repeat = 10 if g.nnz > 2_000_000 else 20
-    for ci, (d, H) in enumerate(configs):
-      check = ci == 0  # the first config of every graph: the peers must agree
-      q, k, v, w = (normal_f16(seed + i, (H, n, d)) for i in range(4))
-      seed += 4
-      fns = methods(1.0 / math.sqrt(d))
-      for mode in ("fwd", "fwd+bwd"):
-        row = dict(graph=name, nodes=n, nnz=int(A.nnz), d=d, H=H, mode=mode)
-        print(f"  {name} d={d} H={H} {mode}", flush=True)
-        outs = {}
-        for key in METHODS:
-          fn = fns[key] if mode == "fwd" else with_grad(fns[key])
-          args = (graph_arg[key], q, k, v) + ((w,) if mode == "fwd+bwd" else ())
-          res = _measure(fn, args, repeat, keep=check)
-          row[_MS[key]] = res["ms"]
-          row[f"{key}_tmp_MB"] = res["tmp"]
-          row[f"{key}_MB"] = res["tot"]
-          outs[key] = res["out"]
-        if check:
-          row["rel_err"] = f"{_check(outs, mode, f'{name} d={d} H={H}'):.1e}"
-        del outs
-        f, x, lb = row["fused_ms"], row["xla_ms"], row["lib_unfused_ms"]
-        if isinstance(f, float):
-          row["x_vs_xla"] = x / f if isinstance(x, float) else x
-          row["x_vs_lib"] = lb / f if isinstance(lb, float) else lb
-        rows_out.append(row)
-        print("   ", {c: row.get(c) for c in COLUMNS[6:]}, flush=True)
-      del q, k, v, w
-    del A, edges, graph_arg
-    jax.clear_caches()
+  # the six programs of a config compile concurrently (XLA compiles outside the GIL)
+  pool = concurrent.futures.ThreadPoolExecutor(2 * len(METHODS))
+  try:
+    for name, g in _graphs(quick).items():
+      A = jst.SparseMatrix.from_scipy(g)
+      n = g.shape[0]
+      erows, ecols = csr_edges(g)
+      assert erows.size == A.nnz, (erows.size, A.nnz)
+      graph_arg = {"fused": A, "lib": A, "xla": (jnp.asarray(erows), jnp.asarray(ecols))}
+      repeat = 10 if g.nnz > 2_000_000 else 20
+      for ci, (d, H) in enumerate(configs):
+        check = ci == 0  # the first config of every graph: the peers must agree
+        q, k, v, w = (normal_f16(seed + i, (H, n, d)) for i in range(4))
+        seed += 4
+        fns = methods(1.0 / math.sqrt(d))
+        args = {m: (graph_arg[m], q, k, v) for m in METHODS}
+        jobs = {("fwd", m): (fns[m], args[m]) for m in METHODS}
+        jobs.update({("fwd+bwd", m): (with_grad(fns[m]), args[m] + (w,)) for m in METHODS})
+        t0 = time.perf_counter()
+        compiled = _compile_all(jobs, pool)
+        print(f"  {name} d={d} H={H}: 6 programs compiled in {time.perf_counter() - t0:.1f} s",
+              flush=True)
+        for mode in ("fwd", "fwd+bwd"):
+          row = dict(graph=name, nodes=n, nnz=int(A.nnz), d=d, H=H, mode=mode)
+          print(f"  {name} d={d} H={H} {mode}", flush=True)
+          outs = {}
+          for m in METHODS:
+            res = _measure(compiled.pop((mode, m)), jobs[(mode, m)][1], repeat, keep=check)
+            row[_MS[m]] = res["ms"]
+            row[f"{m}_tmp_MB"] = res["tmp"]
+            row[f"{m}_MB"] = res["tot"]
+            outs[m] = res["out"]
+          if check:
+            row["rel_err"] = f"{_check(outs, mode, f'{name} d={d} H={H}'):.1e}"
+          del outs
+          f, x, lb = row["fused_ms"], row["xla_ms"], row["lib_unfused_ms"]
+          if isinstance(f, float):
+            row["x_vs_xla"] = x / f if isinstance(x, float) else x
+            row["x_vs_lib"] = lb / f if isinstance(lb, float) else lb
+          rows_out.append(row)
+          print("   ", {c: row.get(c) for c in COLUMNS[6:]}, flush=True)
+        del q, k, v, w, args, jobs, compiled
+      del A, graph_arg
+      jax.clear_caches()
+  finally:
+    pool.shutdown()
   return rows_out
 
 
