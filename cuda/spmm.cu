@@ -287,42 +287,60 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) spmm_tc(const SpmmParams p)
 }
 
 // ---- Pipelined tensor-core SpMM (default where rows are 16-byte aligned) -------------------
-// Same math and fragments as spmm_tc, but the gathered X rows never pass through registers:
-// the warp copies them with cp.async into a ring of S shared-memory stages (32 gathered rows =
-// 4 blocks per stage, plus the stage's values), so S-1 stages of gathers are in flight while
-// it computes on the oldest one; MMA operands come from shared memory by ldmatrix.trans (fp16,
-// bf16) or plain shared loads (tf32). An item's metadata (column indices, bitmaps, value
-// offsets; <= 32 blocks at a time) is staged first with coalesced loads, so issuing a stage
-// reads only shared memory. The accumulators leave through shared memory, so stores are
-// row-contiguous and reuse finish() (split windows included).
-// Needs d * sizeof(T) % 16 == 0 and a 16-byte aligned X (cp.async.cg is 16 bytes wide).
+// Same math and fragments as spmm_tc, but gathered X rows never pass through registers: lane j
+// of the warp copies gathered row j of a stage with one bulk copy (the TMA engine) into a ring
+// of S shared-memory stages (32 rows = 4 blocks, plus the stage's values), completing on the
+// stage's mbarrier, so S-1 stages are in flight while the warp computes on the oldest. MMA
+// operands come from shared memory by ldmatrix.trans (fp16, bf16) or shared loads (tf32).
+// An item's metadata (<= 32 blocks at a time) is staged first with coalesced loads, so issuing
+// a stage reads only shared memory. The accumulators leave through shared memory, so stores
+// are row-contiguous and reuse finish() (split windows included).
+// Needs d * sizeof(T) % 16 == 0 and a 16-byte aligned X (bulk copies move 16-byte units).
+__device__ __align__(16) const uint4 kZeroRow[32] = {};  // source of missing columns' rows
+
 template <class T, int SLAB, int S, int WARPS>
 struct AsyncShape {
   static constexpr int kRowBytes = SLAB * int(sizeof(T));  // one gathered slab row, <= 256
   // Padding makes the 8 rows an ldmatrix (or tf32 load) touches hit distinct banks.
   static constexpr int kRowStride = kRowBytes + (sizeof(T) == 4 ? 32 : 16);
-  static constexpr int kStageRows = 32;                   // 4 blocks x 8 condensed columns
+  static constexpr int kStageRows = 32;                   // one per lane: 4 blocks x 8 columns
   static constexpr int kStageBlocks = kStageRows / kBlockCols;
-  static constexpr int kValBytes = kStageBlocks * 64 * int(sizeof(T)) + 16;
+  // The stage's values, copied as the 16-byte aligned span around them.
+  static constexpr int kValBytes = kStageBlocks * 64 * int(sizeof(T)) + 32;
   static constexpr int kStageBytes = kStageRows * kRowStride + kValBytes;
   static constexpr int kMetaBlocks = 32;  // blocks whose metadata is staged at once
-  static constexpr int kMetaBytes = kMetaBlocks * 8 * 4 + kMetaBlocks * 8 + 144;
-  static constexpr int kWarpBytes = kMetaBytes + S * kStageBytes;
+  static constexpr int kMetaBytes = kMetaBlocks * 8 * 4 + kMetaBlocks * 8 + 144 + 8 * S;
+  static constexpr int kWarpBytes = (kMetaBytes + 15) / 16 * 16 + S * kStageBytes;
   static constexpr int kCtaBytes = WARPS * kWarpBytes;
-  static_assert(kRowBytes % 16 == 0 && kRowBytes <= 512, "slab row");
-  static_assert(kStageBytes % 16 == 0 && kMetaBytes % 16 == 0, "16-byte stage alignment");
+  static_assert(kRowBytes % 16 == 0 && kRowBytes <= int(sizeof(kZeroRow)), "slab row");
+  static_assert(kStageBytes % 16 == 0, "16-byte stage alignment");
   static_assert(kWindowRows * (SLAB + 4) * 4 <= kStageBytes, "epilogue tile fits a stage");
 };
 
-template <class T, int SLAB, int S, int WARPS, bool L1>
+// The B-fragment pair of one block for this lane: values at (row g, condensed columns c, c+1)
+// packed as two b16 (fp16/bf16 path, c = 2t: bit positions 16t+g and 16t+8+g). `q` = that
+// first position within its 32-bit half, `hi` = it lies in the upper half; both per lane.
+__device__ __forceinline__ uint32_t block_pair16(uint64_t bits, const uint16_t* sv, int vb, int q,
+                                                 bool hi) {
+  const uint32_t lo_w = uint32_t(bits), hi_w = uint32_t(bits >> 32);
+  const uint32_t word = hi ? hi_w : lo_w;
+  const int o0 = vb + (hi ? __popc(lo_w) : 0) + __popc(word & ((1u << q) - 1u));
+  const int o1 = o0 + __popc((word >> q) & 0xffu);
+  const uint32_t v0 = (word >> q) & 1u ? sv[o0] : 0u;
+  const uint32_t v1 = (word >> (q + 8)) & 1u ? sv[o1] : 0u;
+  return v0 | (v1 << 16);
+}
+
+template <class T, int SLAB, int S, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // bulk copies are sm_90+; the host launches this kernel only there
+#else
   using Sh = AsyncShape<T, SLAB, S, WARPS>;
   constexpr bool kTf32 = sizeof(T) == 4;
-  constexpr int MT = SLAB / 16;                     // m16 tiles (16 features each)
-  constexpr int kPieces = Sh::kRowBytes / 16;       // 16-byte pieces of a slab row
-  constexpr int kRowsPerPass = 32 / kPieces;        // rows one warp-wide cp.async covers
-  constexpr int SO = SLAB + 4;                      // epilogue tile row stride (floats)
-  constexpr int E = SLAB / 8;                       // features per lane in the epilogue
+  constexpr int MT = SLAB / 16;  // m16 tiles (16 features each)
+  constexpr int SO = SLAB + 4;   // epilogue tile row stride (floats)
+  constexpr int E = SLAB / 8;    // features per lane in the epilogue
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wid = threadIdx.x >> 5;
@@ -330,7 +348,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
   int* s_cols = reinterpret_cast<int*>(wsm);
   uint64_t* s_bits = reinterpret_cast<uint64_t*>(wsm + Sh::kMetaBlocks * 8 * 4);
   int* s_vptr = reinterpret_cast<int*>(wsm + Sh::kMetaBlocks * 8 * 4 + Sh::kMetaBlocks * 8);
-  unsigned char* ring = wsm + Sh::kMetaBytes;
+  const uint32_t bars = shared_addr(wsm + Sh::kMetaBlocks * 8 * 4 + Sh::kMetaBlocks * 8 + 144);
+  unsigned char* ring = wsm + (Sh::kMetaBytes + 15) / 16 * 16;
 
   const int64_t gw = int64_t(blockIdx.x) * WARPS + wid;
   if (gw >= p.num_items * p.nslab) return;
@@ -343,16 +362,21 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
   const int wb = p.wbp[w];
   const int cb = p.wcp[w], ncols_w = p.wcp[w + 1] - cb;
   const int64_t f0 = int64_t(slab) * SLAB;
-  const int valid_bytes = int(p.d - f0 < SLAB ? p.d - f0 : SLAB) * int(sizeof(T));
-  const int piece = lane % kPieces, prow = lane / kPieces;
-  const int piece_bytes = max(0, min(16, valid_bytes - 16 * piece));
+  const uint32_t row_copy = uint32_t(p.d - f0 < SLAB ? p.d - f0 : SLAB) * uint32_t(sizeof(T));
   const int64_t row_bytes = p.d * int64_t(sizeof(T));
   const uintptr_t v_end = reinterpret_cast<uintptr_t>(p.values) +
                           uintptr_t(p.v_head_stride ? p.heads : 1) * uintptr_t(p.nnz) * sizeof(T);
+  // Per-lane bit positions of the B fragment (see block_pair16 / the tf32 layout).
+  const int q16 = (16 * t + g) & 31;
+  const bool hi16 = t >= 2;
+  const int q32 = 8 * t + g;
+  if (lane < S) mbar_init(bars + 8 * lane, 1);
+  fence_barrier_init();
+  __syncwarp();
+  uint32_t issued = 0, consumed = 0;  // stages over the warp's lifetime (ring slot, parity)
 
   for (int h = blockIdx.y; h < p.heads; h += gridDim.y) {
-    const char* xh = static_cast<const char*>(p.x) +
-                     (h * p.x_head_stride + f0) * int64_t(sizeof(T)) + 16 * piece;
+    const char* xh = static_cast<const char*>(p.x) + (h * p.x_head_stride + f0) * int64_t(sizeof(T));
     const T* vh = static_cast<const T*>(p.values) + h * p.v_head_stride;
     float acc[MT][4];
 #pragma unroll
@@ -373,57 +397,63 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
       __syncwarp();
       const int nstage = (c1 - c0 + Sh::kStageBlocks - 1) / Sh::kStageBlocks;
 
-      // Issues stage q's copies: its gathered rows (missing columns zero-filled) and the 4-byte
-      // words covering its values.
+      // Issues local stage q into ring slot issued % S: lane j copies gathered row j (zeros for
+      // a missing column), lane 0 the 16-byte aligned span of the stage's values. The few bytes
+      // past the last 16-byte boundary of the whole values array are stored by plain loads.
       auto issue = [&](int q) {
-        unsigned char* st = ring + (q % S) * Sh::kStageBytes;
+        const uint32_t slot_i = issued % S;
+        unsigned char* st = ring + slot_i * Sh::kStageBytes;
+        const uint32_t bar = bars + 8 * slot_i;
         const int lb = q * Sh::kStageBlocks;
         const int nb = min(Sh::kStageBlocks, c1 - c0 - lb);
         const int nrows = (kTf32 ? nb : (nb + 1) & ~1) * kBlockCols;
-        const uint32_t rows_at = shared_addr(st) + 16 * piece;
-#pragma unroll
-        for (int r0 = 0; r0 < Sh::kStageRows; r0 += kRowsPerPass) {
-          const int r = r0 + prow;
-          if (r < nrows) {
-            const int col = s_cols[lb * kBlockCols + r];
-            cp_async16<L1>(rows_at + r * Sh::kRowStride, xh + (col >= 0 ? col * row_bytes : 0),
-                       col >= 0 ? piece_bytes : 0);
-          }
+        const uintptr_t va = reinterpret_cast<uintptr_t>(vh + s_vptr[lb]);
+        const uintptr_t ve = reinterpret_cast<uintptr_t>(vh + s_vptr[lb + nb]);
+        const uintptr_t lo = va & ~uintptr_t(15);
+        uintptr_t hi = (ve + 15) & ~uintptr_t(15);
+        if (hi > v_end) hi = v_end & ~uintptr_t(15);
+        const uint32_t vbytes = hi > lo ? uint32_t(hi - lo) : 0u;
+        fence_proxy_async();  // earlier reads and stores of this slot come first
+        __syncwarp();
+        if (lane == 0) mbar_arrive_expect(bar, uint32_t(nrows) * row_copy + vbytes);
+        __syncwarp();
+        if (lane < nrows) {
+          const int col = s_cols[lb * kBlockCols + lane];
+          const void* src = col >= 0 ? static_cast<const void*>(xh + col * row_bytes)
+                                     : static_cast<const void*>(kZeroRow);
+          bulk_copy(shared_addr(st + lane * Sh::kRowStride), src, row_copy, bar);
         }
-        const uintptr_t a = reinterpret_cast<uintptr_t>(vh + s_vptr[lb]);
-        const uintptr_t lo = a & ~uintptr_t(3);
-        const uintptr_t hi = reinterpret_cast<uintptr_t>(vh + s_vptr[lb + nb]);
-        const int words = int((hi - lo + 3) / 4);
-        const uint32_t vals_at = shared_addr(st + Sh::kStageRows * Sh::kRowStride);
-        for (int i = lane; i < words; i += 32) {
-          const uintptr_t src = lo + 4 * uintptr_t(i);
-          cp_async4(vals_at + 4 * i, reinterpret_cast<const void*>(src), v_end - src < 4 ? int(v_end - src) : 4);
+        unsigned char* vals = st + Sh::kStageRows * Sh::kRowStride;
+        if (lane == 0 && vbytes) bulk_copy(shared_addr(vals), reinterpret_cast<const void*>(lo), vbytes, bar);
+        if (ve > hi) {  // tail of the values array (at most 15 bytes)
+          const int i = lane * int(sizeof(T));
+          if (hi + i < ve) *reinterpret_cast<T*>(vals + (hi - lo) + i) = *reinterpret_cast<const T*>(hi + i);
         }
+        ++issued;
       };
 
-#pragma unroll
-      for (int q = 0; q < S - 1; ++q) {
-        if (q < nstage) issue(q);
-        cp_async_commit();
-      }
+      for (int q = 0; q < S - 1 && q < nstage; ++q) issue(q);
       for (int q = 0; q < nstage; ++q) {
-        if (q + S - 1 < nstage) issue(q + S - 1);  // into the stage consumed last iteration
-        cp_async_commit();
-        cp_async_wait<S - 1>();
-        __syncwarp();
-        const unsigned char* st = ring + (q % S) * Sh::kStageBytes;
+        if (q + S - 1 < nstage) issue(q + S - 1);  // into the slot consumed last iteration
+        const uint32_t slot_c = consumed % S;
+        mbar_wait(bars + 8 * slot_c, (consumed / S) & 1u);
+        __syncwarp();  // the plain-load tail of the values, if any
+        ++consumed;
+        const unsigned char* st = ring + slot_c * Sh::kStageBytes;
         const int lb = q * Sh::kStageBlocks;
         const int nb = min(Sh::kStageBlocks, c1 - c0 - lb);
         const T* sv = reinterpret_cast<const T*>(st + Sh::kStageRows * Sh::kRowStride);
-        const uintptr_t a = reinterpret_cast<uintptr_t>(vh + s_vptr[lb]);
-        const int vshift = int((a & 3) / sizeof(T)) - s_vptr[lb];  // value index -> stage slot
+        const uintptr_t va = reinterpret_cast<uintptr_t>(vh + s_vptr[lb]);
+        const int vshift = int((va & 15) / sizeof(T)) - s_vptr[lb];  // value index -> slot
         if constexpr (kTf32) {
           for (int kb = 0; kb < nb; ++kb) {
             const uint64_t bits = s_bits[lb + kb];
             const int vb = s_vptr[lb + kb] + vshift;
-            const int o0 = bit_value_offset(bits, t * 8 + g), o1 = bit_value_offset(bits, (t + 4) * 8 + g);
-            const uint32_t bw[2] = {to_tf32(o0 >= 0 ? sv[vb + o0] : 0.f),
-                                    to_tf32(o1 >= 0 ? sv[vb + o1] : 0.f)};
+            const uint32_t lo_w = uint32_t(bits), hi_w = uint32_t(bits >> 32);
+            const uint32_t m = (1u << q32) - 1u;
+            const float v0 = (lo_w >> q32) & 1u ? sv[vb + __popc(lo_w & m)] : 0.f;
+            const float v1 = (hi_w >> q32) & 1u ? sv[vb + __popc(lo_w) + __popc(hi_w & m)] : 0.f;
+            const uint32_t bw[2] = {to_tf32(v0), to_tf32(v1)};
             const float* x0 = reinterpret_cast<const float*>(st + (kb * 8 + t) * Sh::kRowStride);
             const float* x1 = reinterpret_cast<const float*>(st + (kb * 8 + t + 4) * Sh::kRowStride);
 #pragma unroll
@@ -436,16 +466,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
         } else {
           const uint16_t* sv16 = reinterpret_cast<const uint16_t*>(sv);
           for (int kb = 0; kb < nb; kb += 2) {
-            uint32_t bw[2];
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-              const bool in = kb + j < nb;
-              const uint64_t bits = in ? s_bits[lb + kb + j] : 0ull;
-              const int vb = in ? s_vptr[lb + kb + j] + vshift : 0;
-              const int o0 = bit_value_offset(bits, (2 * t) * 8 + g);
-              const int o1 = bit_value_offset(bits, (2 * t + 1) * 8 + g);
-              bw[j] = uint32_t(o0 >= 0 ? sv16[vb + o0] : 0) | (uint32_t(o1 >= 0 ? sv16[vb + o1] : 0) << 16);
-            }
+            const bool two = kb + 1 < nb;
+            const uint32_t bw[2] = {
+                block_pair16(s_bits[lb + kb], sv16, s_vptr[lb + kb] + vshift, q16, hi16),
+                two ? block_pair16(s_bits[lb + kb + 1], sv16, s_vptr[lb + kb + 1] + vshift, q16, hi16)
+                    : 0u};
             // Lanes 0-7: rows k0..k0+7, features 16i..; 8-15: features +8; 16-31: rows +8.
             const uint32_t a_at = shared_addr(st) +
                                   (kb * 8 + (lane & 7) + ((lane >> 4) & 1) * 8) * Sh::kRowStride +
@@ -458,11 +483,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
             }
           }
         }
-        __syncwarp();  // every lane is done with this stage before it is refilled
       }
     }
-    // Epilogue: C fragment (feature 16i+g (+8), rows 2t, 2t+1) -> [8][SLAB] fp32 tile in stage
-    // 0 (every copy has landed) -> each lane takes rows lane/8 and lane/8+4, E features.
+    // Epilogue: C fragment (feature 16i+g (+8), rows 2t, 2t+1) -> [8][SLAB] fp32 tile in ring
+    // slot 0 (no copy is in flight) -> each lane takes rows lane/8 and lane/8+4, E features.
+    __syncwarp();
     float* tile = reinterpret_cast<float*>(ring);
 #pragma unroll
     for (int i = 0; i < MT; ++i) {
@@ -478,9 +503,9 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
     for (int r = 0; r < 2; ++r)
 #pragma unroll
       for (int e = 0; e < E; ++e) v[r][e] = tile[rows[r] * SO + (lane & 7) * E + e];
-    __syncwarp();  // the tile is read before the next head's copies land in stage 0
     finish<T, 2, E>(p, h, w, slab, f0 + (lane & 7) * E, rows, v, slot, b1 - b0, p.wbp[w + 1] - wb);
   }
+#endif
 }
 
 // Exact fp32 SpMM on CUDA cores: a warp owns an item and 128 features (4 per lane).
@@ -804,11 +829,10 @@ void launch_tc_mt(SpmmParams& p, int mt, int64_t items, int heads, cudaStream_t 
 }
 
 // Pipelined kernel configuration: slab width by d (64 features for 16-bit d > 64 with
-// JAXSPARSE_TC_SPMM_SLAB=64), S stages (JAXSPARSE_TC_SPMM_STAGES=2|3|4), L1-allocating gathers
-// (JAXSPARSE_TC_SPMM_L1=1). Read per launch, for the benchmarks; defaults from docs/NOTES.md.
+// JAXSPARSE_TC_SPMM_SLAB=64) and S stages (JAXSPARSE_TC_SPMM_STAGES=2|3), read per launch for
+// the benchmarks; the defaults are the measured best (docs/NOTES.md).
 struct AsyncConfig {
   int slab, stages;
-  bool l1;
 };
 inline int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -818,15 +842,26 @@ template <class T>
 AsyncConfig async_config(int64_t d) {
   int slab = d <= 32 ? 32 : d <= 64 || sizeof(T) == 4 ? 64 : 128;
   if (env_int("JAXSPARSE_TC_SPMM_SLAB", 128) == 64 && slab > 64) slab = 64;
-  return {slab, env_int("JAXSPARSE_TC_SPMM_STAGES", 2), env_int("JAXSPARSE_TC_SPMM_L1", 0) != 0};
+  return {slab, env_int("JAXSPARSE_TC_SPMM_STAGES", 2)};
+}
+
+// Bulk copies need sm_90; asked once per device.
+bool device_is_sm90_or_later() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  static int major[64] = {};
+  if (dev < 0 || dev >= 64) return false;
+  if (!major[dev] && cudaDeviceGetAttribute(&major[dev], cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+    return false;
+  return major[dev] >= 9;
 }
 
 constexpr int kAsyncWarps = 2;  // warps per CTA (each warp owns its shared-memory ring)
 
-template <class T, int SLAB, int S, bool L1>
+template <class T, int SLAB, int S>
 void launch_async_shape(const SpmmParams& p, dim3 grid, cudaStream_t stream) {
   using Sh = AsyncShape<T, SLAB, S, kAsyncWarps>;
-  auto kernel = spmm_async<T, SLAB, S, kAsyncWarps, L1>;
+  auto kernel = spmm_async<T, SLAB, S, kAsyncWarps>;
   static const cudaError_t attr = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Sh::kCtaBytes);
   (void)attr;  // a failure shows up as the launch's error
@@ -835,13 +870,8 @@ void launch_async_shape(const SpmmParams& p, dim3 grid, cudaStream_t stream) {
 
 template <class T, int SLAB>
 void launch_async_stages(const SpmmParams& p, const AsyncConfig& c, dim3 grid, cudaStream_t stream) {
-  if (c.l1) {
-    if (c.stages >= 3) launch_async_shape<T, SLAB, 3, true>(p, grid, stream);
-    else launch_async_shape<T, SLAB, 2, true>(p, grid, stream);
-  } else {
-    if (c.stages >= 3) launch_async_shape<T, SLAB, 3, false>(p, grid, stream);
-    else launch_async_shape<T, SLAB, 2, false>(p, grid, stream);
-  }
+  if (c.stages >= 3) launch_async_shape<T, SLAB, 3>(p, grid, stream);
+  else launch_async_shape<T, SLAB, 2>(p, grid, stream);
 }
 
 template <class T>
@@ -899,8 +929,8 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
   const size_t esize = dtype == ffi::DataType::F32 ? 4 : 2;
   const bool old_tc = variant == "unstaged" || variant == "staged1" || variant == "ns2" ||
                       variant == "minb4" || variant == "tc";
-  const bool use_async = !cuda_core && !exact && !old_tc && (p.d * esize) % 16 == 0 &&
-                         reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+  const bool use_async = !cuda_core && !exact && !old_tc && device_is_sm90_or_later() &&
+                         (p.d * esize) % 16 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
   AsyncConfig ac{};
   if (use_async)
     ac = dtype == ffi::DataType::F32 ? async_config<float>(p.d) : async_config<__half>(p.d);

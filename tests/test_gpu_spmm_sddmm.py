@@ -235,7 +235,7 @@ def test_repeatable(rng):
 @pytest.mark.parametrize("env", [{"JAXSPARSE_TC_SPMM_VARIANT": v}
                                  for v in ("tc", "unstaged", "staged1", "ns2", "minb4",
                                            "cuda_core", "auto")]
-                         + [{"JAXSPARSE_TC_SPMM_STAGES": "3"}, {"JAXSPARSE_TC_SPMM_L1": "1"},
+                         + [{"JAXSPARSE_TC_SPMM_STAGES": "3"}, {"JAXSPARSE_TC_SPMM_SLAB": "64"},
                             {"JAXSPARSE_TC_SPMM_SLAB": "64", "JAXSPARSE_TC_SPMM_STAGES": "3"}])
 @pytest.mark.parametrize("dt", ["f32", "f16"])
 @pytest.mark.parametrize("kind", ["random", "heavy"])
