@@ -287,33 +287,30 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) spmm_tc(const SpmmParams p)
 }
 
 // ---- Pipelined tensor-core SpMM (default where rows are 16-byte aligned) -------------------
-// Same math and fragments as spmm_tc, but gathered X rows never pass through registers: lane j
-// of the warp copies gathered row j of a stage with one bulk copy (the TMA engine) into a ring
-// of S shared-memory stages (32 rows = 4 blocks, plus the stage's values), completing on the
-// stage's mbarrier, so S-1 stages are in flight while the warp computes on the oldest. MMA
-// operands come from shared memory by ldmatrix.trans (fp16, bf16) or shared loads (tf32).
-// An item's metadata (<= 32 blocks at a time) is staged first with coalesced loads, so issuing
-// a stage reads only shared memory. The accumulators leave through shared memory, so stores
-// are row-contiguous and reuse finish() (split windows included).
-// Needs d * sizeof(T) % 16 == 0 and a 16-byte aligned X (bulk copies move 16-byte units).
-__device__ __align__(16) const uint4 kZeroRow[32] = {};  // source of missing columns' rows
-
+// Same math and fragments as spmm_tc, but gathered X rows never pass through registers: the
+// warp copies them with cp.async (16 bytes per lane, zero-filled for missing columns) into a
+// ring of S shared-memory stages (32 rows = 4 blocks, plus the stage's values), so S-1 stages
+// are in flight while it computes on the oldest; MMA operands come from shared memory by
+// ldmatrix.trans (fp16, bf16) or shared loads (tf32). An item's metadata (<= 32 blocks at a
+// time) is staged first with coalesced loads, so issuing a stage reads only shared memory. The
+// accumulators leave through shared memory, so stores are row-contiguous and reuse finish()
+// (split windows included). Needs d * sizeof(T) % 16 == 0 and a 16-byte aligned X.
+// (A bulk-copy version, one TMA copy per gathered row on mbarriers, was 1.8x slower: NOTES v6.)
 template <class T, int SLAB, int S, int WARPS>
 struct AsyncShape {
   static constexpr int kRowBytes = SLAB * int(sizeof(T));  // one gathered slab row, <= 256
   // Padding makes the 8 rows an ldmatrix (or tf32 load) touches hit distinct banks.
   static constexpr int kRowStride = kRowBytes + (sizeof(T) == 4 ? 32 : 16);
-  static constexpr int kStageRows = 32;                   // one per lane: 4 blocks x 8 columns
+  static constexpr int kStageRows = 32;                   // 4 blocks x 8 condensed columns
   static constexpr int kStageBlocks = kStageRows / kBlockCols;
-  // The stage's values, copied as the 16-byte aligned span around them.
-  static constexpr int kValBytes = kStageBlocks * 64 * int(sizeof(T)) + 32;
+  static constexpr int kValBytes = kStageBlocks * 64 * int(sizeof(T)) + 16;
   static constexpr int kStageBytes = kStageRows * kRowStride + kValBytes;
   static constexpr int kMetaBlocks = 32;  // blocks whose metadata is staged at once
-  static constexpr int kMetaBytes = kMetaBlocks * 8 * 4 + kMetaBlocks * 8 + 144 + 8 * S;
-  static constexpr int kWarpBytes = (kMetaBytes + 15) / 16 * 16 + S * kStageBytes;
+  static constexpr int kMetaBytes = kMetaBlocks * 8 * 4 + kMetaBlocks * 8 + 144;
+  static constexpr int kWarpBytes = kMetaBytes + S * kStageBytes;
   static constexpr int kCtaBytes = WARPS * kWarpBytes;
-  static_assert(kRowBytes % 16 == 0 && kRowBytes <= int(sizeof(kZeroRow)), "slab row");
-  static_assert(kStageBytes % 16 == 0, "16-byte stage alignment");
+  static_assert(kRowBytes % 16 == 0 && kRowBytes <= 512, "slab row");
+  static_assert(kStageBytes % 16 == 0 && kMetaBytes % 16 == 0, "16-byte stage alignment");
   static_assert(kWindowRows * (SLAB + 4) * 4 <= kStageBytes, "epilogue tile fits a stage");
 };
 
@@ -331,14 +328,16 @@ __device__ __forceinline__ uint32_t block_pair16(uint64_t bits, const uint16_t* 
   return v0 | (v1 << 16);
 }
 
-template <class T, int SLAB, int S, int WARPS>
+template <class T, int SLAB, int S, int WARPS, bool L1>
 __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  __trap();  // bulk copies are sm_90+; the host launches this kernel only there
+  __trap();  // tuned for and launched on sm_90+ only (shared-memory sizes, NOTES)
 #else
   using Sh = AsyncShape<T, SLAB, S, WARPS>;
   constexpr bool kTf32 = sizeof(T) == 4;
-  constexpr int MT = SLAB / 16;  // m16 tiles (16 features each)
+  constexpr int MT = SLAB / 16;                 // m16 tiles (16 features each)
+  constexpr int kPieces = Sh::kRowBytes / 16;   // 16-byte pieces of a slab row
+  constexpr int kRowsPerPass = 32 / kPieces;    // rows one warp-wide cp.async covers
   constexpr int SO = SLAB + 4;   // epilogue tile row stride (floats)
   constexpr int E = SLAB / 8;    // features per lane in the epilogue
   extern __shared__ __align__(16) unsigned char smem[];
@@ -348,8 +347,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
   int* s_cols = reinterpret_cast<int*>(wsm);
   uint64_t* s_bits = reinterpret_cast<uint64_t*>(wsm + Sh::kMetaBlocks * 8 * 4);
   int* s_vptr = reinterpret_cast<int*>(wsm + Sh::kMetaBlocks * 8 * 4 + Sh::kMetaBlocks * 8);
-  const uint32_t bars = shared_addr(wsm + Sh::kMetaBlocks * 8 * 4 + Sh::kMetaBlocks * 8 + 144);
-  unsigned char* ring = wsm + (Sh::kMetaBytes + 15) / 16 * 16;
+  unsigned char* ring = wsm + Sh::kMetaBytes;
 
   const int64_t gw = int64_t(blockIdx.x) * WARPS + wid;
   if (gw >= p.num_items * p.nslab) return;
@@ -370,13 +368,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
   const int q16 = (16 * t + g) & 31;
   const bool hi16 = t >= 2;
   const int q32 = 8 * t + g;
-  if (lane < S) mbar_init(bars + 8 * lane, 1);
-  fence_barrier_init();
-  __syncwarp();
-  uint32_t issued = 0, consumed = 0;  // stages over the warp's lifetime (ring slot, parity)
+  const int piece = lane % kPieces, prow = lane / kPieces;
+  const int piece_bytes = max(0, min(16, int(row_copy) - 16 * piece));
 
   for (int h = blockIdx.y; h < p.heads; h += gridDim.y) {
-    const char* xh = static_cast<const char*>(p.x) + (h * p.x_head_stride + f0) * int64_t(sizeof(T));
+    const char* xh = static_cast<const char*>(p.x) +
+                     (h * p.x_head_stride + f0) * int64_t(sizeof(T)) + 16 * piece;
     const T* vh = static_cast<const T*>(p.values) + h * p.v_head_stride;
     float acc[MT][4];
 #pragma unroll
@@ -397,54 +394,52 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
       __syncwarp();
       const int nstage = (c1 - c0 + Sh::kStageBlocks - 1) / Sh::kStageBlocks;
 
-      // Issues local stage q into ring slot issued % S: lane j copies gathered row j (zeros for
-      // a missing column), lane 0 the 16-byte aligned span of the stage's values. The few bytes
-      // past the last 16-byte boundary of the whole values array are stored by plain loads.
+      // Issues stage q's copies: its gathered rows (missing columns zero-filled) and the 4-byte
+      // words covering its values (the last one clipped to the array's end).
       auto issue = [&](int q) {
-        const uint32_t slot_i = issued % S;
-        unsigned char* st = ring + slot_i * Sh::kStageBytes;
-        const uint32_t bar = bars + 8 * slot_i;
+        unsigned char* st = ring + (q % S) * Sh::kStageBytes;
         const int lb = q * Sh::kStageBlocks;
         const int nb = min(Sh::kStageBlocks, c1 - c0 - lb);
         const int nrows = (kTf32 ? nb : (nb + 1) & ~1) * kBlockCols;
-        const uintptr_t va = reinterpret_cast<uintptr_t>(vh + s_vptr[lb]);
-        const uintptr_t ve = reinterpret_cast<uintptr_t>(vh + s_vptr[lb + nb]);
-        const uintptr_t lo = va & ~uintptr_t(15);
-        uintptr_t hi = (ve + 15) & ~uintptr_t(15);
-        if (hi > v_end) hi = v_end & ~uintptr_t(15);
-        const uint32_t vbytes = hi > lo ? uint32_t(hi - lo) : 0u;
-        fence_proxy_async();  // earlier reads and stores of this slot come first
-        __syncwarp();
-        if (lane == 0) mbar_arrive_expect(bar, uint32_t(nrows) * row_copy + vbytes);
-        __syncwarp();
-        if (lane < nrows) {
-          const int col = s_cols[lb * kBlockCols + lane];
-          const void* src = col >= 0 ? static_cast<const void*>(xh + col * row_bytes)
-                                     : static_cast<const void*>(kZeroRow);
-          bulk_copy(shared_addr(st + lane * Sh::kRowStride), src, row_copy, bar);
+        const uint32_t rows_at = shared_addr(st) + 16 * piece;
+#pragma unroll
+        for (int r0 = 0; r0 < Sh::kStageRows; r0 += kRowsPerPass) {
+          const int r = r0 + prow;
+          if (r < nrows) {
+            const int col = s_cols[lb * kBlockCols + r];
+            cp_async16<L1>(rows_at + r * Sh::kRowStride, xh + (col >= 0 ? col * row_bytes : 0),
+                           col >= 0 ? piece_bytes : 0);
+          }
         }
-        unsigned char* vals = st + Sh::kStageRows * Sh::kRowStride;
-        if (lane == 0 && vbytes) bulk_copy(shared_addr(vals), reinterpret_cast<const void*>(lo), vbytes, bar);
-        if (ve > hi) {  // tail of the values array (at most 15 bytes)
-          const int i = lane * int(sizeof(T));
-          if (hi + i < ve) *reinterpret_cast<T*>(vals + (hi - lo) + i) = *reinterpret_cast<const T*>(hi + i);
+        const uintptr_t a = reinterpret_cast<uintptr_t>(vh + s_vptr[lb]);
+        const uintptr_t lo = a & ~uintptr_t(3);
+        const uintptr_t hi = reinterpret_cast<uintptr_t>(vh + s_vptr[lb + nb]);
+        const int words = int((hi - lo + 3) / 4);
+        const uint32_t vals_at = shared_addr(st + Sh::kStageRows * Sh::kRowStride);
+        for (int i = lane; i < words; i += 32) {
+          const uintptr_t src = lo + 4 * uintptr_t(i);
+          cp_async4(vals_at + 4 * i, reinterpret_cast<const void*>(src),
+                    v_end - src < 4 ? int(v_end - src) : 4);
         }
-        ++issued;
       };
 
-      for (int q = 0; q < S - 1 && q < nstage; ++q) issue(q);
+#pragma unroll
+      for (int q = 0; q < S - 1; ++q) {
+        if (q < nstage) issue(q);
+        cp_async_commit();
+      }
       for (int q = 0; q < nstage; ++q) {
-        if (q + S - 1 < nstage) issue(q + S - 1);  // into the slot consumed last iteration
-        const uint32_t slot_c = consumed % S;
-        mbar_wait(bars + 8 * slot_c, (consumed / S) & 1u);
-        __syncwarp();  // the plain-load tail of the values, if any
-        ++consumed;
+        if (q + S - 1 < nstage) issue(q + S - 1);  // into the stage consumed last iteration
+        cp_async_commit();
+        cp_async_wait<S - 1>();
+        __syncwarp();  // every lane's copies of stage q have landed
+        const int slot_c = q % S;
         const unsigned char* st = ring + slot_c * Sh::kStageBytes;
         const int lb = q * Sh::kStageBlocks;
         const int nb = min(Sh::kStageBlocks, c1 - c0 - lb);
         const T* sv = reinterpret_cast<const T*>(st + Sh::kStageRows * Sh::kRowStride);
         const uintptr_t va = reinterpret_cast<uintptr_t>(vh + s_vptr[lb]);
-        const int vshift = int((va & 15) / sizeof(T)) - s_vptr[lb];  // value index -> slot
+        const int vshift = int((va & 3) / sizeof(T)) - s_vptr[lb];  // value index -> slot
         if constexpr (kTf32) {
           for (int kb = 0; kb < nb; ++kb) {
             const uint64_t bits = s_bits[lb + kb];
@@ -483,11 +478,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
             }
           }
         }
+        __syncwarp();  // every lane is done with this stage before it is refilled
       }
     }
     // Epilogue: C fragment (feature 16i+g (+8), rows 2t, 2t+1) -> [8][SLAB] fp32 tile in ring
-    // slot 0 (no copy is in flight) -> each lane takes rows lane/8 and lane/8+4, E features.
-    __syncwarp();
+    // slot 0 (every copy has landed) -> each lane takes rows lane/8 and lane/8+4, E features.
     float* tile = reinterpret_cast<float*>(ring);
 #pragma unroll
     for (int i = 0; i < MT; ++i) {
@@ -503,6 +498,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
     for (int r = 0; r < 2; ++r)
 #pragma unroll
       for (int e = 0; e < E; ++e) v[r][e] = tile[rows[r] * SO + (lane & 7) * E + e];
+    __syncwarp();  // the tile is read before the next head's copies land in slot 0
     finish<T, 2, E>(p, h, w, slab, f0 + (lane & 7) * E, rows, v, slot, b1 - b0, p.wbp[w + 1] - wb);
   }
 #endif
@@ -829,10 +825,11 @@ void launch_tc_mt(SpmmParams& p, int mt, int64_t items, int heads, cudaStream_t 
 }
 
 // Pipelined kernel configuration: slab width by d (64 features for 16-bit d > 64 with
-// JAXSPARSE_TC_SPMM_SLAB=64) and S stages (JAXSPARSE_TC_SPMM_STAGES=2|3), read per launch for
-// the benchmarks; the defaults are the measured best (docs/NOTES.md).
+// JAXSPARSE_TC_SPMM_SLAB=64), S stages (JAXSPARSE_TC_SPMM_STAGES=2|3), L1-allocating gathers
+// (JAXSPARSE_TC_SPMM_L1=0|1). Read per launch, for the benchmarks; defaults: docs/NOTES.md.
 struct AsyncConfig {
   int slab, stages;
+  bool l1;
 };
 inline int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -842,10 +839,10 @@ template <class T>
 AsyncConfig async_config(int64_t d) {
   int slab = d <= 32 ? 32 : d <= 64 || sizeof(T) == 4 ? 64 : 128;
   if (env_int("JAXSPARSE_TC_SPMM_SLAB", 128) == 64 && slab > 64) slab = 64;
-  return {slab, env_int("JAXSPARSE_TC_SPMM_STAGES", 2)};
+  return {slab, env_int("JAXSPARSE_TC_SPMM_STAGES", 2), env_int("JAXSPARSE_TC_SPMM_L1", 1) != 0};
 }
 
-// Bulk copies need sm_90; asked once per device.
+// The pipelined kernel is built and tuned for sm_90+; asked once per device.
 bool device_is_sm90_or_later() {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return false;
@@ -858,10 +855,10 @@ bool device_is_sm90_or_later() {
 
 constexpr int kAsyncWarps = 2;  // warps per CTA (each warp owns its shared-memory ring)
 
-template <class T, int SLAB, int S>
+template <class T, int SLAB, int S, bool L1>
 void launch_async_shape(const SpmmParams& p, dim3 grid, cudaStream_t stream) {
   using Sh = AsyncShape<T, SLAB, S, kAsyncWarps>;
-  auto kernel = spmm_async<T, SLAB, S, kAsyncWarps>;
+  auto kernel = spmm_async<T, SLAB, S, kAsyncWarps, L1>;
   static const cudaError_t attr = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Sh::kCtaBytes);
   (void)attr;  // a failure shows up as the launch's error
@@ -870,8 +867,13 @@ void launch_async_shape(const SpmmParams& p, dim3 grid, cudaStream_t stream) {
 
 template <class T, int SLAB>
 void launch_async_stages(const SpmmParams& p, const AsyncConfig& c, dim3 grid, cudaStream_t stream) {
-  if (c.stages >= 3) launch_async_shape<T, SLAB, 3>(p, grid, stream);
-  else launch_async_shape<T, SLAB, 2>(p, grid, stream);
+  if (c.l1) {
+    if (c.stages >= 3) launch_async_shape<T, SLAB, 3, true>(p, grid, stream);
+    else launch_async_shape<T, SLAB, 2, true>(p, grid, stream);
+  } else {
+    if (c.stages >= 3) launch_async_shape<T, SLAB, 3, false>(p, grid, stream);
+    else launch_async_shape<T, SLAB, 2, false>(p, grid, stream);
+  }
 }
 
 template <class T>

@@ -45,6 +45,15 @@ if [ $sanitize = 1 ]; then
   timeout ${SANITIZE_TIMEOUT:-300} compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/sanitize_case.py \
     2>&1 | tee "$OUT/sanitizer.log" | tail -15
 fi
+stall=smsp__average_warps_issue_stalled
+NCU_METRICS="smsp__inst_executed.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_requests_srcunit_tex_op_read.sum,\
+lts__t_sectors_op_atom.sum,lts__t_sectors_op_red.sum,dram__bytes_read.sum,lts__t_sectors.sum,\
+${stall}_long_scoreboard_per_issue_active.ratio,${stall}_short_scoreboard_per_issue_active.ratio,\
+${stall}_mio_throttle_per_issue_active.ratio,${stall}_lg_throttle_per_issue_active.ratio,\
+${stall}_wait_per_issue_active.ratio,${stall}_math_pipe_throttle_per_issue_active.ratio,\
+${stall}_barrier_per_issue_active.ratio,${stall}_not_selected_per_issue_active.ratio,\
+${stall}_no_instruction_per_issue_active.ratio,${stall}_dispatch_stall_per_issue_active.ratio,\
+${stall}_membar_per_issue_active.ratio,${stall}_branch_resolving_per_issue_active.ratio"
 # --profile entries: "default", "tc" (JAXSPARSE_TC_SPMM_VARIANT), "K=V:K=V" (JAXSPARSE_TC_SPMM_K),
 # "cusparse-fp32" / "cusparse-fp16" (torch.sparse.mm on the same matrix).
 for v in $profile; do
@@ -58,10 +67,10 @@ for v in $profile; do
   esac
   env "${envs[@]}" timeout 120 ncu --clock-control none -k "$kre" --launch-skip 2 \
     --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-    --section WarpStateStats --section LaunchStats python3 scripts/profile_spmm.py "${args[@]}" \
-    > "$OUT/ncu_$v.log" 2>&1
-  grep -E "  void|Duration|Throughput|Hit Rate|Achieved Occupancy|Registers Per|Dynamic Shared|Warp Cycles Per Issued|Block Limit Shared" \
-    "$OUT/ncu_$v.log" | cut -c1-150
+    --section WarpStateStats --section LaunchStats --metrics "$NCU_METRICS" \
+    python3 scripts/profile_spmm.py "${args[@]}" > "$OUT/ncu_${v//[=:]/_}.log" 2>&1
+  grep -E "  void|Duration|Throughput|Hit Rate|Achieved Occupancy|Registers Per|Dynamic Shared|Warp Cycles Per Issued|Block Limit Shared|sectors|requests|inst_executed|dram__bytes|stalled" \
+    "$OUT/ncu_${v//[=:]/_}.log" | grep -v "^ *[a-z_]*stalled.* 0$" | cut -c1-150
 done
 if [ $bench = 1 ]; then
   python3 benchmarks/run.py $quick $only 2>&1 | tee "$OUT/bench.log"

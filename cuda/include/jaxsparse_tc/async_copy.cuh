@@ -1,7 +1,6 @@
-// Asynchronous global -> shared copies for gathers (sm_90): bulk copies (the TMA engine, one
-// instruction per contiguous row) completing on a shared-memory mbarrier, and the transposing
-// fragment load (ldmatrix). A warp keeps many gathered rows in flight without holding them in
-// registers or spending an instruction per 16 bytes.
+// Asynchronous global -> shared copies (cp.async, sm_80+) and the transposing shared-memory
+// fragment load (ldmatrix). Gathers go through these so a warp keeps many rows in flight
+// without holding them in registers.
 #pragma once
 #include <cstdint>
 
@@ -11,46 +10,32 @@ __device__ __forceinline__ uint32_t shared_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// Copies `bytes` (a multiple of 16; 16-byte aligned src and dst) and counts them on `bar`.
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes,
-                                          uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-      ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+// Copies src_bytes (0..16) of src to 16 bytes at dst, zero-filling the rest; src_bytes = 0
+// reads nothing. L1 = true allocates in L1 (.ca: rows gathered again by the same SM, such as
+// power-law hub columns, hit there); false goes to L2 only (.cg).
+template <bool L1 = false>
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  if constexpr (L1)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes));
+  else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes));
 }
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+// 4-byte variant (src_bytes 0..4), for arrays with only 4-byte alignment.
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
 }
 
-// Makes initialised barriers visible to the async proxy (the copy engine).
-__device__ __forceinline__ void fence_barrier_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
-// Arrives once and announces `bytes` of copies that complete the current phase.
-__device__ __forceinline__ void mbar_arrive_expect(uint32_t bar, uint32_t bytes) {
-  uint64_t state;
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 %0, [%1], %2;\n"
-               : "=l"(state) : "r"(bar), "r"(bytes) : "memory");
-  (void)state;
-}
-
-// Waits for the phase with the given parity to complete; its copies are then visible.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-  }
-}
-
-// Orders this thread's earlier shared-memory accesses before later async-proxy copies into
-// the same memory (a stage is refilled after ordinary loads and stores touched it).
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+// Waits until at most N of this thread's committed groups are pending. Other lanes' copies
+// are visible only after a __syncwarp() that follows every lane's wait.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Four transposed 8x8 b16 matrices; lane i gives the row address of matrix i/8, row i%8.
