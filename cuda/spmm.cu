@@ -328,6 +328,57 @@ __device__ __forceinline__ uint32_t block_pair16(uint64_t bits, const uint16_t* 
   return v0 | (v1 << 16);
 }
 
+// Writes a window's [8][SLAB] fp32 tile (shared memory, row stride SO) for the slab's features.
+// Whole windows store it; split pieces add it into the workspace slot with 16-byte atomics, one
+// warp instruction covering 512 contiguous bytes (per-float atomics touched a sector per lane
+// and were a quarter of all L2 traffic), and the piece that completes the window converts the
+// slot. Each lane covers 4 consecutive features; d % 4 == 0 on this path.
+template <class T, int SLAB, int SO>
+__device__ __forceinline__ void finish_tile(const SpmmParams& p, int h, int w, int slab, int64_t f0,
+                                            const float* tile, int slot, int nblocks,
+                                            int window_blocks) {
+  constexpr int kLanesPerRow = SLAB / 4;
+  constexpr int kRowsPerPass = 32 / kLanesPerRow;
+  const int lane = threadIdx.x & 31;
+  const int c = (lane % kLanesPerRow) * 4;
+  const int64_t f = f0 + c;
+  const bool in = f < p.d;
+  T* out = static_cast<T*>(p.out) + int64_t(h) * p.m * p.d;
+  if (slot < 0) {
+#pragma unroll
+    for (int r = lane / kLanesPerRow; r < kWindowRows; r += kRowsPerPass) {
+      const int64_t row = int64_t(w) * kWindowRows + r;
+      const float v[4] = {tile[r * SO + c], tile[r * SO + c + 1], tile[r * SO + c + 2],
+                          tile[r * SO + c + 3]};
+      if (row < p.m && in) store_row<T, 4>(out + row * p.d, f, p.d, true, v);
+    }
+    return;
+  }
+  float* ws = p.ws + (int64_t(slot) * p.heads + h) * kWindowRows * p.d;
+#pragma unroll
+  for (int r = lane / kLanesPerRow; r < kWindowRows; r += kRowsPerPass)
+    if (in)
+      atomicAdd(reinterpret_cast<float4*>(ws + r * p.d + f),
+                make_float4(tile[r * SO + c], tile[r * SO + c + 1], tile[r * SO + c + 2],
+                            tile[r * SO + c + 3]));
+  __threadfence();  // partials visible before the counter says so
+  __syncwarp();
+  int old = 0;
+  if (lane == 0) old = atomicAdd(p.done + (int64_t(slot) * p.heads + h) * p.nslab + slab, nblocks);
+  old = __shfl_sync(0xffffffffu, old, 0);
+  if (old + nblocks != window_blocks) return;
+  __threadfence();
+#pragma unroll
+  for (int r = lane / kLanesPerRow; r < kWindowRows; r += kRowsPerPass) {
+    const int64_t row = int64_t(w) * kWindowRows + r;
+    if (row < p.m && in) {
+      const float4 s = __ldcg(reinterpret_cast<const float4*>(ws + r * p.d + f));
+      const float v[4] = {s.x, s.y, s.z, s.w};
+      store_row<T, 4>(out + row * p.d, f, p.d, true, v);
+    }
+  }
+}
+
 template <class T, int SLAB, int S, int WARPS, bool L1>
 __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -339,7 +390,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
   constexpr int kPieces = Sh::kRowBytes / 16;   // 16-byte pieces of a slab row
   constexpr int kRowsPerPass = 32 / kPieces;    // rows one warp-wide cp.async covers
   constexpr int SO = SLAB + 4;   // epilogue tile row stride (floats)
-  constexpr int E = SLAB / 8;    // features per lane in the epilogue
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wid = threadIdx.x >> 5;
@@ -482,7 +532,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
       }
     }
     // Epilogue: C fragment (feature 16i+g (+8), rows 2t, 2t+1) -> [8][SLAB] fp32 tile in ring
-    // slot 0 (every copy has landed) -> each lane takes rows lane/8 and lane/8+4, E features.
+    // slot 0 (every copy has landed) -> row-contiguous stores or workspace atomics.
     float* tile = reinterpret_cast<float*>(ring);
 #pragma unroll
     for (int i = 0; i < MT; ++i) {
@@ -492,14 +542,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
       tile[(2 * t + 1) * SO + 16 * i + g + 8] = acc[i][3];
     }
     __syncwarp();
-    const int rows[2] = {lane >> 3, (lane >> 3) + 4};
-    float v[2][E];
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-      for (int e = 0; e < E; ++e) v[r][e] = tile[rows[r] * SO + (lane & 7) * E + e];
+    finish_tile<T, SLAB, SO>(p, h, w, slab, f0, tile, slot, b1 - b0, p.wbp[w + 1] - wb);
     __syncwarp();  // the tile is read before the next head's copies land in slot 0
-    finish<T, 2, E>(p, h, w, slab, f0 + (lane & 7) * E, rows, v, slot, b1 - b0, p.wbp[w + 1] - wb);
   }
 #endif
 }
