@@ -54,13 +54,15 @@ ${stall}_wait_per_issue_active.ratio,${stall}_math_pipe_throttle_per_issue_activ
 ${stall}_barrier_per_issue_active.ratio,${stall}_not_selected_per_issue_active.ratio,\
 ${stall}_no_instruction_per_issue_active.ratio,${stall}_dispatch_stall_per_issue_active.ratio,\
 ${stall}_membar_per_issue_active.ratio,${stall}_branch_resolving_per_issue_active.ratio"
-# --profile entries: "default", "tc" (JAXSPARSE_TC_SPMM_VARIANT), "K=V:K=V" (JAXSPARSE_TC_SPMM_K),
+# --profile entries: "default", "fp16|bf16|fp32" (default kernel, that dtype), "tc"
+# (JAXSPARSE_TC_SPMM_VARIANT), "K=V:K=V" (JAXSPARSE_TC_SPMM_K),
 # "cusparse-fp32" / "cusparse-fp16" (torch.sparse.mm on the same matrix).
 for v in $profile; do
   echo "== ncu: spmm $v"
   envs=(); args=(fp16 128); kre="regex:spmm_"
   case $v in
     default) ;;
+    fp16|bf16|fp32) args=($v 128) ;;
     cusparse-*) args=(${v#cusparse-} 128 torch); kre="regex:csrmm|spmm|SpMM|cusparse" ;;
     *=*) for kv in ${v//:/ }; do envs+=("JAXSPARSE_TC_SPMM_${kv%%=*}=${kv#*=}"); done ;;
     *) envs+=("JAXSPARSE_TC_SPMM_VARIANT=$v") ;;
