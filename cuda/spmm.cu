@@ -111,15 +111,32 @@ __device__ __forceinline__ void finish(const SpmmParams& p, int h, int w, int sl
   }
 }
 
-// Resolves an item's split status; returns false when this warp has nothing to do.
-__device__ __forceinline__ bool resolve_item(const SpmmParams& p, int4 it, int& b1, int& slot) {
-  slot = -1;
-  if (!it.w) return true;
-  slot = p.slot_of[it.x];
-  if (slot >= 0) return true;
-  // No workspace slot: the first piece does the whole window, the others nothing.
-  if (it.y != p.wbp[it.x]) return false;
-  b1 = p.wbp[it.x + 1];
+// A warp's share of a launch: its schedule item (window w, blocks [b0, b1)), feature slab and
+// split-window slot (-1: stores directly), with the window's first block wb and its condensed
+// columns wc[cb .. cb + ncols). False when the warp has nothing to do.
+struct WarpItem {
+  int w, b0, b1, slab, slot, wb, cb, ncols;
+};
+__device__ __forceinline__ bool warp_item(const SpmmParams& p, int warps_per_cta, WarpItem& it) {
+  const int64_t gw = int64_t(blockIdx.x) * warps_per_cta + (threadIdx.x >> 5);
+  if (gw >= p.num_items * p.nslab) return false;
+  const int4 s = p.sched[gw / p.nslab];
+  it.w = s.x;
+  it.b0 = s.y;
+  it.b1 = s.z;
+  it.slab = int(gw % p.nslab);
+  it.slot = -1;
+  if (s.w) {
+    it.slot = p.slot_of[s.x];
+    if (it.slot < 0) {
+      // No workspace slot: the first piece does the whole window, the others nothing.
+      if (s.y != p.wbp[s.x]) return false;
+      it.b1 = p.wbp[s.x + 1];
+    }
+  }
+  it.wb = p.wbp[it.w];
+  it.cb = p.wcp[it.w];
+  it.ncols = p.wcp[it.w + 1] - it.cb;
   return true;
 }
 
@@ -199,16 +216,10 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) spmm_tc(const SpmmParams p)
   __shared__ int s_vptr[STAGED ? kWarps : 1][kStageBlocks];
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wid = threadIdx.x >> 5;
-  const int64_t gw = int64_t(blockIdx.x) * kWarps + wid;
-  if (gw >= p.num_items * p.nslab) return;
-  const int64_t item = gw / p.nslab;
-  const int slab = int(gw % p.nslab);
-  const int4 it = p.sched[item];
-  const int w = it.x, b0 = it.y;
-  int b1 = it.z, slot;
-  if (!resolve_item(p, it, b1, slot)) return;
-  const int wb = p.wbp[w];
-  const int cb = p.wcp[w], ncols_w = p.wcp[w + 1] - cb;
+  WarpItem wi;
+  if (!warp_item(p, kWarps, wi)) return;
+  const int w = wi.w, b0 = wi.b0, b1 = wi.b1, slab = wi.slab, slot = wi.slot;
+  const int wb = wi.wb, cb = wi.cb, ncols_w = wi.ncols;
   const int64_t f = int64_t(slab) * 16 * MT + int64_t(E) * g;
 
   for (int h = blockIdx.y; h < p.heads; h += gridDim.y) {
@@ -399,16 +410,10 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
   int* s_vptr = reinterpret_cast<int*>(wsm + Sh::kMetaBlocks * 8 * 4 + Sh::kMetaBlocks * 8);
   unsigned char* ring = wsm + Sh::kMetaBytes;
 
-  const int64_t gw = int64_t(blockIdx.x) * WARPS + wid;
-  if (gw >= p.num_items * p.nslab) return;
-  const int64_t item = gw / p.nslab;
-  const int slab = int(gw % p.nslab);
-  const int4 it = p.sched[item];
-  const int w = it.x, b0 = it.y;
-  int b1 = it.z, slot;
-  if (!resolve_item(p, it, b1, slot)) return;
-  const int wb = p.wbp[w];
-  const int cb = p.wcp[w], ncols_w = p.wcp[w + 1] - cb;
+  WarpItem wi;
+  if (!warp_item(p, WARPS, wi)) return;
+  const int w = wi.w, b0 = wi.b0, b1 = wi.b1, slab = wi.slab, slot = wi.slot;
+  const int wb = wi.wb, cb = wi.cb, ncols_w = wi.ncols;
   const int64_t f0 = int64_t(slab) * SLAB;
   const uint32_t row_copy = uint32_t(p.d - f0 < SLAB ? p.d - f0 : SLAB) * uint32_t(sizeof(T));
   const int64_t row_bytes = p.d * int64_t(sizeof(T));
@@ -551,16 +556,10 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
 // Exact fp32 SpMM on CUDA cores: a warp owns an item and 128 features (4 per lane).
 __global__ void __launch_bounds__(kWarps * 32) spmm_f32_exact(const SpmmParams p) {
   const int lane = threadIdx.x & 31;
-  const int64_t gw = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (gw >= p.num_items * p.nslab) return;
-  const int64_t item = gw / p.nslab;
-  const int slab = int(gw % p.nslab);
-  const int4 it = p.sched[item];
-  const int w = it.x, b0 = it.y;
-  int b1 = it.z, slot;
-  if (!resolve_item(p, it, b1, slot)) return;
-  const int wb = p.wbp[w];
-  const int cb = p.wcp[w], ncols_w = p.wcp[w + 1] - cb;
+  WarpItem wi;
+  if (!warp_item(p, kWarps, wi)) return;
+  const int w = wi.w, b0 = wi.b0, b1 = wi.b1, slab = wi.slab, slot = wi.slot;
+  const int wb = wi.wb, cb = wi.cb, ncols_w = wi.ncols;
   const int64_t f = int64_t(slab) * 128 + 4 * lane;
   const bool active = f < p.d;
 
@@ -678,16 +677,10 @@ __global__ void __launch_bounds__(kWarps * 32, 4) spmm_cuda_core(const SpmmParam
   const unsigned full = 0xffffffffu;
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
   const int grp = lane / L, li = lane % L;
-  const int64_t gw = int64_t(blockIdx.x) * kWarps + wid;
-  if (gw >= p.num_items * p.nslab) return;
-  const int64_t item = gw / p.nslab;
-  const int slab = int(gw % p.nslab);
-  const int4 it = p.sched[item];
-  const int w = it.x, b0 = it.y;
-  int b1 = it.z, slot;
-  if (!resolve_item(p, it, b1, slot)) return;
-  const int wb = p.wbp[w];
-  const int cb = p.wcp[w], ncols_w = p.wcp[w + 1] - cb;
+  WarpItem wi;
+  if (!warp_item(p, kWarps, wi)) return;
+  const int w = wi.w, b0 = wi.b0, b1 = wi.b1, slab = wi.slab, slot = wi.slot;
+  const int wb = wi.wb, cb = wi.cb, ncols_w = wi.ncols;
   const int64_t f = int64_t(slab) * (L * E) + int64_t(E) * li;
   const bool active = f < p.d;
 
