@@ -9,6 +9,9 @@
 // covering a contiguous 128-byte segment, and the C fragment maps back to the same contiguous
 // features, so stores are 16 bytes wide too.
 //
+// On sm_90 the default is spmm_async, the same fragments fed from a cp.async gather ring in
+// shared memory (rows need 16-byte alignment; spmm_tc otherwise and on older GPUs).
+//
 // Exact fp32 path (precision attr 1): CUDA cores, one warp per item and 128-feature slab.
 //
 // CUDA-core family (spmm_cuda_core, JAXSPARSE_TC_SPMM_VARIANT=cuda_core, all dtypes, fp32
