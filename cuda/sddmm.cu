@@ -34,7 +34,8 @@ struct SddmmParams : KernelPattern {
   bool vec;  // d % 8 == 0: every thread's 8 features are in range together, 16-byte aligned
 };
 
-template <class T>
+// T: operand type; O: value type out (T, or float: the fp32 accumulator unrounded).
+template <class T, class O = T>
 __global__ void __launch_bounds__(kWarps * 32) sddmm_tc(const SddmmParams p) {
   constexpr bool kTf32 = sizeof(T) == 4;
   constexpr int NW = Words<T, 8>::N;  // 4 words (16-bit) or 8 (fp32) per 8 features
@@ -52,7 +53,7 @@ __global__ void __launch_bounds__(kWarps * 32) sddmm_tc(const SddmmParams p) {
   for (int h = blockIdx.y; h < p.heads; h += gridDim.y) {
     const T* xh = static_cast<const T*>(p.x) + h * p.x_head_stride + xrow * p.d;
     const T* yh = static_cast<const T*>(p.y) + h * p.y_head_stride;
-    T* oh = static_cast<T*>(p.out) + int64_t(h) * p.nnz;
+    O* oh = static_cast<O*>(p.out) + int64_t(h) * p.nnz;
     for (int b = b0; b < b1; b += 2) {
       // Rows of the m=16 operand: column g of block b (rows 0..7) and of block b+1 (8..15).
       const T* yrow[2];
@@ -104,7 +105,7 @@ __global__ void __launch_bounds__(kWarps * 32) sddmm_tc(const SddmmParams p) {
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
           const int off = bit_value_offset(bits[kb], g * 8 + 2 * t + rr);
-          if (off >= 0) oh[vbase[kb] + off] = from_f32<T>(acc[2 * kb + rr]);
+          if (off >= 0) oh[vbase[kb] + off] = from_f32<O>(acc[2 * kb + rr]);
         }
     }
   }
@@ -160,8 +161,10 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
   if (xd.size() != 3 || yd.size() != 3 || od.size() != 2)
     return ffi::Error::InvalidArgument("sddmm: expected x [Hx,m,d], y [Hy,n,d], out [H,nnz]");
   const auto dtype = x.element_type();
-  if (y.element_type() != dtype || out->element_type() != dtype)
-    return ffi::Error::InvalidArgument("sddmm: x, y and out must share a dtype");
+  // out is x's dtype, or float32 for 16-bit x (the accumulator, unrounded).
+  const bool f32_out = out->element_type() == ffi::DataType::F32 && dtype != ffi::DataType::F32;
+  if (y.element_type() != dtype || (out->element_type() != dtype && !f32_out))
+    return ffi::Error::InvalidArgument("sddmm: x, y and out must share a dtype (or out float32)");
   if (dtype != ffi::DataType::F32 && dtype != ffi::DataType::F16 && dtype != ffi::DataType::BF16)
     return ffi::Error::InvalidArgument("sddmm: unsupported dtype (float32, float16, bfloat16)");
   SddmmParams p{};
@@ -179,7 +182,7 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
   p.y_head_stride = yd[0] == 1 ? 0 : p.n * p.d;
   if (heads == 0 || p.nnz == 0) return ffi::Error::Success();
   if (p.d == 0) {  // empty dot products
-    const size_t bytes = size_t(heads * p.nnz) * (dtype == ffi::DataType::F32 ? 4 : 2);
+    const size_t bytes = size_t(heads * p.nnz) * (out->element_type() == ffi::DataType::F32 ? 4 : 2);
     if (cudaMemsetAsync(p.out, 0, bytes, stream) != cudaSuccess)
       return ffi::Error::Internal("sddmm: memset failed");
     return ffi::Error::Success();
@@ -192,7 +195,9 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
   } else {
     p.vec = p.d % 8 == 0;
     if (dtype == ffi::DataType::F32) sddmm_tc<float><<<grid, kWarps * 32, 0, stream>>>(p);
+    else if (dtype == ffi::DataType::F16 && f32_out) sddmm_tc<__half, float><<<grid, kWarps * 32, 0, stream>>>(p);
     else if (dtype == ffi::DataType::F16) sddmm_tc<__half><<<grid, kWarps * 32, 0, stream>>>(p);
+    else if (f32_out) sddmm_tc<__nv_bfloat16, float><<<grid, kWarps * 32, 0, stream>>>(p);
     else sddmm_tc<__nv_bfloat16><<<grid, kWarps * 32, 0, stream>>>(p);
   }
   return launch_status("sddmm");

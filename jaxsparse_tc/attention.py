@@ -178,17 +178,19 @@ def _backward(q, k, v, bias, o, lse, do, pattern, *, shape, scale, has_bias):
 
   f32 = jnp.float32
   dtype = q.dtype
-  # float16/bfloat16 operands are exact in tf32, so the float32 logits lose nothing on tensor
-  # cores; float32 operands take the exact path, as the forward does.
+  # 16-bit operands: products are exact in the fp32 accumulator, which the SDDMM hands out as
+  # float32 (no float32 copies of Q and K), so large logits lose nothing; float32 operands take
+  # the exact path, as the forward does.
   prec = precision_lib.HIGHEST if dtype == f32 else precision_lib.DEFAULT
   rows, perm_t = pattern[ROWS], pattern[PERM_T]
   pattern_t = transpose_operands(tuple(pattern))
-  logits = scale * sddmm_p.bind(q.astype(f32), k.astype(f32), *pattern, shape=shape,
-                                precision=prec)
+  f32_out = dtype in (jnp.float16, jnp.bfloat16)
+  logits = scale * sddmm_p.bind(q, k, *pattern, shape=shape, precision=prec,
+                                float32_out=f32_out).astype(f32)
   if has_bias:
     logits = logits + bias.astype(f32)
   p = jnp.exp(logits - lse[:, rows])
-  dp = sddmm_p.bind(do, v, *pattern, shape=shape, precision=prec).astype(f32)
+  dp = sddmm_p.bind(do, v, *pattern, shape=shape, precision=prec, float32_out=f32_out).astype(f32)
   delta = jnp.sum(do.astype(f32) * o.astype(f32), axis=-1)
   ds = p * (dp - delta[:, rows])
   ds_scaled = (scale * ds).astype(dtype)

@@ -30,7 +30,7 @@ def sddmm(A, x, y, *, scale_by_values: bool = False, precision=None):
   checks.heads_match("sddmm", A, x, hx, hy, other=y)
   out = sddmm_p.bind(x.reshape((hx,) + x.shape[-2:]), y.reshape((hy,) + y.shape[-2:]),
                      *A.pattern_operands(), shape=A.shape,
-                     precision=precision_lib.canonicalize(precision))
+                     precision=precision_lib.canonicalize(precision), float32_out=False)
   if x.ndim == 2 and y.ndim == 2:
     out = out[0]
   if scale_by_values:
@@ -38,19 +38,23 @@ def sddmm(A, x, y, *, scale_by_values: bool = False, precision=None):
   return A.with_values(out)
 
 
-def _abstract_eval(x, y, *pattern, shape, precision):
+# float32_out (internal, used by the attention backward): 16-bit operands, float32 values out,
+# so the fp32 accumulator is kept without float32 copies of the operands.
+def _abstract_eval(x, y, *pattern, shape, precision, float32_out):
   del shape, precision
   h = heads.num_heads(x.shape[0], y.shape[0])
   nnz = pattern[PERM_T].shape[0]  # perm_t has one entry per nonzero
-  return x.update(shape=(h, nnz), dtype=x.dtype)
+  return x.update(shape=(h, nnz), dtype=jnp.float32 if float32_out else x.dtype)
 
 
-def _transpose(ct, x, y, *pattern, shape, precision):
+def _transpose(ct, x, y, *pattern, shape, precision, float32_out):
   from jaxsparse_tc.spmm import spmm_p
 
+  del float32_out
   none = [None] * NUM_PATTERN_OPERANDS
   if type(ct) is ad.Zero:
     return [None, None] + none
+  ct = ct.astype((x.aval if ad.is_undefined_primal(x) else x).dtype)  # the operands' dtype
   if ad.is_undefined_primal(x):
     dx = spmm_p.bind(ct, y, *pattern, shape=shape, precision=precision)
     return [heads.sum_to_heads(dx, x.aval.shape[0]), None] + none

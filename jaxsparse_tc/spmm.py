@@ -51,7 +51,7 @@ def _transpose(ct, values, x, *pattern, shape, precision):
     dx = spmm_p.bind(values_t, ct, *transpose_operands(tuple(pattern)),
                      shape=(shape[1], shape[0]), precision=precision)
     return [None, heads.sum_to_heads(dx, x.aval.shape[0])] + none
-  dvalues = sddmm_p.bind(ct, x, *pattern, shape=shape, precision=precision)
+  dvalues = sddmm_p.bind(ct, x, *pattern, shape=shape, precision=precision, float32_out=False)
   return [heads.sum_to_heads(dvalues, values.aval.shape[0]), None] + none
 
 

@@ -315,3 +315,27 @@ def test_spmm_cuda_core_many_heads_split(rng, monkeypatch):
     ref = np.einsum("hmn,hnd->hmd", _dense64(A, dtype), np.asarray(x, np.float64))
     assert rel_err(out, ref) < tol
     np.testing.assert_array_equal(np.asarray(out, np.float64)[:, empty], 0.0)
+
+
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+@pytest.mark.parametrize("kind", ["random", "heavy"])
+def test_sddmm_float32_out(rng, kind, dt):
+  """16-bit operands with float32 values out (the attention backward's logits): GPU = CPU
+  kernel = float64 up to summation order."""
+  from jaxsparse_tc import precision as precision_lib
+  from jaxsparse_tc.sddmm import sddmm_p
+
+  dtype = DTYPES[dt][0]
+  A, _ = _matrix(rng, kind)
+  m, n = A.shape
+  x = jnp.asarray(rng.standard_normal((2, m, 64)) * 30, dtype)
+  y = jnp.asarray(rng.standard_normal((2, n, 64)) * 30, dtype)
+  f = jax.jit(lambda x, y, A: sddmm_p.bind(x, y, *A.pattern_operands(), shape=A.shape,
+                                           precision=precision_lib.canonicalize(None),
+                                           float32_out=True))
+  out = f(*_on(_gpu(), (x, y, A)))
+  assert out.dtype == jnp.float32 and list(out.devices())[0].platform == "gpu"
+  cpu_out = f(*_on(_cpu(), (x, y, A)))
+  full = np.einsum("hmd,hnd->hmn", np.asarray(x, np.float64), np.asarray(y, np.float64))
+  ref = full[:, np.asarray(A.rows), np.asarray(A.cols)]
+  _check(out, ref, cpu_out, 1e-5, f"sddmm float32_out {kind} {dt}")

@@ -286,3 +286,25 @@ def test_float64_on_cpu_with_x64(rng, x64):
   assert rel_err(jst.spmm(A, x), dense64(A) @ x) < 1e-12
   r, c = np.asarray(A.rows), np.asarray(A.cols)
   assert rel_err(jst.sddmm(A, y, x).values, (y @ x.T)[r, c]) < 1e-12
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_sddmm_float32_out(rng, dtype):
+  """The attention backward's SDDMM: 16-bit operands, the float32 accumulator out unrounded
+  (products of 16-bit numbers are exact in float32, so only the summation order differs)."""
+  from jaxsparse_tc import precision as precision_lib
+  from jaxsparse_tc.sddmm import sddmm_p
+
+  A = make(rng, 45, 37)
+  x = jnp.asarray(rng.standard_normal((2, 45, 40)) * 30, dtype)  # large logits
+  y = jnp.asarray(rng.standard_normal((2, 37, 40)) * 30, dtype)
+  f = jax.jit(lambda x, y, A: sddmm_p.bind(x, y, *A.pattern_operands(), shape=A.shape,
+                                           precision=precision_lib.canonicalize(None),
+                                           float32_out=True))
+  out = f(x, y, A)
+  assert out.dtype == jnp.float32 and out.shape == (2, A.nnz)
+  full = np.einsum("hmd,hnd->hmn", np.asarray(x, np.float64), np.asarray(y, np.float64))
+  r, c = np.asarray(A.rows), np.asarray(A.cols)
+  assert rel_err(out, full[:, r, c]) < 1e-6
+  rounded = jst.sddmm(A, x[0], y[0]).values  # the default rounds to the operands' dtype
+  assert rounded.dtype == dtype and rel_err(out[0], np.asarray(rounded, np.float64)) > 1e-6
