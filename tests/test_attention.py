@@ -273,3 +273,32 @@ def test_attention_errors(rng):
     jst.sparse_attention(A, q, k, v, bias=jnp.zeros(A.nnz + 2))
   with pytest.raises(ValueError):
     jst.sparse_attention(A, q, k[:, :3], v)
+
+
+def _all_eqns(jaxpr):
+  """Every equation of a jaxpr, those of sub-jaxprs in params (pjit, custom rules) included."""
+  for e in jaxpr.eqns:
+    yield e
+    for p in e.params.values():
+      sub = getattr(p, "jaxpr", p)  # ClosedJaxpr -> Jaxpr
+      if hasattr(sub, "eqns"):
+        yield from _all_eqns(sub)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_attention_backward_keeps_operands_16bit(rng, dtype):
+  """The backward's logits come from a float32-out SDDMM of the 16-bit Q and K: no float32
+  copy of an [H, n, d] operand is made (that copy was most of the backward's memory)."""
+  from jaxsparse_tc.sddmm import sddmm_p
+
+  A = make_pattern(rng, 40, 33)
+  q, k, v = qkv(rng, A, d=16, dv=8, dtype=dtype, h=2)
+  jaxpr = jax.make_jaxpr(jax.grad(
+      lambda q: jnp.sum(jst.sparse_attention(A, q, k, v).astype(jnp.float32))))(q).jaxpr
+  eqns = list(_all_eqns(jaxpr))
+  sddmms = [e for e in eqns if e.primitive is sddmm_p]
+  assert sddmms and all(e.params["float32_out"] for e in sddmms)
+  assert all(e.invars[0].aval.dtype == dtype for e in sddmms)
+  upcasts = [e for e in eqns if e.primitive.name == "convert_element_type"
+             and e.outvars[0].aval.dtype == jnp.float32 and e.outvars[0].aval.shape == q.shape]
+  assert not upcasts, "a float32 copy of an [H, n, d] operand"
