@@ -301,14 +301,15 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) spmm_tc(const SpmmParams p)
 }
 
 // ---- Pipelined tensor-core SpMM (default where rows are 16-byte aligned) -------------------
-// Same math and fragments as spmm_tc, but gathered X rows never pass through registers: the
-// warp copies them with cp.async (16 bytes per lane, zero-filled for missing columns) into a
-// ring of S shared-memory stages (32 rows = 4 blocks, plus the stage's values), so S-1 stages
-// are in flight while it computes on the oldest; MMA operands come from shared memory by
-// ldmatrix.trans (fp16, bf16) or shared loads (tf32). An item's metadata (<= 32 blocks at a
-// time) is staged first with coalesced loads, so issuing a stage reads only shared memory. The
-// accumulators leave through shared memory, so stores are row-contiguous and reuse finish()
-// (split windows included). Needs d * sizeof(T) % 16 == 0 and a 16-byte aligned X.
+// Same MMA scheme as spmm_tc, but gathered X rows never pass through registers: the warp
+// copies them with cp.async (16 bytes per lane, zero-filled for missing columns, L1-allocating
+// by default so hub rows hit there) into a ring of S shared-memory stages (32 rows = 4 blocks,
+// plus the stage's values), so S-1 stages are in flight while it computes on the oldest; MMA
+// operands come from shared memory by ldmatrix.trans (fp16, bf16) or shared loads (tf32). An
+// item's metadata (<= 32 blocks at a time) is staged first with coalesced loads, so issuing a
+// stage reads only shared memory. The accumulators leave through a shared tile (finish_tile:
+// row-contiguous stores, or 16-byte atomics for split windows). Needs d * sizeof(T) % 16 == 0
+// and a 16-byte aligned X. Measured versions and counters: docs/NOTES.md (SpMM v5-v8).
 // (A bulk-copy version, one TMA copy per gathered row on mbarriers, was 1.8x slower: NOTES v6.)
 template <class T, int SLAB, int S, int WARPS>
 struct AsyncShape {
