@@ -14,23 +14,31 @@ from jaxsparse_tc.pattern import NUM_PATTERN_OPERANDS, PERM_T, transpose_operand
 sddmm_p = Primitive("jaxsparse_tc_sddmm")
 
 
-def sddmm(A, x, y, *, scale_by_values: bool = False, precision=None):
+def sddmm(A, x, y, *, scale_by_values: bool = False, precision=None,
+          preferred_element_type=None):
   """(X @ Y.T) sampled at A's nonzeros, as a SparseMatrix on A's pattern.
 
   X [m, d] or [H, m, d], Y [n, d] or [H, n, d], one float dtype. With `scale_by_values`, the
-  result is multiplied by A's values. Values come out in X's dtype (float32 accumulation).
+  result is multiplied by A's values. Values come out in X's dtype (float32 accumulation), or
+  unrounded as float32 with `preferred_element_type=jnp.float32`.
   """
   x, y = jnp.asarray(x), jnp.asarray(y)
   m, n = A.shape
   checks.dense_operand("sddmm", "X", x, A, expected_rows=m)
   checks.dense_operand("sddmm", "Y", y, A, expected_rows=n)
   checks.same_dense("sddmm", x, y)
+  out_dtype = x.dtype if preferred_element_type is None else jnp.dtype(preferred_element_type)
+  if out_dtype not in (x.dtype, jnp.float32) or (out_dtype != x.dtype and x.itemsize != 2):
+    raise checks.OperandError(
+        f"sddmm: preferred_element_type must be X's dtype ({x.dtype}) or float32 for 16-bit X, "
+        f"got {out_dtype}")
   hx = x.shape[0] if x.ndim == 3 else 1
   hy = y.shape[0] if y.ndim == 3 else 1
   checks.heads_match("sddmm", A, x, hx, hy, other=y)
   out = sddmm_p.bind(x.reshape((hx,) + x.shape[-2:]), y.reshape((hy,) + y.shape[-2:]),
                      *A.pattern_operands(), shape=A.shape,
-                     precision=precision_lib.canonicalize(precision), float32_out=False)
+                     precision=precision_lib.canonicalize(precision),
+                     float32_out=out_dtype != x.dtype)
   if x.ndim == 2 and y.ndim == 2:
     out = out[0]
   if scale_by_values:
@@ -38,8 +46,8 @@ def sddmm(A, x, y, *, scale_by_values: bool = False, precision=None):
   return A.with_values(out)
 
 
-# float32_out (internal, used by the attention backward): 16-bit operands, float32 values out,
-# so the fp32 accumulator is kept without float32 copies of the operands.
+# float32_out: 16-bit operands, float32 values out (the fp32 accumulator unrounded, no float32
+# copies of the operands): sddmm's preferred_element_type, and the attention backward's logits.
 def _abstract_eval(x, y, *pattern, shape, precision, float32_out):
   del shape, precision
   h = heads.num_heads(x.shape[0], y.shape[0])

@@ -322,17 +322,12 @@ def test_spmm_cuda_core_many_heads_split(rng, monkeypatch):
 def test_sddmm_float32_out(rng, kind, dt):
   """16-bit operands with float32 values out (the attention backward's logits): GPU = CPU
   kernel = float64 up to summation order."""
-  from jaxsparse_tc import precision as precision_lib
-  from jaxsparse_tc.sddmm import sddmm_p
-
   dtype = DTYPES[dt][0]
   A, _ = _matrix(rng, kind)
   m, n = A.shape
   x = jnp.asarray(rng.standard_normal((2, m, 64)) * 30, dtype)
   y = jnp.asarray(rng.standard_normal((2, n, 64)) * 30, dtype)
-  f = jax.jit(lambda x, y, A: sddmm_p.bind(x, y, *A.pattern_operands(), shape=A.shape,
-                                           precision=precision_lib.canonicalize(None),
-                                           float32_out=True))
+  f = jax.jit(lambda x, y, A: jst.sddmm(A, x, y, preferred_element_type=jnp.float32).values)
   out = f(*_on(_gpu(), (x, y, A)))
   assert out.dtype == jnp.float32 and list(out.devices())[0].platform == "gpu"
   cpu_out = f(*_on(_cpu(), (x, y, A)))

@@ -290,17 +290,13 @@ def test_float64_on_cpu_with_x64(rng, x64):
 
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_sddmm_float32_out(rng, dtype):
-  """The attention backward's SDDMM: 16-bit operands, the float32 accumulator out unrounded
-  (products of 16-bit numbers are exact in float32, so only the summation order differs)."""
-  from jaxsparse_tc import precision as precision_lib
-  from jaxsparse_tc.sddmm import sddmm_p
-
+  """preferred_element_type=float32 (the attention backward's logits): 16-bit operands, the
+  float32 accumulator out unrounded (products of 16-bit numbers are exact in float32, so only
+  the summation order differs); gradients come back in the operands' dtype."""
   A = make(rng, 45, 37)
   x = jnp.asarray(rng.standard_normal((2, 45, 40)) * 30, dtype)  # large logits
   y = jnp.asarray(rng.standard_normal((2, 37, 40)) * 30, dtype)
-  f = jax.jit(lambda x, y, A: sddmm_p.bind(x, y, *A.pattern_operands(), shape=A.shape,
-                                           precision=precision_lib.canonicalize(None),
-                                           float32_out=True))
+  f = jax.jit(lambda x, y, A: jst.sddmm(A, x, y, preferred_element_type=jnp.float32).values)
   out = f(x, y, A)
   assert out.dtype == jnp.float32 and out.shape == (2, A.nnz)
   full = np.einsum("hmd,hnd->hmn", np.asarray(x, np.float64), np.asarray(y, np.float64))
@@ -308,3 +304,13 @@ def test_sddmm_float32_out(rng, dtype):
   assert rel_err(out, full[:, r, c]) < 1e-6
   rounded = jst.sddmm(A, x[0], y[0]).values  # the default rounds to the operands' dtype
   assert rounded.dtype == dtype and rel_err(out[0], np.asarray(rounded, np.float64)) > 1e-6
+  with pytest.raises(TypeError, match="preferred_element_type"):
+    jst.sddmm(A, x, y, preferred_element_type=jnp.float16 if dtype == jnp.bfloat16 else jnp.bfloat16)
+  with pytest.raises(ValueError, match="preferred_element_type"):  # float32 X: no wider type
+    jst.sddmm(A, x.astype(jnp.float32), y.astype(jnp.float32), preferred_element_type=jnp.float64)
+  w = jnp.asarray(rng.standard_normal((2, A.nnz)), jnp.float32)
+  gx = jax.grad(lambda x: jnp.sum(f(x, y, A) * w))(x)
+  assert gx.dtype == dtype
+  ref = np.zeros(x.shape)  # d/dx of sum_e w_e <x[r_e], y[c_e]>: rows gather w_e y[c_e]
+  np.add.at(ref, (slice(None), r), np.asarray(w, np.float64)[..., None] * np.asarray(y, np.float64)[:, c])
+  assert rel_err(gx, ref) < 1e-2
