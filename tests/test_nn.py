@@ -295,6 +295,13 @@ def _builders(nnf, nne):
   }
 
 
+def _matrix_for(kind, ei, n):
+  """The matrix a model of this kind expects: GCN-normalised, or message passing + self-loops."""
+  if kind == "gcn":
+    return graph.gcn_norm(ei, n)
+  return graph.message_passing_matrix(ei, n, self_loops=True)
+
+
 NAMES = ["GCNConv", "GATConv", "AGNNConv", "TransformerConv", "GraphTransformerLayer", "GCN",
          "GAT", "AGNN", "GraphTransformer"]
 
@@ -306,8 +313,7 @@ def test_flax_equals_equinox(problem, name):
   nnf, nne = _flax_eqx()
   ei, n, x = problem
   make_f, make_e, kind = _builders(nnf, nne)[name]
-  A = graph.gcn_norm(ei, n) if kind == "gcn" else graph.message_passing_matrix(ei, n,
-                                                                               self_loops=True)
+  A = _matrix_for(kind, ei, n)
   fm, em = make_f(), make_e()
   fm.eval()
   em = eqx.nn.inference_mode(copy_flax_to_eqx(fm, em))
@@ -419,8 +425,7 @@ def test_gradients_finite(problem, name):
   nnf, nne = _flax_eqx()
   ei, n, x = problem
   _, make_e, kind = _builders(nnf, nne)[name]
-  A = graph.gcn_norm(ei, n) if kind == "gcn" else graph.message_passing_matrix(ei, n,
-                                                                               self_loops=True)
+  A = _matrix_for(kind, ei, n)
   model = make_e()
   labels = jnp.asarray(np.arange(n) % 5)
 
