@@ -24,6 +24,7 @@
 // size, so they sit in the schedule's prefix); windows whose slot would exceed the workspace
 // cap fall back to their first piece computing the whole window alone (correct, slower).
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <cstdint>
@@ -74,6 +75,22 @@ __global__ void split_prep(SpmmParams p) {
   }
 }
 
+// Split-window election, called by the whole warp after it added its partials to the slot:
+// counts the piece's blocks and tells whether this piece completed the window (it then converts
+// the slot into the output; the fences order the partials before the count and the reads after).
+__device__ __forceinline__ bool last_piece(const SpmmParams& p, int slot, int h, int slab,
+                                           int nblocks, int window_blocks) {
+  __threadfence();
+  __syncwarp();
+  int old = 0;
+  if ((threadIdx.x & 31) == 0)
+    old = atomicAdd(p.done + (int64_t(slot) * p.heads + h) * p.nslab + slab, nblocks);
+  old = __shfl_sync(0xffffffffu, old, 0);
+  if (old + nblocks != window_blocks) return false;
+  __threadfence();
+  return true;
+}
+
 // Writes a thread's results: R window rows (rows[r] in 0..7) x E consecutive features at f.
 // Non-split items store directly; split pieces accumulate into the workspace and the last one
 // converts the window's slot.
@@ -96,14 +113,7 @@ __device__ __forceinline__ void finish(const SpmmParams& p, int h, int w, int sl
 #pragma unroll
     for (int e = 0; e < E; ++e)
       if (f + e < p.d) atomicAdd(ws + rows[r] * p.d + f + e, v[r][e]);
-  __threadfence();  // partials visible before the counter says so
-  __syncwarp();
-  int old = 0;
-  if ((threadIdx.x & 31) == 0)
-    old = atomicAdd(p.done + (int64_t(slot) * p.heads + h) * p.nslab + slab, nblocks);
-  old = __shfl_sync(0xffffffffu, old, 0);
-  if (old + nblocks != window_blocks) return;
-  __threadfence();
+  if (!last_piece(p, slot, h, slab, nblocks, window_blocks)) return;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int64_t row = int64_t(w) * kWindowRows + rows[r];
@@ -143,11 +153,10 @@ __device__ __forceinline__ bool warp_item(const SpmmParams& p, int warps_per_cta
   return true;
 }
 
-// One MMA step of the tensor-core SpMM: KB blocks (bits, value base, the thread's two column
-// indices per block, -1 = no column) into acc. Shared by both loop drivers below.
-// NB = blocks of the call (a multiple of KB, the blocks per MMA): every gather of the call is
-// issued before the first MMA, so NB/KB steps of loads are in flight per warp.
-template <class T, int MT, int KB, int NB = KB>
+// One step of spmm_tc: NB blocks (bits, value base, the thread's two column indices per block,
+// -1 = no column) into acc, KB blocks per MMA. Every gather of the step is issued before the
+// first MMA, so NB/KB MMAs' loads are in flight per warp.
+template <class T, int MT, int KB, int NB>
 __device__ __forceinline__ void spmm_step(const T* xh, const T* vh, const SpmmParams& p,
                                           int64_t f, const uint64_t (&bits)[NB],
                                           const int (&vbase)[NB], const int (&col)[NB][2],
@@ -203,20 +212,22 @@ __device__ __forceinline__ void spmm_step(const T* xh, const T* vh, const SpmmPa
 
 constexpr int kStageBlocks = 32;  // blocks whose metadata a warp stages in shared memory at once
 
-// Tensor-core SpMM. T = __half / __nv_bfloat16 (m16n8k16, two blocks per MMA) or float
-// (tf32 m16n8k8, one block per MMA). MT = m16 tiles per warp: the slab is 16*MT features.
-// STAGED: the warp first copies a chunk's bitmaps, value offsets and column indices to shared
-// memory with coalesced loads, so each step's gathers wait on a shared read instead of a
-// dependent global load of the column index.
-template <class T, int MT, int MINB, bool STAGED, int NS = 2>
+// Tensor-core SpMM with register gathers (v4; the default where spmm_async does not apply).
+// T = __half / __nv_bfloat16 (m16n8k16, two blocks per MMA) or float (tf32 m16n8k8, one block
+// per MMA). MT = m16 tiles per warp: the slab is 16*MT features. The warp first copies a chunk's
+// bitmaps, value offsets and column indices to shared memory with coalesced loads, so each
+// step's gathers wait on a shared read instead of a dependent global load of the column index;
+// a step issues the gathers of two MMAs before the first one. MINB: 4 for 16-bit types (a
+// 128-register cap, 16 warps/SM, no spills: the fastest setting measured, NOTES v3/v4).
+template <class T, int MT, int MINB>
 __global__ void __launch_bounds__(kWarps * 32, MINB) spmm_tc(const SpmmParams p) {
   constexpr bool kTf32 = sizeof(T) == 4;
   constexpr int E = 2 * MT;                   // consecutive features per thread
   constexpr int KB = kTf32 ? 1 : 2;           // blocks per MMA
-  constexpr int NB = KB * NS;                 // blocks per staged step (NS MMAs in flight)
-  __shared__ int s_cols[STAGED ? kWarps : 1][kStageBlocks * 8];
-  __shared__ uint64_t s_bits[STAGED ? kWarps : 1][kStageBlocks];
-  __shared__ int s_vptr[STAGED ? kWarps : 1][kStageBlocks];
+  constexpr int NB = KB * 2;                  // blocks per step (two MMAs in flight)
+  __shared__ int s_cols[kWarps][kStageBlocks * 8];
+  __shared__ uint64_t s_bits[kWarps][kStageBlocks];
+  __shared__ int s_vptr[kWarps][kStageBlocks];
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wid = threadIdx.x >> 5;
   WarpItem wi;
@@ -232,58 +243,36 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) spmm_tc(const SpmmParams p)
 #pragma unroll
     for (int i = 0; i < MT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 
-    if constexpr (STAGED) {
-      for (int c0 = b0; c0 < b1; c0 += kStageBlocks) {
-        const int c1 = min(b1, c0 + kStageBlocks);
-        __syncwarp();  // the previous chunk's readers are done
-        if (c0 + lane < c1) {
-          s_bits[wid][lane] = load_block_bits(p.bitmap, c0 + lane);
-          s_vptr[wid][lane] = __ldg(p.bvp + c0 + lane);
-        }
-        const int col_lo = 8 * (c0 - wb), col_hi = min(8 * (c1 - wb), ncols_w);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const int i = k * 32 + lane;
-          s_cols[wid][i] = col_lo + i < col_hi ? __ldg(p.wc + cb + col_lo + i) : -1;
-        }
-        __syncwarp();
-        for (int b = c0; b < c1; b += NB) {
-          uint64_t bits[NB];
-          int vbase[NB], col[NB][2];
-#pragma unroll
-          for (int kb = 0; kb < NB; ++kb) {
-            const int lb = b + kb - c0;
-            const bool in = b + kb < c1;
-            bits[kb] = in ? s_bits[wid][lb] : 0ull;
-            vbase[kb] = in ? s_vptr[wid][lb] : 0;
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-              const int c = kTf32 ? t + 4 * j : 2 * t + j;
-              col[kb][j] = in ? s_cols[wid][lb * 8 + c] : -1;
-            }
-          }
-          spmm_step<T, MT, KB, NB>(xh, vh, p, f, bits, vbase, col, g, acc);
-        }
+    for (int c0 = b0; c0 < b1; c0 += kStageBlocks) {
+      const int c1 = min(b1, c0 + kStageBlocks);
+      __syncwarp();  // the previous chunk's readers are done
+      if (c0 + lane < c1) {
+        s_bits[wid][lane] = load_block_bits(p.bitmap, c0 + lane);
+        s_vptr[wid][lane] = __ldg(p.bvp + c0 + lane);
       }
-    } else {
-#pragma unroll 2
-      for (int b = b0; b < b1; b += KB) {
-        uint64_t bits[KB];
-        int vbase[KB], col[KB][2];
+      const int col_lo = 8 * (c0 - wb), col_hi = min(8 * (c1 - wb), ncols_w);
 #pragma unroll
-        for (int kb = 0; kb < KB; ++kb) {
-          const int blk = b + kb;
-          const bool in = blk < b1;
-          bits[kb] = in ? load_block_bits(p.bitmap, blk) : 0ull;
-          vbase[kb] = in ? __ldg(p.bvp + blk) : 0;
-          const int colbase = 8 * (blk - wb);
+      for (int k = 0; k < 8; ++k) {
+        const int i = k * 32 + lane;
+        s_cols[wid][i] = col_lo + i < col_hi ? __ldg(p.wc + cb + col_lo + i) : -1;
+      }
+      __syncwarp();
+      for (int b = c0; b < c1; b += NB) {
+        uint64_t bits[NB];
+        int vbase[NB], col[NB][2];
+#pragma unroll
+        for (int kb = 0; kb < NB; ++kb) {
+          const int lb = b + kb - c0;
+          const bool in = b + kb < c1;
+          bits[kb] = in ? s_bits[wid][lb] : 0ull;
+          vbase[kb] = in ? s_vptr[wid][lb] : 0;
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             const int c = kTf32 ? t + 4 * j : 2 * t + j;
-            col[kb][j] = in && colbase + c < ncols_w ? __ldg(p.wc + cb + colbase + c) : -1;
+            col[kb][j] = in ? s_cols[wid][lb * 8 + c] : -1;
           }
         }
-        spmm_step<T, MT, KB>(xh, vh, p, f, bits, vbase, col, g, acc);
+        spmm_step<T, MT, KB, NB>(xh, vh, p, f, bits, vbase, col, g, acc);
       }
     }
     // C fragment: c0/c1 = feature f+2i at rows 2t/2t+1, c2/c3 = feature f+2i+1.
@@ -376,13 +365,7 @@ __device__ __forceinline__ void finish_tile(const SpmmParams& p, int h, int w, i
       atomicAdd(reinterpret_cast<float4*>(ws + r * p.d + f),
                 make_float4(tile[r * SO + c], tile[r * SO + c + 1], tile[r * SO + c + 2],
                             tile[r * SO + c + 3]));
-  __threadfence();  // partials visible before the counter says so
-  __syncwarp();
-  int old = 0;
-  if (lane == 0) old = atomicAdd(p.done + (int64_t(slot) * p.heads + h) * p.nslab + slab, nblocks);
-  old = __shfl_sync(0xffffffffu, old, 0);
-  if (old + nblocks != window_blocks) return;
-  __threadfence();
+  if (!last_piece(p, slot, h, slab, nblocks, window_blocks)) return;
 #pragma unroll
   for (int r = lane / kLanesPerRow; r < kWindowRows; r += kRowsPerPass) {
     const int64_t row = int64_t(w) * kWindowRows + r;
@@ -838,20 +821,7 @@ constexpr bool kCudaCoreAuto = false;
 
 template <class T, int MT>
 void launch_tc(const SpmmParams& p, dim3 grid, cudaStream_t stream) {
-  // Default: staged metadata, two MMA steps of gathers in flight per warp; for 16-bit types
-  // with a 128-register cap (16 warps/SM, no spills), the fastest variant measured on H100
-  // (docs/NOTES.md, v3/v4). Experiment switches (benchmarks and tests), read per launch:
-  // JAXSPARSE_TC_SPMM_VARIANT=unstaged (metadata loaded per step, v1), staged1 (one step in
-  // flight, v2), ns2 (v3: two steps, no register cap), minb4 (two steps, register cap).
-  // (cuda_core and auto are resolved in spmm_cuda: the CUDA-core family, spmm_cuda_core.)
-  const char* v = std::getenv("JAXSPARSE_TC_SPMM_VARIANT");
-  const std::string variant = v ? v : "";
-  constexpr bool k16 = sizeof(T) == 2;
-  if (variant == "unstaged") spmm_tc<T, MT, 1, false><<<grid, kWarps * 32, 0, stream>>>(p);
-  else if (variant == "staged1") spmm_tc<T, MT, 1, true, 1><<<grid, kWarps * 32, 0, stream>>>(p);
-  else if (variant == "ns2") spmm_tc<T, MT, 1, true><<<grid, kWarps * 32, 0, stream>>>(p);
-  else if (variant == "minb4") spmm_tc<T, MT, 4, true><<<grid, kWarps * 32, 0, stream>>>(p);
-  else spmm_tc<T, MT, k16 ? 4 : 1, true><<<grid, kWarps * 32, 0, stream>>>(p);
+  spmm_tc<T, MT, sizeof(T) == 2 ? 4 : 1><<<grid, kWarps * 32, 0, stream>>>(p);
 }
 
 template <class T>
@@ -883,15 +853,26 @@ AsyncConfig async_config(int64_t d) {
   return {slab, env_int("JAXSPARSE_TC_SPMM_STAGES", 2), env_int("JAXSPARSE_TC_SPMM_L1", 1) != 0};
 }
 
-// The pipelined kernel is built and tuned for sm_90+; asked once per device.
+// Per-device facts, cached: kernel attributes and device properties belong to each device's
+// context, so a process driving several GPUs asks (and sets) them once per device.
+constexpr int kMaxDevices = 64;
+int current_device() {
+  int dev = -1;
+  return cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < kMaxDevices ? dev : -1;
+}
+
+// The pipelined kernel is built and tuned for sm_90+.
 bool device_is_sm90_or_later() {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  static int major[64] = {};
-  if (dev < 0 || dev >= 64) return false;
-  if (!major[dev] && cudaDeviceGetAttribute(&major[dev], cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-    return false;
-  return major[dev] >= 9;
+  static std::atomic<int> major[kMaxDevices] = {};  // 0: not asked yet
+  const int dev = current_device();
+  if (dev < 0) return false;
+  int mj = major[dev].load(std::memory_order_relaxed);
+  if (!mj) {
+    if (cudaDeviceGetAttribute(&mj, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+      return false;
+    major[dev].store(mj, std::memory_order_relaxed);
+  }
+  return mj >= 9;
 }
 
 constexpr int kAsyncWarps = 2;  // warps per CTA (each warp owns its shared-memory ring)
@@ -900,9 +881,15 @@ template <class T, int SLAB, int S, bool L1>
 void launch_async_shape(const SpmmParams& p, dim3 grid, cudaStream_t stream) {
   using Sh = AsyncShape<T, SLAB, S, kAsyncWarps>;
   auto kernel = spmm_async<T, SLAB, S, kAsyncWarps, L1>;
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Sh::kCtaBytes);
-  (void)attr;  // a failure shows up as the launch's error
+  // More than 48 KB of dynamic shared memory needs an opt-in, per kernel and device. A failure
+  // shows up as the launch's error.
+  static std::atomic<bool> raised[kMaxDevices] = {};
+  const int dev = current_device();
+  if (dev < 0 || !raised[dev].load(std::memory_order_relaxed)) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               Sh::kCtaBytes);
+    if (e == cudaSuccess && dev >= 0) raised[dev].store(true, std::memory_order_relaxed);
+  }
   kernel<<<grid, kAsyncWarps * 32, Sh::kCtaBytes, stream>>>(p);
 }
 
@@ -956,23 +943,24 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
 
   const bool exact = dtype == ffi::DataType::F32 && precision == 1;
   const int mt = p.d <= 16 ? 1 : p.d <= 32 ? 2 : 4;
-  // Kernel family: JAXSPARSE_TC_SPMM_VARIANT=cuda_core forces the CUDA-core kernels, =auto asks
-  // prefer_cuda_core; unset, the tensor-core kernels (exact fp32: spmm_f32_exact) unless
-  // kCudaCoreAuto. The other values select tensor-core variants (launch_tc).
+  // Kernel family (JAXSPARSE_TC_SPMM_VARIANT, read once per launch; for tests and benchmarks):
+  // unset, the tensor-core kernels (exact fp32: spmm_f32_exact) unless kCudaCoreAuto; cuda_core
+  // forces the CUDA-core kernels; auto asks prefer_cuda_core; tc forces the register-gather
+  // tensor-core kernel (spmm_tc) where the pipelined one would run.
   const char* venv = std::getenv("JAXSPARSE_TC_SPMM_VARIANT");
   const std::string variant = venv ? venv : "";
+  if (!variant.empty() && variant != "tc" && variant != "cuda_core" && variant != "auto")
+    return ffi::Error::InvalidArgument("spmm: JAXSPARSE_TC_SPMM_VARIANT must be unset, tc, "
+                                       "cuda_core or auto; got " + variant);
   const int64_t num_blocks = int64_t(bitmap.element_count()) / 2;
   const bool cuda_core =
       variant == "cuda_core" ||
       ((variant == "auto" || (variant.empty() && kCudaCoreAuto)) &&
        prefer_cuda_core(exact, p.nnz, num_blocks));
   const CcConfig cc = cc_config(p.d);
-  // The pipelined kernel is the default tensor-core path where its 16-byte copies apply; the
-  // older variants stay selectable by name.
+  // The pipelined kernel is the default tensor-core path where its 16-byte copies apply.
   const size_t esize = dtype == ffi::DataType::F32 ? 4 : 2;
-  const bool old_tc = variant == "unstaged" || variant == "staged1" || variant == "ns2" ||
-                      variant == "minb4" || variant == "tc";
-  const bool use_async = !cuda_core && !exact && !old_tc && device_is_sm90_or_later() &&
+  const bool use_async = !cuda_core && !exact && variant != "tc" && device_is_sm90_or_later() &&
                          (p.d * esize) % 16 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
   AsyncConfig ac{};
   if (use_async)

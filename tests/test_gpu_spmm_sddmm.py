@@ -233,8 +233,7 @@ def test_repeatable(rng):
 
 
 @pytest.mark.parametrize("env", [{"JAXSPARSE_TC_SPMM_VARIANT": v}
-                                 for v in ("tc", "unstaged", "staged1", "ns2", "minb4",
-                                           "cuda_core", "auto")]
+                                 for v in ("tc", "cuda_core", "auto")]
                          + [{"JAXSPARSE_TC_SPMM_STAGES": "3"}, {"JAXSPARSE_TC_SPMM_SLAB": "64"},
                             {"JAXSPARSE_TC_SPMM_SLAB": "64", "JAXSPARSE_TC_SPMM_STAGES": "3"}])
 @pytest.mark.parametrize("dt", ["f32", "f16"])
@@ -251,6 +250,15 @@ def test_spmm_kernel_variants(rng, monkeypatch, kind, dt, env):
     ref = _dense64(A, dtype) @ np.asarray(x, np.float64)
     assert rel_err(out, ref) < tol
     np.testing.assert_array_equal(np.asarray(out, np.float64)[empty], 0.0)
+
+
+def test_spmm_unknown_variant_is_an_error(rng, monkeypatch):
+  """A misspelt kernel switch fails loudly instead of timing the default kernel."""
+  monkeypatch.setenv("JAXSPARSE_TC_SPMM_VARIANT", "staged1")
+  A, _ = _matrix(rng, "random")
+  x = jnp.asarray(rng.standard_normal((A.shape[1], 32)), jnp.float16)
+  with pytest.raises(Exception, match="JAXSPARSE_TC_SPMM_VARIANT"):
+    jax.block_until_ready(jax.jit(jst.spmm)(_on(_gpu(), A), _on(_gpu(), x)))
 
 
 CUDA_CORE = {"JAXSPARSE_TC_SPMM_VARIANT": "cuda_core"}
