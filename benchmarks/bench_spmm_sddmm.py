@@ -20,9 +20,9 @@ import common
 
 # Kernel variants timed at d=128 (environment switches of cuda/spmm.cu, read per launch).
 # `tc` = the register-gather kernel that was the default before the pipelined one (v4); the
-# others are knobs of the pipelined kernel (docs/NOTES.md, v5). BENCH_VARIANTS="name=K:V;K:V,..."
-# replaces the list.
-_KNOBS = {"tc": "VARIANT:tc", "s3": "STAGES:3", "slab64": "SLAB:64", "slab64s3": "SLAB:64;STAGES:3"}
+# others are knobs of the pipelined kernel (docs/NOTES.md, v5-v9): `v8` = one unit per warp
+# (no persistent warps). BENCH_VARIANTS="name=K:V;K:V,..." replaces the list.
+_KNOBS = {"tc": "VARIANT:tc", "v8": "PERSIST:0", "slab64": "SLAB:64"}
 if os.environ.get("BENCH_VARIANTS"):
   _KNOBS = dict(v.split("=", 1) for v in os.environ["BENCH_VARIANTS"].split(","))
 VARIANTS = {name: {f"JAXSPARSE_TC_SPMM_{kv.split(':')[0]}": kv.split(":")[1]

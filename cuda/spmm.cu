@@ -124,33 +124,43 @@ __device__ __forceinline__ void finish(const SpmmParams& p, int h, int w, int sl
   }
 }
 
-// A warp's share of a launch: its schedule item (window w, blocks [b0, b1)), feature slab and
-// split-window slot (-1: stores directly), with the window's first block wb and its condensed
-// columns wc[cb .. cb + ncols). False when the warp has nothing to do.
-struct WarpItem {
-  int w, b0, b1, slab, slot, wb, cb, ncols;
+// A unit of work: schedule item (window w, blocks [b0, b1)) for head h and feature slab; its
+// split-window slot (-1: stores directly); the window's blocks [wb, wend) and its condensed
+// columns wc[cb .. cb + ncols).
+struct Unit {
+  int w, b0, b1, h, slab, slot, wb, wend, cb, ncols;
 };
-__device__ __forceinline__ bool warp_item(const SpmmParams& p, int warps_per_cta, WarpItem& it) {
-  const int64_t gw = int64_t(blockIdx.x) * warps_per_cta + (threadIdx.x >> 5);
-  if (gw >= p.num_items * p.nslab) return false;
-  const int4 s = p.sched[gw / p.nslab];
-  it.w = s.x;
-  it.b0 = s.y;
-  it.b1 = s.z;
-  it.slab = int(gw % p.nslab);
-  it.slot = -1;
+
+// Decodes schedule item `item`. False where the unit has nothing to do: a split piece whose
+// window got no workspace slot (the window's first piece then does the whole window).
+__device__ __forceinline__ bool decode_unit(const SpmmParams& p, int64_t item, int h, int slab,
+                                            Unit& u) {
+  const int4 s = p.sched[item];
+  u.w = s.x;
+  u.b0 = s.y;
+  u.b1 = s.z;
+  u.h = h;
+  u.slab = slab;
+  u.slot = -1;
+  u.wb = p.wbp[s.x];
+  u.wend = p.wbp[s.x + 1];
   if (s.w) {
-    it.slot = p.slot_of[s.x];
-    if (it.slot < 0) {
-      // No workspace slot: the first piece does the whole window, the others nothing.
-      if (s.y != p.wbp[s.x]) return false;
-      it.b1 = p.wbp[s.x + 1];
+    u.slot = p.slot_of[s.x];
+    if (u.slot < 0) {
+      if (s.y != u.wb) return false;
+      u.b1 = u.wend;
     }
   }
-  it.wb = p.wbp[it.w];
-  it.cb = p.wcp[it.w];
-  it.ncols = p.wcp[it.w + 1] - it.cb;
+  u.cb = p.wcp[s.x];
+  u.ncols = p.wcp[s.x + 1] - u.cb;
   return true;
+}
+
+// The unit of a warp of a one-warp-per-(item, slab) launch (heads loop in the kernel: h = 0).
+__device__ __forceinline__ bool warp_item(const SpmmParams& p, int warps_per_cta, Unit& u) {
+  const int64_t gw = int64_t(blockIdx.x) * warps_per_cta + (threadIdx.x >> 5);
+  if (gw >= p.num_items * p.nslab) return false;
+  return decode_unit(p, gw / p.nslab, 0, int(gw % p.nslab), u);
 }
 
 // One step of spmm_tc: NB blocks (bits, value base, the thread's two column indices per block,
@@ -230,7 +240,7 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) spmm_tc(const SpmmParams p)
   __shared__ int s_vptr[kWarps][kStageBlocks];
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wid = threadIdx.x >> 5;
-  WarpItem wi;
+  Unit wi;
   if (!warp_item(p, kWarps, wi)) return;
   const int w = wi.w, b0 = wi.b0, b1 = wi.b1, slab = wi.slab, slot = wi.slot;
   const int wb = wi.wb, cb = wi.cb, ncols_w = wi.ncols;
@@ -285,23 +295,29 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) spmm_tc(const SpmmParams p)
       v[1][2 * i] = acc[i][1];
       v[1][2 * i + 1] = acc[i][3];
     }
-    finish<T, 2, E>(p, h, w, slab, f, rows, v, slot, b1 - b0, p.wbp[w + 1] - wb);
+    finish<T, 2, E>(p, h, w, slab, f, rows, v, slot, b1 - b0, wi.wend - wb);
   }
 }
 
 // ---- Pipelined tensor-core SpMM (default where rows are 16-byte aligned) -------------------
 // Same MMA scheme as spmm_tc, but gathered X rows never pass through registers: the warp
 // copies them with cp.async (16 bytes per lane, zero-filled for missing columns, L1-allocating
-// by default so hub rows hit there) into a ring of S shared-memory stages (32 rows = 4 blocks,
-// plus the stage's values), so S-1 stages are in flight while it computes on the oldest; MMA
-// operands come from shared memory by ldmatrix.trans (fp16, bf16) or shared loads (tf32). An
-// item's metadata (<= 32 blocks at a time) is staged first with coalesced loads, so issuing a
-// stage reads only shared memory. The accumulators leave through a shared tile (finish_tile:
-// row-contiguous stores, or 16-byte atomics for split windows). Needs d * sizeof(T) % 16 == 0
-// and a 16-byte aligned X. Measured versions and counters: docs/NOTES.md (SpMM v5-v8).
-// (A bulk-copy version, one TMA copy per gathered row on mbarriers, was 1.8x slower: NOTES v6.)
-template <class T, int SLAB, int S, int WARPS>
+// by default so hub rows hit there) into a ring of two shared-memory stages (32 rows = 4 blocks,
+// plus the stage's values), so one stage is in flight while it computes on the other; MMA
+// operands come from shared memory by ldmatrix.trans (fp16, bf16) or shared loads (tf32).
+// Persistent warps (v9): a warp walks a strided sequence of units (item, head, slab) as one
+// stream of stages. Unit descriptors are decoded 32 at a time (lane j holds the warp's unit j),
+// a chunk's metadata (<= 32 blocks: bitmaps, value offsets, column indices) is loaded into
+// registers one chunk ahead and written to the other of two shared buffers just before the
+// chunk's first stage is issued, and that first stage is issued during the previous chunk's last
+// one, so neither metadata nor the first gathers of an item wait a memory round trip (v8 paid
+// two per item). The accumulators leave through a shared tile in the stage slot just consumed
+// (finish_tile: row-contiguous stores, or 16-byte atomics for split windows). Needs
+// d * sizeof(T) % 16 == 0 and a 16-byte aligned X. Versions and counters: docs/NOTES.md
+// (SpMM v5-v9). (One TMA bulk copy per gathered row was 1.8x slower, and 3 stages slower: v6, v5.)
+template <class T, int SLAB, int WARPS>
 struct AsyncShape {
+  static constexpr int kStages = 2;
   static constexpr int kRowBytes = SLAB * int(sizeof(T));  // one gathered slab row, <= 256
   // Padding makes the 8 rows an ldmatrix (or tf32 load) touches hit distinct banks.
   static constexpr int kRowStride = kRowBytes + (sizeof(T) == 4 ? 32 : 16);
@@ -309,9 +325,10 @@ struct AsyncShape {
   static constexpr int kStageBlocks = kStageRows / kBlockCols;
   static constexpr int kValBytes = kStageBlocks * 64 * int(sizeof(T)) + 16;
   static constexpr int kStageBytes = kStageRows * kRowStride + kValBytes;
-  static constexpr int kMetaBlocks = 32;  // blocks whose metadata is staged at once
-  static constexpr int kMetaBytes = kMetaBlocks * 8 * 4 + kMetaBlocks * 8 + 144;
-  static constexpr int kWarpBytes = kMetaBytes + S * kStageBytes;
+  static constexpr int kMetaBlocks = 32;  // blocks of one chunk (schedule items have <= 32)
+  static constexpr int kColsAt = 0, kBitsAt = kMetaBlocks * 8 * 4, kVptrAt = kBitsAt + kMetaBlocks * 8;
+  static constexpr int kMetaBytes = kVptrAt + 144;
+  static constexpr int kWarpBytes = 2 * kMetaBytes + kStages * kStageBytes;
   static constexpr int kCtaBytes = WARPS * kWarpBytes;
   static_assert(kRowBytes % 16 == 0 && kRowBytes <= 512, "slab row");
   static_assert(kStageBytes % 16 == 0 && kMetaBytes % 16 == 0, "16-byte stage alignment");
@@ -377,12 +394,68 @@ __device__ __forceinline__ void finish_tile(const SpmmParams& p, int h, int w, i
   }
 }
 
-template <class T, int SLAB, int S, int WARPS, bool L1>
+// One chunk of a unit: its blocks [c0, c1), at most kMetaBlocks of them.
+struct Chunk {
+  Unit u;
+  int c0, c1;
+};
+
+// A chunk's metadata in registers: lane i holds block c0+i's bitmap and value offset (lane 0
+// also the end offset of a full chunk) and condensed columns 32k+i (-1 past the chunk's).
+struct ChunkMeta {
+  uint64_t bits;
+  int vptr, vptr_end;
+  int cols[8];
+};
+
+__device__ __forceinline__ void load_meta(const SpmmParams& p, const Chunk& c, ChunkMeta& m) {
+  const int lane = threadIdx.x & 31;
+  m.bits = c.c0 + lane < c.c1 ? load_block_bits(p.bitmap, c.c0 + lane) : 0ull;
+  m.vptr = c.c0 + lane <= c.c1 ? __ldg(p.bvp + c.c0 + lane) : 0;
+  m.vptr_end = c.c0 + 32 <= c.c1 ? __ldg(p.bvp + c.c0 + 32) : 0;
+  const int col_lo = 8 * (c.c0 - c.u.wb), col_hi = min(8 * (c.c1 - c.u.wb), c.u.ncols);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const int i = k * 32 + lane;
+    m.cols[k] = col_lo + i < col_hi ? __ldg(p.wc + c.u.cb + col_lo + i) : -1;
+  }
+}
+
+__device__ __forceinline__ Unit shfl_unit(const Unit& x, int src) {
+  Unit y;
+  y.w = __shfl_sync(0xffffffffu, x.w, src);
+  y.b0 = __shfl_sync(0xffffffffu, x.b0, src);
+  y.b1 = __shfl_sync(0xffffffffu, x.b1, src);
+  y.h = __shfl_sync(0xffffffffu, x.h, src);
+  y.slab = __shfl_sync(0xffffffffu, x.slab, src);
+  y.slot = __shfl_sync(0xffffffffu, x.slot, src);
+  y.wb = __shfl_sync(0xffffffffu, x.wb, src);
+  y.wend = __shfl_sync(0xffffffffu, x.wend, src);
+  y.cb = __shfl_sync(0xffffffffu, x.cb, src);
+  y.ncols = __shfl_sync(0xffffffffu, x.ncols, src);
+  return y;
+}
+
+// Unit number u of the launch (units = heads x items x slabs, slabs fastest): w = -1 where it
+// has nothing to do, -2 past the end.
+__device__ __forceinline__ Unit unit_at(const SpmmParams& p, int64_t u, int64_t units) {
+  Unit x{};
+  x.w = -2;
+  if (u >= units) return x;
+  const int64_t per_head = p.num_items * p.nslab;
+  const int h = int(u / per_head);
+  const int64_t r = u - int64_t(h) * per_head;
+  if (!decode_unit(p, r / p.nslab, h, int(r % p.nslab), x)) x.w = -1;
+  return x;
+}
+
+template <class T, int SLAB, int WARPS, bool L1>
 __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();  // tuned for and launched on sm_90+ only (shared-memory sizes, NOTES)
 #else
-  using Sh = AsyncShape<T, SLAB, S, WARPS>;
+  using Sh = AsyncShape<T, SLAB, WARPS>;
+  constexpr int S = Sh::kStages;
   constexpr bool kTf32 = sizeof(T) == 4;
   constexpr int MT = SLAB / 16;                 // m16 tiles (16 features each)
   constexpr int kPieces = Sh::kRowBytes / 16;   // 16-byte pieces of a slab row
@@ -392,17 +465,13 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wid = threadIdx.x >> 5;
   unsigned char* wsm = smem + wid * Sh::kWarpBytes;
-  int* s_cols = reinterpret_cast<int*>(wsm);
-  uint64_t* s_bits = reinterpret_cast<uint64_t*>(wsm + Sh::kMetaBlocks * 8 * 4);
-  int* s_vptr = reinterpret_cast<int*>(wsm + Sh::kMetaBlocks * 8 * 4 + Sh::kMetaBlocks * 8);
-  unsigned char* ring = wsm + Sh::kMetaBytes;
+  unsigned char* ring = wsm + 2 * Sh::kMetaBytes;
+  auto s_cols = [&](int b) { return reinterpret_cast<int*>(wsm + b * Sh::kMetaBytes + Sh::kColsAt); };
+  auto s_bits = [&](int b) {
+    return reinterpret_cast<uint64_t*>(wsm + b * Sh::kMetaBytes + Sh::kBitsAt);
+  };
+  auto s_vptr = [&](int b) { return reinterpret_cast<int*>(wsm + b * Sh::kMetaBytes + Sh::kVptrAt); };
 
-  WarpItem wi;
-  if (!warp_item(p, WARPS, wi)) return;
-  const int w = wi.w, b0 = wi.b0, b1 = wi.b1, slab = wi.slab, slot = wi.slot;
-  const int wb = wi.wb, cb = wi.cb, ncols_w = wi.ncols;
-  const int64_t f0 = int64_t(slab) * SLAB;
-  const uint32_t row_copy = uint32_t(p.d - f0 < SLAB ? p.d - f0 : SLAB) * uint32_t(sizeof(T));
   const int64_t row_bytes = p.d * int64_t(sizeof(T));
   const uintptr_t v_end = reinterpret_cast<uintptr_t>(p.values) +
                           uintptr_t(p.v_head_stride ? p.heads : 1) * uintptr_t(p.nnz) * sizeof(T);
@@ -411,131 +480,192 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
   const bool hi16 = t >= 2;
   const int q32 = 8 * t + g;
   const int piece = lane % kPieces, prow = lane / kPieces;
-  const int piece_bytes = max(0, min(16, int(row_copy) - 16 * piece));
 
-  for (int h = blockIdx.y; h < p.heads; h += gridDim.y) {
+  // The warp's units: first, first + stride, ...; lane j holds unit batch + j.
+  const int64_t units = int64_t(p.heads) * p.num_items * p.nslab;
+  const int64_t stride = int64_t(gridDim.x) * WARPS;
+  const int64_t first = int64_t(blockIdx.x) * WARPS + wid;
+  int64_t batch = 0, k = 0;
+  Unit lane_unit = unit_at(p, first + lane * stride, units);
+  auto next_unit = [&](Unit& u) -> bool {
+    for (;;) {
+      if (k - batch == 32) {
+        batch = k;
+        lane_unit = unit_at(p, first + (batch + lane) * stride, units);
+      }
+      u = shfl_unit(lane_unit, int(k - batch));
+      ++k;
+      if (u.w == -2) return false;
+      if (u.w >= 0) return true;
+    }
+  };
+  auto next_chunk = [&](const Chunk& c, Chunk& n) -> bool {
+    if (c.c1 < c.u.b1) {
+      n.u = c.u;
+      n.c0 = c.c1;
+    } else {
+      if (!next_unit(n.u)) return false;
+      n.c0 = n.u.b0;
+    }
+    n.c1 = min(n.u.b1, n.c0 + Sh::kMetaBlocks);
+    return true;
+  };
+  auto store_meta = [&](const ChunkMeta& m, int b) {
+    s_bits(b)[lane] = m.bits;
+    s_vptr(b)[lane] = m.vptr;
+    if (lane == 0) s_vptr(b)[32] = m.vptr_end;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s_cols(b)[i * 32 + lane] = m.cols[i];
+  };
+
+  // Issues stage q of chunk c (metadata in buffer b) into ring slot rs: its gathered rows
+  // (missing columns zero-filled) and the 4-byte words covering its values (the last one
+  // clipped to the array's end).
+  auto issue = [&](const Chunk& c, int b, int q, int rs) {
+    unsigned char* st = ring + rs * Sh::kStageBytes;
+    const int lb = q * Sh::kStageBlocks;
+    const int nb = min(Sh::kStageBlocks, c.c1 - c.c0 - lb);
+    const int nrows = (kTf32 ? nb : (nb + 1) & ~1) * kBlockCols;
+    const int64_t f0 = int64_t(c.u.slab) * SLAB;
+    const int row_copy = int(p.d - f0 < SLAB ? p.d - f0 : SLAB) * int(sizeof(T));
+    const int piece_bytes = max(0, min(16, row_copy - 16 * piece));
     const char* xh = static_cast<const char*>(p.x) +
-                     (h * p.x_head_stride + f0) * int64_t(sizeof(T)) + 16 * piece;
-    const T* vh = static_cast<const T*>(p.values) + h * p.v_head_stride;
-    float acc[MT][4];
+                     (c.u.h * p.x_head_stride + f0) * int64_t(sizeof(T)) + 16 * piece;
+    const int* cols = s_cols(b);
+    const uint32_t rows_at = shared_addr(st) + 16 * piece;
 #pragma unroll
-    for (int i = 0; i < MT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    for (int r0 = 0; r0 < Sh::kStageRows; r0 += kRowsPerPass) {
+      const int r = r0 + prow;
+      if (r < nrows) {
+        const int col = cols[lb * kBlockCols + r];
+        cp_async16<L1>(rows_at + r * Sh::kRowStride, xh + (col >= 0 ? col * row_bytes : 0),
+                       col >= 0 ? piece_bytes : 0);
+      }
+    }
+    const T* vh = static_cast<const T*>(p.values) + c.u.h * p.v_head_stride;
+    const int* vptr = s_vptr(b);
+    const uintptr_t a = reinterpret_cast<uintptr_t>(vh + vptr[lb]);
+    const uintptr_t lo = a & ~uintptr_t(3);
+    const uintptr_t hi = reinterpret_cast<uintptr_t>(vh + vptr[lb + nb]);
+    const int words = int((hi - lo + 3) / 4);
+    const uint32_t vals_at = shared_addr(st + Sh::kStageRows * Sh::kRowStride);
+    for (int i = lane; i < words; i += 32) {
+      const uintptr_t src = lo + 4 * uintptr_t(i);
+      cp_async4(vals_at + 4 * i, reinterpret_cast<const void*>(src),
+                v_end - src < 4 ? int(v_end - src) : 4);
+    }
+  };
 
-    for (int c0 = b0; c0 < b1; c0 += Sh::kMetaBlocks) {
-      const int c1 = min(b1, c0 + Sh::kMetaBlocks);
-      __syncwarp();  // the previous chunk's readers are done with the metadata
-      if (c0 + lane < c1) s_bits[lane] = load_block_bits(p.bitmap, c0 + lane);
-      if (c0 + lane <= c1) s_vptr[lane] = __ldg(p.bvp + c0 + lane);
-      if (lane == 0 && c0 + 32 <= c1) s_vptr[32] = __ldg(p.bvp + c0 + 32);
-      const int col_lo = 8 * (c0 - wb), col_hi = min(8 * (c1 - wb), ncols_w);
+  // Accumulates stage q of chunk c (metadata in buffer b, data in ring slot rs).
+  auto compute = [&](const Chunk& c, int b, int q, int rs, float (&acc)[MT][4]) {
+    const unsigned char* st = ring + rs * Sh::kStageBytes;
+    const int lb = q * Sh::kStageBlocks;
+    const int nb = min(Sh::kStageBlocks, c.c1 - c.c0 - lb);
+    const uint64_t* bits = s_bits(b);
+    const int* vptr = s_vptr(b);
+    const T* vh = static_cast<const T*>(p.values) + c.u.h * p.v_head_stride;
+    const T* sv = reinterpret_cast<const T*>(st + Sh::kStageRows * Sh::kRowStride);
+    const uintptr_t va = reinterpret_cast<uintptr_t>(vh + vptr[lb]);
+    const int vshift = int((va & 3) / sizeof(T)) - vptr[lb];  // value index -> slot
+    if constexpr (kTf32) {
+      for (int kb = 0; kb < nb; ++kb) {
+        const uint64_t bb = bits[lb + kb];
+        const int vb = vptr[lb + kb] + vshift;
+        const uint32_t lo_w = uint32_t(bb), hi_w = uint32_t(bb >> 32);
+        const uint32_t m = (1u << q32) - 1u;
+        const float v0 = (lo_w >> q32) & 1u ? sv[vb + __popc(lo_w & m)] : 0.f;
+        const float v1 = (hi_w >> q32) & 1u ? sv[vb + __popc(lo_w) + __popc(hi_w & m)] : 0.f;
+        const uint32_t bw[2] = {to_tf32(v0), to_tf32(v1)};
+        const float* x0 = reinterpret_cast<const float*>(st + (kb * 8 + t) * Sh::kRowStride);
+        const float* x1 = reinterpret_cast<const float*>(st + (kb * 8 + t + 4) * Sh::kRowStride);
 #pragma unroll
-      for (int k = 0; k < Sh::kMetaBlocks * 8 / 32; ++k) {
-        const int i = k * 32 + lane;
-        s_cols[i] = col_lo + i < col_hi ? __ldg(p.wc + cb + col_lo + i) : -1;
+        for (int i = 0; i < MT; ++i) {
+          const uint32_t af[4] = {to_tf32(x0[16 * i + g]), to_tf32(x0[16 * i + g + 8]),
+                                  to_tf32(x1[16 * i + g]), to_tf32(x1[16 * i + g + 8])};
+          mma_1688_tf32(acc[i], af, bw);
+        }
+      }
+    } else {
+      const uint16_t* sv16 = reinterpret_cast<const uint16_t*>(sv);
+      for (int kb = 0; kb < nb; kb += 2) {
+        const bool two = kb + 1 < nb;
+        const uint32_t bw[2] = {
+            block_pair16(bits[lb + kb], sv16, vptr[lb + kb] + vshift, q16, hi16),
+            two ? block_pair16(bits[lb + kb + 1], sv16, vptr[lb + kb + 1] + vshift, q16, hi16)
+                : 0u};
+        // Lanes 0-7: rows k0..k0+7, features 16i..; 8-15: features +8; 16-31: rows +8.
+        const uint32_t a_at = shared_addr(st) +
+                              (kb * 8 + (lane & 7) + ((lane >> 4) & 1) * 8) * Sh::kRowStride +
+                              ((lane >> 3) & 1) * 16;
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          uint32_t af[4];
+          ldmatrix_x4_trans(af, a_at + 32 * i);
+          mma_16816(acc[i], af, bw, T{});
+        }
+      }
+    }
+  };
+
+  Chunk cur, nxt;
+  if (!next_unit(cur.u)) return;
+  cur.c0 = cur.u.b0;
+  cur.c1 = min(cur.u.b1, cur.c0 + Sh::kMetaBlocks);
+  ChunkMeta meta;  // the metadata of the chunk whose first stage is issued next
+  load_meta(p, cur, meta);
+  float acc[MT][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  int buf = 0, rs = 0;     // cur's metadata buffer; the ring slot of cur's next stage
+  bool issued = false;     // cur's first stage is already in flight
+  for (;;) {
+    const int nstage = (cur.c1 - cur.c0 + Sh::kStageBlocks - 1) / Sh::kStageBlocks;
+    if (!issued && nstage > 0) {
+      store_meta(meta, buf);
+      __syncwarp();
+      issue(cur, buf, 0, rs);
+      cp_async_commit();
+    }
+    const bool more = next_chunk(cur, nxt);
+    if (more) load_meta(p, nxt, meta);  // in registers until nxt's first stage is issued
+    issued = false;
+    for (int q = 0; q < nstage; ++q) {
+      if (q + 1 < nstage) {
+        issue(cur, buf, q + 1, rs ^ 1);
+      } else if (more && nxt.c1 > nxt.c0) {
+        store_meta(meta, buf ^ 1);  // that buffer's chunk is done
+        __syncwarp();
+        issue(nxt, buf ^ 1, 0, rs ^ 1);
+        issued = true;
+      }
+      cp_async_commit();
+      cp_async_wait<S - 1>();
+      __syncwarp();  // every lane's copies of this stage have landed
+      compute(cur, buf, q, rs, acc);
+      __syncwarp();  // every lane is done with this stage before it is refilled
+      rs ^= 1;
+    }
+    if (cur.c1 == cur.u.b1) {
+      // Epilogue: C fragment (feature 16i+g (+8), rows 2t, 2t+1) -> [8][SLAB] fp32 tile in the
+      // slot consumed last (the other may hold nxt's first stage) -> stores or atomics.
+      float* tile = reinterpret_cast<float*>(ring + (rs ^ 1) * Sh::kStageBytes);
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        tile[(2 * t) * SO + 16 * i + g] = acc[i][0];
+        tile[(2 * t + 1) * SO + 16 * i + g] = acc[i][1];
+        tile[(2 * t) * SO + 16 * i + g + 8] = acc[i][2];
+        tile[(2 * t + 1) * SO + 16 * i + g + 8] = acc[i][3];
+        acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
       }
       __syncwarp();
-      const int nstage = (c1 - c0 + Sh::kStageBlocks - 1) / Sh::kStageBlocks;
-
-      // Issues stage q's copies: its gathered rows (missing columns zero-filled) and the 4-byte
-      // words covering its values (the last one clipped to the array's end).
-      auto issue = [&](int q) {
-        unsigned char* st = ring + (q % S) * Sh::kStageBytes;
-        const int lb = q * Sh::kStageBlocks;
-        const int nb = min(Sh::kStageBlocks, c1 - c0 - lb);
-        const int nrows = (kTf32 ? nb : (nb + 1) & ~1) * kBlockCols;
-        const uint32_t rows_at = shared_addr(st) + 16 * piece;
-#pragma unroll
-        for (int r0 = 0; r0 < Sh::kStageRows; r0 += kRowsPerPass) {
-          const int r = r0 + prow;
-          if (r < nrows) {
-            const int col = s_cols[lb * kBlockCols + r];
-            cp_async16<L1>(rows_at + r * Sh::kRowStride, xh + (col >= 0 ? col * row_bytes : 0),
-                           col >= 0 ? piece_bytes : 0);
-          }
-        }
-        const uintptr_t a = reinterpret_cast<uintptr_t>(vh + s_vptr[lb]);
-        const uintptr_t lo = a & ~uintptr_t(3);
-        const uintptr_t hi = reinterpret_cast<uintptr_t>(vh + s_vptr[lb + nb]);
-        const int words = int((hi - lo + 3) / 4);
-        const uint32_t vals_at = shared_addr(st + Sh::kStageRows * Sh::kRowStride);
-        for (int i = lane; i < words; i += 32) {
-          const uintptr_t src = lo + 4 * uintptr_t(i);
-          cp_async4(vals_at + 4 * i, reinterpret_cast<const void*>(src),
-                    v_end - src < 4 ? int(v_end - src) : 4);
-        }
-      };
-
-#pragma unroll
-      for (int q = 0; q < S - 1; ++q) {
-        if (q < nstage) issue(q);
-        cp_async_commit();
-      }
-      for (int q = 0; q < nstage; ++q) {
-        if (q + S - 1 < nstage) issue(q + S - 1);  // into the stage consumed last iteration
-        cp_async_commit();
-        cp_async_wait<S - 1>();
-        __syncwarp();  // every lane's copies of stage q have landed
-        const int slot_c = q % S;
-        const unsigned char* st = ring + slot_c * Sh::kStageBytes;
-        const int lb = q * Sh::kStageBlocks;
-        const int nb = min(Sh::kStageBlocks, c1 - c0 - lb);
-        const T* sv = reinterpret_cast<const T*>(st + Sh::kStageRows * Sh::kRowStride);
-        const uintptr_t va = reinterpret_cast<uintptr_t>(vh + s_vptr[lb]);
-        const int vshift = int((va & 3) / sizeof(T)) - s_vptr[lb];  // value index -> slot
-        if constexpr (kTf32) {
-          for (int kb = 0; kb < nb; ++kb) {
-            const uint64_t bits = s_bits[lb + kb];
-            const int vb = s_vptr[lb + kb] + vshift;
-            const uint32_t lo_w = uint32_t(bits), hi_w = uint32_t(bits >> 32);
-            const uint32_t m = (1u << q32) - 1u;
-            const float v0 = (lo_w >> q32) & 1u ? sv[vb + __popc(lo_w & m)] : 0.f;
-            const float v1 = (hi_w >> q32) & 1u ? sv[vb + __popc(lo_w) + __popc(hi_w & m)] : 0.f;
-            const uint32_t bw[2] = {to_tf32(v0), to_tf32(v1)};
-            const float* x0 = reinterpret_cast<const float*>(st + (kb * 8 + t) * Sh::kRowStride);
-            const float* x1 = reinterpret_cast<const float*>(st + (kb * 8 + t + 4) * Sh::kRowStride);
-#pragma unroll
-            for (int i = 0; i < MT; ++i) {
-              const uint32_t af[4] = {to_tf32(x0[16 * i + g]), to_tf32(x0[16 * i + g + 8]),
-                                      to_tf32(x1[16 * i + g]), to_tf32(x1[16 * i + g + 8])};
-              mma_1688_tf32(acc[i], af, bw);
-            }
-          }
-        } else {
-          const uint16_t* sv16 = reinterpret_cast<const uint16_t*>(sv);
-          for (int kb = 0; kb < nb; kb += 2) {
-            const bool two = kb + 1 < nb;
-            const uint32_t bw[2] = {
-                block_pair16(s_bits[lb + kb], sv16, s_vptr[lb + kb] + vshift, q16, hi16),
-                two ? block_pair16(s_bits[lb + kb + 1], sv16, s_vptr[lb + kb + 1] + vshift, q16, hi16)
-                    : 0u};
-            // Lanes 0-7: rows k0..k0+7, features 16i..; 8-15: features +8; 16-31: rows +8.
-            const uint32_t a_at = shared_addr(st) +
-                                  (kb * 8 + (lane & 7) + ((lane >> 4) & 1) * 8) * Sh::kRowStride +
-                                  ((lane >> 3) & 1) * 16;
-#pragma unroll
-            for (int i = 0; i < MT; ++i) {
-              uint32_t af[4];
-              ldmatrix_x4_trans(af, a_at + 32 * i);
-              mma_16816(acc[i], af, bw, T{});
-            }
-          }
-        }
-        __syncwarp();  // every lane is done with this stage before it is refilled
-      }
+      const Unit& u = cur.u;
+      finish_tile<T, SLAB, SO>(p, u.h, u.w, u.slab, int64_t(u.slab) * SLAB, tile, u.slot,
+                               u.b1 - u.b0, u.wend - u.wb);
+      __syncwarp();  // the tile is read before the slot is refilled
     }
-    // Epilogue: C fragment (feature 16i+g (+8), rows 2t, 2t+1) -> [8][SLAB] fp32 tile in ring
-    // slot 0 (every copy has landed) -> row-contiguous stores or workspace atomics.
-    float* tile = reinterpret_cast<float*>(ring);
-#pragma unroll
-    for (int i = 0; i < MT; ++i) {
-      tile[(2 * t) * SO + 16 * i + g] = acc[i][0];
-      tile[(2 * t + 1) * SO + 16 * i + g] = acc[i][1];
-      tile[(2 * t) * SO + 16 * i + g + 8] = acc[i][2];
-      tile[(2 * t + 1) * SO + 16 * i + g + 8] = acc[i][3];
-    }
-    __syncwarp();
-    finish_tile<T, SLAB, SO>(p, h, w, slab, f0, tile, slot, b1 - b0, p.wbp[w + 1] - wb);
-    __syncwarp();  // the tile is read before the next head's copies land in slot 0
+    if (!more) break;
+    cur = nxt;
+    buf ^= 1;
   }
 #endif
 }
@@ -543,7 +673,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
 // Exact fp32 SpMM on CUDA cores: a warp owns an item and 128 features (4 per lane).
 __global__ void __launch_bounds__(kWarps * 32) spmm_f32_exact(const SpmmParams p) {
   const int lane = threadIdx.x & 31;
-  WarpItem wi;
+  Unit wi;
   if (!warp_item(p, kWarps, wi)) return;
   const int w = wi.w, b0 = wi.b0, b1 = wi.b1, slab = wi.slab, slot = wi.slot;
   const int wb = wi.wb, cb = wi.cb, ncols_w = wi.ncols;
@@ -584,7 +714,7 @@ __global__ void __launch_bounds__(kWarps * 32) spmm_f32_exact(const SpmmParams p
       }
     }
     const int rows[8] = {0, 1, 2, 3, 4, 5, 6, 7};
-    finish<float, 8, 4>(p, h, w, slab, f, rows, acc, slot, b1 - b0, p.wbp[w + 1] - wb);
+    finish<float, 8, 4>(p, h, w, slab, f, rows, acc, slot, b1 - b0, wi.wend - wb);
   }
 }
 
@@ -664,7 +794,7 @@ __global__ void __launch_bounds__(kWarps * 32, 4) spmm_cuda_core(const SpmmParam
   const unsigned full = 0xffffffffu;
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
   const int grp = lane / L, li = lane % L;
-  WarpItem wi;
+  Unit wi;
   if (!warp_item(p, kWarps, wi)) return;
   const int w = wi.w, b0 = wi.b0, b1 = wi.b1, slab = wi.slab, slot = wi.slot;
   const int wb = wi.wb, cb = wi.cb, ncols_w = wi.ncols;
@@ -772,7 +902,7 @@ __global__ void __launch_bounds__(kWarps * 32, 4) spmm_cuda_core(const SpmmParam
     const int rows[kWindowRows] = {0, 1, 2, 3, 4, 5, 6, 7};
     // Lanes of other groups pass f = d: finish() masks every store and atomic past d.
     finish<T, kWindowRows, E>(p, h, w, slab, grp == 0 ? f : p.d, rows, acc, slot, b1 - b0,
-                              p.wbp[w + 1] - wb);
+                              wi.wend - wb);
   }
 }
 
@@ -835,12 +965,13 @@ void launch_tc_mt(SpmmParams& p, int mt, int64_t items, int heads, cudaStream_t 
   else launch_tc<T, 4>(p, grid, stream);
 }
 
-// Pipelined kernel configuration: slab width by d (64 features for 16-bit d > 64 with
-// JAXSPARSE_TC_SPMM_SLAB=64), S stages (JAXSPARSE_TC_SPMM_STAGES=2|3), L1-allocating gathers
-// (JAXSPARSE_TC_SPMM_L1=0|1). Read per launch, for the benchmarks; defaults: docs/NOTES.md.
+// Pipelined kernel configuration, with switches read per launch (benchmarks and tests): slab
+// width by d (64 features for 16-bit d > 64 with JAXSPARSE_TC_SPMM_SLAB=64), L1-allocating
+// gathers (JAXSPARSE_TC_SPMM_L1=0|1), persistent warps (JAXSPARSE_TC_SPMM_PERSIST=0: one unit
+// per warp, as v8). Defaults: docs/NOTES.md.
 struct AsyncConfig {
-  int slab, stages;
-  bool l1;
+  int slab;
+  bool l1, persist;
 };
 inline int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -850,7 +981,8 @@ template <class T>
 AsyncConfig async_config(int64_t d) {
   int slab = d <= 32 ? 32 : d <= 64 || sizeof(T) == 4 ? 64 : 128;
   if (env_int("JAXSPARSE_TC_SPMM_SLAB", 128) == 64 && slab > 64) slab = 64;
-  return {slab, env_int("JAXSPARSE_TC_SPMM_STAGES", 2), env_int("JAXSPARSE_TC_SPMM_L1", 1) != 0};
+  return {slab, env_int("JAXSPARSE_TC_SPMM_L1", 1) != 0,
+          env_int("JAXSPARSE_TC_SPMM_PERSIST", 1) != 0};
 }
 
 // Per-device facts, cached: kernel attributes and device properties belong to each device's
@@ -877,41 +1009,47 @@ bool device_is_sm90_or_later() {
 
 constexpr int kAsyncWarps = 2;  // warps per CTA (each warp owns its shared-memory ring)
 
-template <class T, int SLAB, int S, bool L1>
-void launch_async_shape(const SpmmParams& p, dim3 grid, cudaStream_t stream) {
-  using Sh = AsyncShape<T, SLAB, S, kAsyncWarps>;
-  auto kernel = spmm_async<T, SLAB, S, kAsyncWarps, L1>;
-  // More than 48 KB of dynamic shared memory needs an opt-in, per kernel and device. A failure
-  // shows up as the launch's error.
-  static std::atomic<bool> raised[kMaxDevices] = {};
+template <class T, int SLAB, bool L1>
+void launch_async_shape(const SpmmParams& p, bool persist, cudaStream_t stream) {
+  using Sh = AsyncShape<T, SLAB, kAsyncWarps>;
+  auto kernel = spmm_async<T, SLAB, kAsyncWarps, L1>;
+  // CTAs the device holds at once (0: not asked yet). Asking raises the kernel's shared-memory
+  // limit first (over 48 KB needs an opt-in, per kernel and device); a failure there shows up
+  // as the launch's error.
+  static std::atomic<int> resident[kMaxDevices] = {};
   const int dev = current_device();
-  if (dev < 0 || !raised[dev].load(std::memory_order_relaxed)) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               Sh::kCtaBytes);
-    if (e == cudaSuccess && dev >= 0) raised[dev].store(true, std::memory_order_relaxed);
+  int ctas = dev >= 0 ? resident[dev].load(std::memory_order_relaxed) : 0;
+  if (ctas == 0) {
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Sh::kCtaBytes);
+    int per_sm = 0, sms = 0;
+    if (dev >= 0 &&
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kAsyncWarps * 32,
+                                                      Sh::kCtaBytes) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+        per_sm > 0) {
+      ctas = per_sm * sms;
+      resident[dev].store(ctas, std::memory_order_relaxed);
+    } else {
+      persist = false;
+    }
   }
-  kernel<<<grid, kAsyncWarps * 32, Sh::kCtaBytes, stream>>>(p);
+  const int64_t units = int64_t(p.heads) * p.num_items * p.nslab;
+  int64_t grid = (units + kAsyncWarps - 1) / kAsyncWarps;
+  grid = std::min<int64_t>(grid, persist ? ctas : 0x7fffffff);
+  kernel<<<unsigned(grid), kAsyncWarps * 32, Sh::kCtaBytes, stream>>>(p);
 }
 
 template <class T, int SLAB>
-void launch_async_stages(const SpmmParams& p, const AsyncConfig& c, dim3 grid, cudaStream_t stream) {
-  if (c.l1) {
-    if (c.stages >= 3) launch_async_shape<T, SLAB, 3, true>(p, grid, stream);
-    else launch_async_shape<T, SLAB, 2, true>(p, grid, stream);
-  } else {
-    if (c.stages >= 3) launch_async_shape<T, SLAB, 3, false>(p, grid, stream);
-    else launch_async_shape<T, SLAB, 2, false>(p, grid, stream);
-  }
+void launch_async_l1(const SpmmParams& p, const AsyncConfig& c, cudaStream_t stream) {
+  if (c.l1) launch_async_shape<T, SLAB, true>(p, c.persist, stream);
+  else launch_async_shape<T, SLAB, false>(p, c.persist, stream);
 }
 
 template <class T>
 void launch_async(const SpmmParams& p, const AsyncConfig& c, cudaStream_t stream) {
-  const int64_t warps = p.num_items * p.nslab;
-  const dim3 grid(unsigned((warps + kAsyncWarps - 1) / kAsyncWarps),
-                  unsigned(std::min(p.heads, 65535)));
-  if (c.slab == 32) launch_async_stages<T, 32>(p, c, grid, stream);
-  else if (c.slab == 64) launch_async_stages<T, 64>(p, c, grid, stream);
-  else if constexpr (sizeof(T) == 2) launch_async_stages<T, 128>(p, c, grid, stream);
+  if (c.slab == 32) launch_async_l1<T, 32>(p, c, stream);
+  else if (c.slab == 64) launch_async_l1<T, 64>(p, c, stream);
+  else if constexpr (sizeof(T) == 2) launch_async_l1<T, 128>(p, c, stream);
 }
 
 ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer values,

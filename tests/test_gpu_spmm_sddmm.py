@@ -222,6 +222,34 @@ def test_many_heads_split_workspace(rng):
   np.testing.assert_array_equal(np.asarray(out, np.float64)[:, empty], 0.0)
 
 
+@pytest.mark.parametrize("persist", ["1", "0"])
+@pytest.mark.parametrize("dt", ["f32", "f16"])
+def test_spmm_many_units_per_warp(rng, monkeypatch, dt, persist):
+  """Far more units (item x head x slab) than resident warps x 32, so each persistent warp of
+  the pipelined kernel decodes several batches of units and crosses heads, windows and split
+  pieces in one stream; empty rows; PERSIST=0 is the one-unit-per-warp launch."""
+  import scipy.sparse as sp
+
+  monkeypatch.setenv("JAXSPARSE_TC_SPMM_PERSIST", persist)
+  dtype, _, tol = DTYPES[dt]
+  m, n, H, d = 24_011, 20_000, 40, 32
+  rows = np.repeat(np.arange(m), rng.integers(0, 12, m))
+  rows = np.concatenate([rows, np.full(600, 5)])  # a hub row: a split window
+  cols = rng.integers(0, n, rows.size)
+  vals = rng.uniform(-1, 1, (H, rows.size)).astype(np.float32)
+  A = SparseMatrix.from_coo(rows, cols, vals, shape=(m, n))
+  x = jnp.asarray(rng.standard_normal((H, n, d)), dtype)
+  out = np.asarray(jax.jit(jst.spmm)(_on(_gpu(), A), _on(_gpu(), x)), np.float64)
+  v64 = np.asarray(A.values.astype(dtype), np.float64)
+  x64 = np.asarray(x, np.float64)
+  r, c = np.asarray(A.rows), np.asarray(A.cols)
+  ref = np.stack([sp.csr_matrix((v64[h], (r, c)), shape=(m, n)) @ x64[h] for h in range(H)])
+  assert np.all(np.isfinite(out))
+  assert rel_err(out, ref) < tol
+  empty = np.setdiff1d(np.arange(m), rows)
+  np.testing.assert_array_equal(out[:, empty], 0.0)
+
+
 def test_repeatable(rng):
   """Same inputs twice: the split-window atomics may reorder sums, but only by rounding."""
   A, _ = _matrix(rng, "heavy")
@@ -234,8 +262,8 @@ def test_repeatable(rng):
 
 @pytest.mark.parametrize("env", [{"JAXSPARSE_TC_SPMM_VARIANT": v}
                                  for v in ("tc", "cuda_core", "auto")]
-                         + [{"JAXSPARSE_TC_SPMM_STAGES": "3"}, {"JAXSPARSE_TC_SPMM_SLAB": "64"},
-                            {"JAXSPARSE_TC_SPMM_SLAB": "64", "JAXSPARSE_TC_SPMM_STAGES": "3"}])
+                         + [{"JAXSPARSE_TC_SPMM_PERSIST": "0"}, {"JAXSPARSE_TC_SPMM_SLAB": "64"},
+                            {"JAXSPARSE_TC_SPMM_L1": "0"}])
 @pytest.mark.parametrize("dt", ["f32", "f16"])
 @pytest.mark.parametrize("kind", ["random", "heavy"])
 def test_spmm_kernel_variants(rng, monkeypatch, kind, dt, env):
