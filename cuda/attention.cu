@@ -12,16 +12,22 @@
 // tile s is feature g*dv/8 + 2s (row g+8: +1), so each thread's V operands are dv/8 consecutive
 // features of one gathered row and its O^T fragment maps back to consecutive output features.
 // Q stays in registers for the whole window; the nnz-sized score matrix is never written.
-// Windows are taken in the schedule's order (heaviest first, Fused3S reordering); a window split
-// into several schedule items is processed whole by the warp of its first item.
+// Windows are taken in the schedule's order (heaviest first, Fused3S reordering). A window split
+// into several schedule items (pieces of <= 32 blocks) is processed by one warp per piece: each
+// writes its partial (row max, row sum, unnormalised O) to a workspace slot, and the piece that
+// completes the window (a per-window counter) merges them, FlashAttention-style (flash-decoding
+// split-KV). Without this a hub row's window was one warp's serial tail (docs/NOTES.md). Windows
+// whose pieces do not fit the workspace cap are processed whole by their first piece's warp.
 // Writes O and the row log-sum-exp (fp32) for the backward.
 //
 // Scalar path (float32 in, other head sizes, and the jvp): CUDA cores, one warp per
 // (row, head), lanes over features, float32 math. The backward is not here: it is composed from
 // the tensor-core SpMM/SDDMM kernels (jaxsparse_tc/attention.py), which measured 5-14x faster
 // than a fused scalar backward on R-MAT (docs/NOTES.md).
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <string>
 
@@ -71,13 +77,28 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
             const int32_t* __restrict__ wbp, const uint32_t* __restrict__ bitmap,
             const int32_t* __restrict__ bvp, const int32_t* __restrict__ schedule,
             int64_t num_items, int64_t heads, Heads hc, int64_t m, int64_t n, int64_t nnz,
-            float scale, int has_bias) {
+            float scale, int has_bias, float* __restrict__ ws, int* __restrict__ done,
+            int64_t cap) {
   const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (unit >= num_items * heads) return;
   const int64_t item = unit / heads, h = unit % heads;
   const int64_t w = schedule[4 * item];
-  const int64_t b_first = wbp[w], b_end = wbp[w + 1];
-  if (schedule[4 * item + 1] != b_first) return;  // a later piece of a split window
+  const int64_t wb = wbp[w], wend = wbp[w + 1];
+  const int64_t b_first = schedule[4 * item + 1];
+  int64_t b_end = schedule[4 * item + 2];
+  // Split windows: piece p of the window is item first + p (docs/FORMAT.md); first < 0 where the
+  // warp covers its whole window.
+  int64_t first = -1, pieces = 1;
+  if (schedule[4 * item + 3]) {
+    const int64_t piece = (b_first - wb) / kSplitBlocks;
+    pieces = (wend - wb + kSplitBlocks - 1) / kSplitBlocks;
+    first = item - piece;
+    if (first + pieces > cap) {  // no workspace slots: the first piece does the whole window
+      if (piece != 0) return;
+      first = -1;
+      b_end = wend;
+    }
+  }
   const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   constexpr int QW = D / 8;    // words of Q / K a thread holds per row (D/4 elements)
   constexpr int VW = DV / 16;  // words of V a thread holds per row (DV/8 elements)
@@ -111,7 +132,7 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
     const bool has1 = b0 + 1 < b_end;
     const uint64_t bits0 = load_block_bits(bitmap, b0);
     const uint64_t bits1 = has1 ? load_block_bits(bitmap, b0 + 1) : 0ull;
-    const int64_t cbase = c_begin + 8 * (b0 - b_first);
+    const int64_t cbase = c_begin + 8 * (b0 - wb);
     // K rows for condensed columns g and g+8
     uint32_t kw0[QW], kw1[QW];
     {
@@ -178,20 +199,69 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
       mma_16816(acc[s], a, pb, T{});
     }
   }
-  // finish: full row sums, normalise, write rows 2t and 2t+1 (features g*DV/8 ..)
+  // finish: full row sums; this thread's rows 2t, 2t+1 and features g*DV/8 + (0 .. DV/8).
+  float lsum[2];
+  float o[2][DV / 8];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float l = lrow[r];
     l += __shfl_xor_sync(0xffffffffu, l, 4);
     l += __shfl_xor_sync(0xffffffffu, l, 8);
     l += __shfl_xor_sync(0xffffffffu, l, 16);
+    lsum[r] = l;
+#pragma unroll
+    for (int s = 0; s < MS; ++s) { o[r][2 * s] = acc[s][r]; o[r][2 * s + 1] = acc[s][r + 2]; }
+  }
+  if (first >= 0) {
+    // Partial of a piece: [8 rows][DV unnormalised O, max (log2 domain), sum] in slot `item`;
+    // the piece that completes the window merges every piece's partial into o, mrow, lsum.
+    constexpr int64_t kRow = DV + 2, kSlot = 8 * kRow;
+    float* part = ws + (item * heads + h) * kSlot;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float* pr = part + (2 * t + r) * kRow;
+#pragma unroll
+      for (int e = 0; e < DV / 8; ++e) pr[g * (DV / 8) + e] = o[r][e];
+      if (g == 0) { pr[DV] = mrow[r]; pr[DV + 1] = lsum[r]; }
+    }
+    __threadfence();  // the partial is visible before the counter says so
+    __syncwarp();
+    int old = 0;
+    if (lane == 0) old = atomicAdd(done + first * heads + h, 1);
+    old = __shfl_sync(0xffffffffu, old, 0);
+    if (old != pieces - 1) return;
+    __threadfence();
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float* p0 = ws + (first * heads + h) * kSlot + (2 * t + r) * kRow;
+      const int64_t pstride = heads * kSlot;  // next piece, same head and row
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < pieces; ++j) mx = fmaxf(mx, __ldcg(p0 + j * pstride + DV));
+      const float base = mx == -INFINITY ? 0.f : mx;
+      float l = 0.f;
+#pragma unroll
+      for (int e = 0; e < DV / 8; ++e) o[r][e] = 0.f;
+      for (int64_t j = 0; j < pieces; ++j) {
+        const float* pj = p0 + j * pstride;
+        const float c = exp2f(__ldcg(pj + DV) - base);  // 0 for a piece without this row
+        l += c * __ldcg(pj + DV + 1);
+#pragma unroll
+        for (int e = 0; e < DV / 8; ++e) o[r][e] += c * __ldcg(pj + g * (DV / 8) + e);
+      }
+      mrow[r] = mx;
+      lsum[r] = l;
+    }
+  }
+  // normalise, write rows 2t and 2t+1 (features g*DV/8 ..) and their log-sum-exp
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float l = lsum[r];
     const int64_t i = w * 8 + 2 * t + r;
     const float inv = l > 0.f ? 1.0f / l : 0.f;
     if (i < m) {
-      float o[DV / 8];
 #pragma unroll
-      for (int s = 0; s < MS; ++s) { o[2 * s] = acc[s][r] * inv; o[2 * s + 1] = acc[s][r + 2] * inv; }
-      store_row<T, DV / 8>(out + (h * m + i) * DV, int64_t(g) * (DV / 8), DV, true, o);
+      for (int e = 0; e < DV / 8; ++e) o[r][e] *= inv;
+      store_row<T, DV / 8>(out + (h * m + i) * DV, int64_t(g) * (DV / 8), DV, true, o[r]);
       if (g == 0) lse[h * m + i] = l > 0.f ? (mrow[r] + log2f(l)) / kLog2e : -INFINITY;
     }
   }
@@ -311,18 +381,29 @@ attn_jvp_scalar(const T* q, const T* k, const T* v, const T* bias, const float* 
 
 unsigned grid_for(int64_t units) { return unsigned((units + kWarps - 1) / kWarps); }
 
+// Split-window partials of the tensor-core forward: slots for the schedule's first `cap` items
+// (split items are its prefix), [cap, heads, 8, dv + 2] fp32, then [cap, heads] counters.
+struct SplitWorkspace {
+  float* ws;
+  int* done;
+  int64_t cap;
+};
+constexpr int64_t kSplitWorkspaceBytes = 128 << 20;
+
 template <class T, int D>
 void launch_tc(cudaStream_t st, unsigned grid, const T* q, const T* k, const T* v, const T* b,
                T* o, float* l, const PatternView& p, int64_t heads, Heads hc, int64_t m,
-               int64_t n, int64_t nnz, float scale, int has_bias) {
+               int64_t n, int64_t nnz, float scale, int has_bias, const SplitWorkspace& sw) {
   attn_fwd_tc<T, D, D><<<grid, 32 * kWarps, 0, st>>>(
       q, k, v, b, o, l, p.window_col_ptr, p.window_cols, p.window_block_ptr, p.block_bitmap,
-      p.block_value_ptr, p.schedule, p.num_items, heads, hc, m, n, nnz, scale, has_bias);
+      p.block_value_ptr, p.schedule, p.num_items, heads, hc, m, n, nnz, scale, has_bias, sw.ws,
+      sw.done, sw.cap);
 }
 
 }  // namespace
 
-static ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer k,
+static ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::ScratchAllocator scratch,
+                                     ffi::AnyBuffer q, ffi::AnyBuffer k,
                                      ffi::AnyBuffer v, ffi::AnyBuffer bias, I32 wcp, I32 wc,
                                      I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
                                      ffi::Result<ffi::AnyBuffer> o,
@@ -345,10 +426,28 @@ static ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::Any
     float* lp = lse->typed_data();
     if constexpr (sizeof(T) == 2) {
       if (d == dv && (d == 32 || d == 64 || d == 128) && p.num_items > 0) {
+        // JAXSPARSE_TC_ATTN_SPLIT=0 (tests, benchmarks): no slots, whole windows per warp.
+        const char* split_env = std::getenv("JAXSPARSE_TC_ATTN_SPLIT");
+        const bool split = !(split_env && std::string(split_env) == "0");
+        const int64_t slot_bytes = heads * 8 * (dv + 2) * 4 + heads * 4;
+        SplitWorkspace sw{nullptr, nullptr,
+                          split ? std::min<int64_t>(p.num_items, kSplitWorkspaceBytes / slot_bytes)
+                                : 0};
+        if (sw.cap > 0) {
+          const size_t ws_bytes = size_t(sw.cap * heads * 8 * (dv + 2)) * 4;
+          auto mem = scratch.Allocate(ws_bytes + size_t(sw.cap * heads) * 4, 16);
+          if (mem) {
+            sw.ws = static_cast<float*>(*mem);
+            sw.done = reinterpret_cast<int*>(static_cast<char*>(*mem) + ws_bytes);
+            cudaMemsetAsync(sw.done, 0, size_t(sw.cap * heads) * 4, st);
+          } else {
+            sw.cap = 0;  // every split window is done whole by its first piece
+          }
+        }
         const unsigned grid = grid_for(p.num_items * heads);
-        if (d == 32) launch_tc<T, 32>(st, grid, qp, kp, vp, bp, op, lp, p, heads, hc, m, n, nnz, scale, has_bias);
-        if (d == 64) launch_tc<T, 64>(st, grid, qp, kp, vp, bp, op, lp, p, heads, hc, m, n, nnz, scale, has_bias);
-        if (d == 128) launch_tc<T, 128>(st, grid, qp, kp, vp, bp, op, lp, p, heads, hc, m, n, nnz, scale, has_bias);
+        if (d == 32) launch_tc<T, 32>(st, grid, qp, kp, vp, bp, op, lp, p, heads, hc, m, n, nnz, scale, has_bias, sw);
+        if (d == 64) launch_tc<T, 64>(st, grid, qp, kp, vp, bp, op, lp, p, heads, hc, m, n, nnz, scale, has_bias, sw);
+        if (d == 128) launch_tc<T, 128>(st, grid, qp, kp, vp, bp, op, lp, p, heads, hc, m, n, nnz, scale, has_bias, sw);
         return;
       }
     }
@@ -394,6 +493,7 @@ static ffi::Error attention_jvp_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::Any
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionFwdCuda, attention_fwd_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::ScratchAllocator>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()

@@ -20,9 +20,9 @@
 // Split windows (schedule items with split=1): each piece adds its fp32 partial into a
 // per-window workspace slot with atomics; the piece that completes the window's block count
 // (a per-slot counter) converts the slot into the output. A prep kernel zeroes the slots first.
-// Slot = index of the window's first piece in the schedule (first pieces have the maximal item
-// size, so they sit in the schedule's prefix); windows whose slot would exceed the workspace
-// cap fall back to their first piece computing the whole window alone (correct, slower).
+// Slot = index of the window's first piece in the schedule (split items are the schedule's
+// prefix); windows whose slot would exceed the workspace cap fall back to their first piece
+// computing the whole window alone (correct, slower).
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -58,13 +58,11 @@ struct SpmmParams : KernelPattern {
 
 // Zeroes the workspace slot and counters of each split window and records its slot.
 __global__ void split_prep(SpmmParams p) {
-  const int4 first = p.sched[0];
-  const int maxsz = first.z - first.y;
   const int64_t slot_floats = int64_t(p.heads) * 8 * p.d;
   for (int64_t s = blockIdx.x; s < p.num_items; s += gridDim.x) {
     const int4 it = p.sched[s];
-    if (it.z - it.y < maxsz) return;  // sorted by size: no first piece beyond this point
-    if (!it.w || it.y != p.wbp[it.x]) continue;
+    if (!it.w) return;  // split items are the schedule's prefix
+    if (it.y != p.wbp[it.x]) continue;
     const int64_t slot = s < p.cap ? s : -1;
     if (threadIdx.x == 0) p.slot_of[it.x] = int(slot);
     if (slot < 0) continue;

@@ -34,7 +34,9 @@ class Pattern(NamedTuple):
 
 
 def window_schedule(window_block_ptr: np.ndarray, split_blocks: int = SPLIT_BLOCKS) -> np.ndarray:
-  """Work items (window, block_begin, block_end, split), heaviest first."""
+  """Work items (window, block_begin, block_end, split): windows by decreasing block count, a
+  split window's pieces contiguous and in order (so split items are the schedule's prefix and
+  piece p of a window whose first piece is item s is item s + p; kernels rely on both)."""
   ptr = np.asarray(window_block_ptr, dtype=np.int64)
   counts = np.diff(ptr)
   pieces = np.maximum(1, -(-counts // split_blocks))
@@ -45,7 +47,7 @@ def window_schedule(window_block_ptr: np.ndarray, split_blocks: int = SPLIT_BLOC
   end = np.minimum(begin + split_blocks, ptr[window + 1])
   split = (pieces[window] > 1).astype(np.int64)
   items = np.stack([window, begin, end, split], axis=1)
-  order = np.argsort(-(end - begin), kind="stable")
+  order = np.argsort(-counts[window], kind="stable")
   return np.ascontiguousarray(items[order], dtype=np.int32)
 
 

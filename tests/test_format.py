@@ -77,7 +77,8 @@ def test_transpose_structure(rng, shape):
 def test_schedule_covers_every_block_once(rng):
   # a dense band gives windows with many blocks, so some get split
   m, n = 40, 2000
-  rows = np.repeat(np.arange(m), 600)
+  per_window = np.array([900, 10, 600, 5, 300])  # entries per row: some windows split, some not
+  rows = np.repeat(np.arange(m), np.repeat(per_window, 8))
   cols = rng.integers(0, n, rows.size)
   A = SparseMatrix.from_coo(rows, cols, shape=(m, n))
   sched = np.asarray(A.pattern.schedule)
@@ -92,9 +93,27 @@ def test_schedule_covers_every_block_once(rng):
     windows.add(int(w))
   assert np.all(seen == 1)
   assert windows == set(range(len(ptr) - 1))
-  assert sched[:, 3].any(), "this pattern should need split windows"
-  work = sched[:, 2] - sched[:, 1]
-  assert np.all(np.diff(work) <= 0), "heaviest items first"
+  assert sched[:, 3].any() and not sched[:, 3].all(), "this pattern should split some windows"
+  window_blocks = np.diff(ptr)[sched[:, 0]]
+  assert np.all(np.diff(window_blocks) <= 0), "heaviest windows first"
+  split = sched[:, 3].astype(bool)
+  assert split[:split.sum()].all(), "split items are the schedule's prefix"
+  for i in np.flatnonzero(split):  # piece p of a window sits p items after its first piece
+    p = (sched[i, 1] - ptr[sched[i, 0]]) // SPLIT_BLOCKS
+    assert sched[i - p, 0] == sched[i, 0] and sched[i - p, 1] == ptr[sched[i, 0]]
+    assert sched[i, 1] == ptr[sched[i, 0]] + p * SPLIT_BLOCKS
+
+
+def test_split_blocks_matches_the_kernels():
+  """The CUDA kernels find a piece's first sibling with their own copy of SPLIT_BLOCKS."""
+  import re
+  from pathlib import Path
+
+  header = Path(__file__).parents[1] / "cuda/include/jaxsparse_tc/format.h"
+  if not header.exists():
+    pytest.skip("kernel sources not in this checkout")
+  found = re.search(r"constexpr int kSplitBlocks = (\d+);", header.read_text())
+  assert found and int(found.group(1)) == SPLIT_BLOCKS
 
 
 def test_schedule_includes_empty_windows():

@@ -65,16 +65,42 @@ def test_gpu_attention_forward(rng, dtype, d, dv):
   assert rel_err(out, attention_ref(A, q[0], k[0], v[0])) < TOL[dtype]
 
 
-def test_gpu_attention_hub_window(rng):
-  """A window far longer than one schedule item (split in the schedule) is still exact."""
-  m, n = 40, 3000
-  rows = np.concatenate([np.zeros(2500, np.int64), rng.integers(0, m, 400)])
-  cols = np.concatenate([rng.permutation(n)[:2500], rng.integers(0, n, 400)])
-  A = on_gpu(SparseMatrix.from_coo(rows, cols, shape=(m, n)))
+@pytest.mark.parametrize("split", ["1", "0"])
+@pytest.mark.parametrize("d", [32, 64, 128])
+def test_gpu_attention_hub_window(rng, monkeypatch, d, split):
+  """Windows far longer than one schedule item: each piece's warp writes a partial and the last
+  one merges them (split=1), or one warp does the window (split=0, the no-workspace fallback).
+  Hub rows of different lengths, rows of a split window present in only some pieces, an empty
+  row inside a split window, bias, logits ~1e3 whose maxima differ between pieces."""
+  monkeypatch.setenv("JAXSPARSE_TC_ATTN_SPLIT", split)
+  m, n = 45, 3000
+  hubs = {0: 2500, 9: 700, 17: 300, 20: 40}  # 20 shares window 2 with 17; row 1 stays empty
+  rows = np.concatenate([np.full(c, r) for r, c in hubs.items()] + [rng.integers(2, m, 400)])
+  cols = np.concatenate([rng.permutation(n)[:c] for c in hubs.values()] +
+                        [rng.integers(0, n, 400)])
+  Ac = SparseMatrix.from_coo(rows, cols, shape=(m, n))
+  A = on_gpu(Ac)
+  assert np.asarray(A.pattern.schedule)[:, 3].sum() >= 3, "the hubs should split"
   for dtype in (jnp.float16, jnp.bfloat16):
-    q, k, v = (gpu(x) for x in qkv(rng, A, d=64, dv=64, dtype=dtype, h=2))
-    out = jst.sparse_attention(A, q, k, v)
-    assert rel_err(out, attention_ref(A, q, k, v)) < TOL[dtype]
+    q, k, v = (gpu(x) for x in qkv(rng, A, d=d, dv=d, dtype=dtype, h=2))
+    bias = gpu(jnp.asarray(rng.uniform(-1e3, 1e3, (2, A.nnz)), dtype))
+    for b in (None, bias):
+      out = np.asarray(jax.jit(lambda *a: jst.sparse_attention(A, *a[:3], bias=a[3]))(
+          q, k, v, b), np.float64)
+      assert np.all(np.isfinite(out))
+      assert rel_err(out, attention_ref(A, q, k, v, None, b)) < 2 * TOL[dtype]
+      np.testing.assert_array_equal(out[:, 1], 0.0)
+  # The backward starts from the merged row log-sum-exp: gradients as on the CPU.
+  def loss(M, a, kk, vv, bb):
+    return jnp.sum(jst.sparse_attention(M, a, kk, vv, bias=bb).astype(jnp.float32))
+
+  got = jax.jit(jax.grad(loss, argnums=(1, 2, 3, 4)))(A, q, k, v, bias)
+  cpu = jax.devices("cpu")[0]
+  with jax.default_device(cpu):
+    ref = jax.grad(loss, argnums=(1, 2, 3, 4))(jax.device_put(Ac, cpu),
+                                               *jax.device_put((q, k, v, bias), cpu))
+  for g, r in zip(got, ref):
+    assert rel_err(g, r) < 3e-2
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
