@@ -231,7 +231,10 @@ def _check(outs, mode, label):
 def _grid(quick):
   if quick:
     return [(64, 4), (128, 4)]
-  return [(d, h) for d in (32, 64, 128) for h in (1, 4, 8)]
+  ds = (32, 64, 128)
+  if os.environ.get("BENCH_DIMS"):  # e.g. BENCH_DIMS=64,128: the widths the targets name
+    ds = tuple(int(x) for x in os.environ["BENCH_DIMS"].split(","))
+  return [(d, h) for d in ds for h in (1, 4, 8)]
 
 
 def _graphs(quick):
