@@ -147,8 +147,9 @@ def run(quick: bool = False) -> list[dict]:
             "err": None if err is None else f"{err:.1e}"})
 
       # ---- SpMM -------------------------------------------------------------------------
+      # rows come from the sorted CSR: sorted segments, as BASELINES.md's xla-segment_sum
       seg = jax.jit(lambda v, x: jax.ops.segment_sum(v[:, None] * x[c_idx], r_idx,
-                                                      num_segments=m))
+                                                      num_segments=m, indices_are_sorted=True))
       ref = np.asarray(seg(vals32, x32), np.float64)  # fp32 reference for the err column
       for name, dt in dtypes.items():
         x = x32.astype(dt)
