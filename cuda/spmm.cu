@@ -456,6 +456,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
   constexpr int S = Sh::kStages;
   constexpr bool kTf32 = sizeof(T) == 4;
   constexpr int MT = SLAB / 16;                 // m16 tiles (16 features each)
+  static_assert(!kTf32 || MT % 2 == 0, "tf32 loads cover m16 tiles in pairs");
   constexpr int kPieces = Sh::kRowBytes / 16;   // 16-byte pieces of a slab row
   constexpr int kRowsPerPass = 32 / kPieces;    // rows one warp-wide cp.async covers
   constexpr int SO = SLAB + 4;   // epilogue tile row stride (floats)
@@ -574,13 +575,18 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
         const float v0 = (lo_w >> q32) & 1u ? sv[vb + __popc(lo_w & m)] : 0.f;
         const float v1 = (hi_w >> q32) & 1u ? sv[vb + __popc(lo_w) + __popc(hi_w & m)] : 0.f;
         const uint32_t bw[2] = {to_tf32(v0), to_tf32(v1)};
-        const float* x0 = reinterpret_cast<const float*>(st + (kb * 8 + t) * Sh::kRowStride);
-        const float* x1 = reinterpret_cast<const float*>(st + (kb * 8 + t + 4) * Sh::kRowStride);
+        // One 16-byte load per row covers two m16 tiles: features 32j + 4g + {0, 1} are tile
+        // 2j's rows g, g+8 and + {2, 3} tile 2j+1's (the epilogue undoes this order), so a
+        // lane reads 4 consecutive floats of condensed columns t and t+4 (v9 read them singly).
+        const float4* x0 = reinterpret_cast<const float4*>(st + (kb * 8 + t) * Sh::kRowStride);
+        const float4* x1 = reinterpret_cast<const float4*>(st + (kb * 8 + t + 4) * Sh::kRowStride);
 #pragma unroll
-        for (int i = 0; i < MT; ++i) {
-          const uint32_t af[4] = {to_tf32(x0[16 * i + g]), to_tf32(x0[16 * i + g + 8]),
-                                  to_tf32(x1[16 * i + g]), to_tf32(x1[16 * i + g + 8])};
-          mma_1688_tf32(acc[i], af, bw);
+        for (int j = 0; j < MT / 2; ++j) {
+          const float4 u0 = x0[8 * j + g], u1 = x1[8 * j + g];
+          const uint32_t a0[4] = {to_tf32(u0.x), to_tf32(u0.y), to_tf32(u1.x), to_tf32(u1.y)};
+          const uint32_t a1[4] = {to_tf32(u0.z), to_tf32(u0.w), to_tf32(u1.z), to_tf32(u1.w)};
+          mma_1688_tf32(acc[2 * j], a0, bw);
+          mma_1688_tf32(acc[2 * j + 1], a1, bw);
         }
       }
     } else {
@@ -647,14 +653,28 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
       // Epilogue: C fragment (feature 16i+g (+8), rows 2t, 2t+1) -> [8][SLAB] fp32 tile in the
       // slot consumed last (the other may hold nxt's first stage) -> stores or atomics.
       float* tile = reinterpret_cast<float*>(ring + (rs ^ 1) * Sh::kStageBytes);
+      if constexpr (kTf32) {
+        // Tile pair j holds features 32j + 4g + {0: 2j row g, 1: 2j row g+8, 2, 3: 2j+1's}.
 #pragma unroll
-      for (int i = 0; i < MT; ++i) {
-        tile[(2 * t) * SO + 16 * i + g] = acc[i][0];
-        tile[(2 * t + 1) * SO + 16 * i + g] = acc[i][1];
-        tile[(2 * t) * SO + 16 * i + g + 8] = acc[i][2];
-        tile[(2 * t + 1) * SO + 16 * i + g + 8] = acc[i][3];
-        acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+        for (int j = 0; j < MT / 2; ++j) {
+          const float* a = acc[2 * j];
+          const float* b = acc[2 * j + 1];
+          *reinterpret_cast<float4*>(tile + (2 * t) * SO + 32 * j + 4 * g) =
+              make_float4(a[0], a[2], b[0], b[2]);
+          *reinterpret_cast<float4*>(tile + (2 * t + 1) * SO + 32 * j + 4 * g) =
+              make_float4(a[1], a[3], b[1], b[3]);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          tile[(2 * t) * SO + 16 * i + g] = acc[i][0];
+          tile[(2 * t + 1) * SO + 16 * i + g] = acc[i][1];
+          tile[(2 * t) * SO + 16 * i + g + 8] = acc[i][2];
+          tile[(2 * t + 1) * SO + 16 * i + g + 8] = acc[i][3];
+        }
       }
+#pragma unroll
+      for (int i = 0; i < MT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
       __syncwarp();
       const Unit& u = cur.u;
       finish_tile<T, SLAB, SO>(p, u.h, u.w, u.slab, int64_t(u.slab) * SLAB, tile, u.slot,
