@@ -10,6 +10,14 @@ __device__ __forceinline__ uint32_t shared_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// base + row * row_bytes as one 32x32 -> 64-bit multiply-add (gather addresses are most of a
+// gathering loop's instructions; 64-bit index math costs several).
+__device__ __forceinline__ const void* row_address(const void* base, int row, int row_bytes) {
+  uint64_t a;
+  asm("mad.wide.s32 %0, %1, %2, %3;\n" : "=l"(a) : "r"(row), "r"(row_bytes), "l"(base));
+  return reinterpret_cast<const void*>(a);
+}
+
 // Copies src_bytes (0..16) of src to 16 bytes at dst, zero-filling the rest; src_bytes = 0
 // reads nothing. L1 = true allocates in L1 (.ca: rows gathered again by the same SM, such as
 // power-law hub columns, hit there); false goes to L2 only (.cg).
