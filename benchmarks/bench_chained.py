@@ -11,6 +11,7 @@ SDDMM (whose output is not an input) runs on K different operand pairs and retur
 outputs (independent calls: XLA may fuse some of its K into one kernel, which favours it). cuSPARSE: the same K-step SpMM chain captured in one CUDA graph and replayed (if
 capture fails, K launches timed with CUDA events; the `how` column says which).
 
+BENCH_CHAINED_OPS=spmm,sddmm,attention picks the operations; BENCH_CHAIN=K (default 32).
 Rows at d=128 (SpMM fp16 and float32 as tf32, SDDMM fp16) and attention forward (fp16, d=64
 and 128, H=4) on every benchmark graph, against the peers of the per-call benchmarks. On the
 large graphs the per-call and chained times agree (a check of the method); on Cora they differ
@@ -105,6 +106,7 @@ def run(quick: bool = False) -> list[dict]:
     has_torch = False
 
   k = int(os.environ.get("BENCH_CHAIN", "32"))
+  ops = os.environ.get("BENCH_CHAINED_OPS", "spmm,sddmm,attention").split(",")
   rows: list[dict] = []
   d = 128
   for gname, csr in common.benchmark_graphs(quick).items():
@@ -115,70 +117,71 @@ def run(quick: bool = False) -> list[dict]:
     coo = csr.tocoo()
     r_idx = jnp.asarray(coo.row.astype(np.int32))
     c_idx = jnp.asarray(coo.col.astype(np.int32))
-    vals32 = jnp.asarray(coo.data.astype(np.float32))
     rng = np.random.default_rng(0)
     x32 = jnp.asarray(rng.standard_normal((n, d), np.float32))
-    q32 = jnp.asarray(rng.standard_normal((m, d), np.float32))
 
     def add(op, impl, us, how="jit chain", h=None, dd=d, kk=None):
       rows.append({"graph": gname, "op": op, "d": dd, "H": h, "impl": impl, "us_per_call": us,
                    "how": how, "K": kk or k})
       print(f"{gname} {op} d={dd} H={h} {impl}: {us:.1f} us", flush=True)
 
-    # SpMM: x <- A_norm x
-    deg = np.maximum(np.diff(csr.indptr), 1).astype(np.float32)
-    norm = csr.multiply(1.0 / deg[:, None]).tocsr()
-    norm.sort_indices()
-    A_n = jst.SparseMatrix.from_scipy(norm)
-    for name, dt in (("fp16", jnp.float16), ("tf32", jnp.float32)):
-      Ad = A_n.with_values(A_n.values.astype(dt))
-      add("spmm", f"ours-{name}", _time_jax(_chain(jst.spmm, k), (Ad, x32.astype(dt)), k))
-    vals_n = jnp.asarray(norm.tocoo().data.astype(np.float32))
-    seg = lambda v, x: jax.ops.segment_sum(v[:, None] * x[c_idx], r_idx, num_segments=m,
-                                           indices_are_sorted=True)
-    add("spmm", "xla-segment_sum-fp32", _time_jax(_chain(seg, k), (vals_n, x32), k))
-    if has_torch:
-      tA = torch.sparse_csr_tensor(torch.as_tensor(norm.indptr.astype(np.int64)),
-                                   torch.as_tensor(norm.indices.astype(np.int64)),
-                                   torch.as_tensor(norm.data.astype(np.float32)),
-                                   size=(m, n)).cuda()
-      tx = torch.as_tensor(np.asarray(x32)).cuda()
-      for name, tdt in (("fp32", torch.float32), ("fp16", torch.float16)):
-        tAd, txd = tA.to(tdt), tx.to(tdt)
-        us, how = _time_torch(lambda x: torch.sparse.mm(tAd, x), txd, k)
-        add("spmm", f"cusparse-{name}", us, how)
-      del tA, tx, tAd, txd
-      torch.cuda.empty_cache()
-    del A_n, Ad
+    if "spmm" in ops:
+      # x <- A_norm x
+      deg = np.maximum(np.diff(csr.indptr), 1).astype(np.float32)
+      norm = csr.multiply(1.0 / deg[:, None]).tocsr()
+      norm.sort_indices()
+      A_n = jst.SparseMatrix.from_scipy(norm)
+      for name, dt in (("fp16", jnp.float16), ("tf32", jnp.float32)):
+        Ad = A_n.with_values(A_n.values.astype(dt))
+        add("spmm", f"ours-{name}", _time_jax(_chain(jst.spmm, k), (Ad, x32.astype(dt)), k))
+      vals_n = jnp.asarray(norm.tocoo().data.astype(np.float32))
+      seg = lambda v, x: jax.ops.segment_sum(v[:, None] * x[c_idx], r_idx, num_segments=m,
+                                             indices_are_sorted=True)
+      add("spmm", "xla-segment_sum-fp32", _time_jax(_chain(seg, k), (vals_n, x32), k))
+      if has_torch:
+        tA = torch.sparse_csr_tensor(torch.as_tensor(norm.indptr.astype(np.int64)),
+                                     torch.as_tensor(norm.indices.astype(np.int64)),
+                                     torch.as_tensor(norm.data.astype(np.float32)),
+                                     size=(m, n)).cuda()
+        tx = torch.as_tensor(np.asarray(x32)).cuda()
+        for name, tdt in (("fp32", torch.float32), ("fp16", torch.float16)):
+          tAd, txd = tA.to(tdt), tx.to(tdt)
+          us, how = _time_torch(lambda x: torch.sparse.mm(tAd, x), txd, k)
+          add("spmm", f"cusparse-{name}", us, how)
+        del tA, tx, tAd, txd
+        torch.cuda.empty_cache()
+      del A_n, Ad
 
-    # SDDMM: ks calls on different operands (q_i, y_i), all outputs returned. (Distinct q_i
-    # too: with one q, XLA computes the shared q[rows] gather once for all calls.)
-    ks = max(4, min(k, int(4e9 // ((m + n) * d * 2))))
-    qs = tuple(jnp.asarray(rng.standard_normal((m, d)), jnp.float16) for _ in range(ks))
-    ys = tuple(jnp.asarray(rng.standard_normal((n, d)), jnp.float16) for _ in range(ks))
-    ours = jax.jit(lambda A, qs, ys: tuple(jst.sddmm(A, q, y).values for q, y in zip(qs, ys)))
-    add("sddmm", "ours-fp16", _time_jax(ours, (A, qs, ys), ks), how="jit fan", kk=ks)
-    gather = jax.jit(lambda qs, ys: tuple(
-        jnp.sum(q[r_idx].astype(jnp.float32) * y[c_idx].astype(jnp.float32), -1).astype(q.dtype)
-        for q, y in zip(qs, ys)))
-    add("sddmm", "xla-gather-fp16", _time_jax(gather, (qs, ys), ks), how="jit fan", kk=ks)
-    del qs, ys
+    if "sddmm" in ops:
+      # SDDMM: ks calls on different operands (q_i, y_i), all outputs returned. (Distinct q_i
+      # too: with one q, XLA computes the shared q[rows] gather once for all calls.)
+      ks = max(4, min(k, int(4e9 // ((m + n) * d * 2))))
+      qs = tuple(jnp.asarray(rng.standard_normal((m, d)), jnp.float16) for _ in range(ks))
+      ys = tuple(jnp.asarray(rng.standard_normal((n, d)), jnp.float16) for _ in range(ks))
+      ours = jax.jit(lambda A, qs, ys: tuple(jst.sddmm(A, q, y).values for q, y in zip(qs, ys)))
+      add("sddmm", "ours-fp16", _time_jax(ours, (A, qs, ys), ks), how="jit fan", kk=ks)
+      gather = jax.jit(lambda qs, ys: tuple(
+          jnp.sum(q[r_idx].astype(jnp.float32) * y[c_idx].astype(jnp.float32), -1).astype(q.dtype)
+          for q, y in zip(qs, ys)))
+      add("sddmm", "xla-gather-fp16", _time_jax(gather, (qs, ys), ks), how="jit fan", kk=ks)
+      del qs, ys
 
-    # Attention forward, H = 4: q <- out
-    rows_e, cols_e = bench_attention.csr_edges(csr)
-    edges = (jnp.asarray(rows_e), jnp.asarray(cols_e))
-    h = 4
-    ka_ = max(2, min(k, int(2e9 // (csr.nnz * h * 4 * 8))))  # XLA's temporaries per call
-    for da in (64, 128):
-      qa, ka, va = (jnp.asarray(rng.standard_normal((h, s, da)), jnp.float16) for s in (m, n, n))
-      meths = bench_attention.methods(1.0 / np.sqrt(da))
-      fused = lambda A, k_, v_, q_: meths["fused"](A, q_, k_, v_)
-      xla = lambda e, k_, v_, q_: meths["xla"](e, q_, k_, v_)
-      add("attention fwd", "fused", _time_jax(_chain(fused, ka_), (A, ka, va, qa), ka_), h=h,
-          dd=da, kk=ka_)
-      add("attention fwd", "xla-unfused", _time_jax(_chain(xla, ka_), (edges, ka, va, qa), ka_),
-          h=h, dd=da, kk=ka_)
-      del qa, ka, va
+    if "attention" in ops:
+      # Attention forward, H = 4: q <- out
+      rows_e, cols_e = bench_attention.csr_edges(csr)
+      edges = (jnp.asarray(rows_e), jnp.asarray(cols_e))
+      h = 4
+      ka_ = max(2, min(k, int(2e9 // (csr.nnz * h * 4 * 8))))  # XLA's temporaries per call
+      for da in (64, 128):
+        qa, ka, va = (jnp.asarray(rng.standard_normal((h, s, da)), jnp.float16) for s in (m, n, n))
+        meths = bench_attention.methods(1.0 / np.sqrt(da))
+        fused = lambda A, k_, v_, q_: meths["fused"](A, q_, k_, v_)
+        xla = lambda e, k_, v_, q_: meths["xla"](e, q_, k_, v_)
+        add("attention fwd", "fused", _time_jax(_chain(fused, ka_), (A, ka, va, qa), ka_), h=h,
+            dd=da, kk=ka_)
+        add("attention fwd", "xla-unfused", _time_jax(_chain(xla, ka_), (edges, ka, va, qa), ka_),
+            h=h, dd=da, kk=ka_)
+        del qa, ka, va
     del A
   return rows
 

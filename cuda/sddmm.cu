@@ -7,7 +7,10 @@
 // elements are consecutive in memory: thread t of a group reads features 8t..8t+7 of the chunk
 // (one 16-byte load for 16-bit types), for its Y rows and its X row alike (the same
 // permutation on both sides of the dot product leaves it unchanged). A warp owns a schedule
-// item and all of d; nothing is combined across warps (split items are independent here).
+// item (or one of `sub` equal parts of it) and all of d; nothing is combined across warps
+// (every output value belongs to one block), so items can be cut anywhere. A warp walks its
+// blocks serially, two dependent memory round trips per pair, so on small graphs (few items)
+// the longest item is the kernel's time: there the launch cuts each item into parts.
 //
 // Exact fp32 path (precision attr 1): CUDA cores, one nonzero at a time, warp-wide dot product.
 #include <algorithm>
@@ -31,8 +34,16 @@ struct SddmmParams : KernelPattern {
   int64_t nnz, m, n, d;
   int64_t x_head_stride, y_head_stride;  // 0 where the operand broadcasts over heads
   int heads;
+  int sub;   // warps per schedule item (each takes an equal, even share of its blocks)
   bool vec;  // d % 8 == 0: every thread's 8 features are in range together, 16-byte aligned
 };
+
+// Warps per item: enough that a small launch still fills the device (each part >= 2 blocks).
+int sddmm_sub_items(int64_t num_items, int64_t heads) {
+  const int forced = env_int("JAXSPARSE_TC_SDDMM_SUB", 0);  // tests: force a value
+  if (forced > 0) return std::min(forced, kSplitBlocks / 2);
+  return num_items * heads < 16384 ? 8 : 1;
+}
 
 // T: operand type; O: value type out (T, or float: the fp32 accumulator unrounded).
 template <class T, class O = T>
@@ -40,10 +51,13 @@ __global__ void __launch_bounds__(kWarps * 32) sddmm_tc(const SddmmParams p) {
   constexpr bool kTf32 = sizeof(T) == 4;
   constexpr int NW = Words<T, 8>::N;  // 4 words (16-bit) or 8 (fp32) per 8 features
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int64_t item = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int64_t unit = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int64_t item = unit / p.sub;
   if (item >= p.num_items) return;
   const int4 it = p.sched[item];
-  const int w = it.x, b0 = it.y, b1 = it.z;
+  const int w = it.x;
+  const int share = ((it.z - it.y + p.sub - 1) / p.sub + 1) & ~1;  // even: whole block pairs
+  const int b0 = it.y + int(unit % p.sub) * share, b1 = min(it.z, b0 + share);
   if (b0 >= b1) return;
   const int wb = p.wbp[w];
   const int cb = p.wcp[w], ncols_w = p.wcp[w + 1] - cb;
@@ -187,12 +201,14 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
       return ffi::Error::Internal("sddmm: memset failed");
     return ffi::Error::Success();
   }
-  const dim3 grid(unsigned((p.num_items + kWarps - 1) / kWarps),
-                  unsigned(std::min<int64_t>(heads, 65535)));
+  const dim3 grid1(unsigned((p.num_items + kWarps - 1) / kWarps),
+                   unsigned(std::min<int64_t>(heads, 65535)));
   if (dtype == ffi::DataType::F32 && precision == 1) {
     p.vec = p.d % 4 == 0;
-    sddmm_f32_exact<<<grid, kWarps * 32, 0, stream>>>(p);
+    sddmm_f32_exact<<<grid1, kWarps * 32, 0, stream>>>(p);
   } else {
+    p.sub = sddmm_sub_items(p.num_items, std::min<int64_t>(heads, 65535));
+    const dim3 grid(unsigned((p.num_items * p.sub + kWarps - 1) / kWarps), grid1.y);
     p.vec = p.d % 8 == 0;
     if (dtype == ffi::DataType::F32) sddmm_tc<float><<<grid, kWarps * 32, 0, stream>>>(p);
     else if (dtype == ffi::DataType::F16 && f32_out) sddmm_tc<__half, float><<<grid, kWarps * 32, 0, stream>>>(p);

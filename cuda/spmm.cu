@@ -992,10 +992,6 @@ struct AsyncConfig {
   int slab;
   bool l1, persist;
 };
-inline int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
 template <class T>
 AsyncConfig async_config(int64_t d) {
   int slab = d <= 32 ? 32 : d <= 64 || sizeof(T) == 4 ? 64 : 128;

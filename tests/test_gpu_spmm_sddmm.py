@@ -137,6 +137,27 @@ def test_sddmm(rng, kind, dt, d):
   _check(out, ref, cpu_out, tol, f"sddmm {kind} {dt} d={d}")
 
 
+@pytest.mark.parametrize("sub", ["1", "3", "16"])
+@pytest.mark.parametrize("dt", ["f32", "f16"])
+@pytest.mark.parametrize("kind", ["random", "heavy", "cora"])
+def test_sddmm_sub_items(rng, monkeypatch, kind, dt, sub):
+  """Items cut into parts (JAXSPARSE_TC_SDDMM_SUB; small launches default to 8, large to 1)
+  give every value exactly once, with heads too."""
+  monkeypatch.setenv("JAXSPARSE_TC_SDDMM_SUB", sub)
+  dtype, precision, tol = DTYPES[dt]
+  A, _ = _matrix(rng, kind)
+  m, n = A.shape
+  r, c = np.asarray(A.rows), np.asarray(A.cols)
+  for d, h in ((128, 1), (40, 3)):
+    x = jnp.asarray(rng.standard_normal((h, m, d)), dtype)
+    y = jnp.asarray(rng.standard_normal((h, n, d)), dtype)
+    out = jax.jit(lambda A, x, y: jst.sddmm(A, x, y).values)(_on(_gpu(), A), _on(_gpu(), x),
+                                                             _on(_gpu(), y))
+    ref = np.einsum("hkd,hkd->hk", np.asarray(x, np.float64)[:, r],
+                    np.asarray(y, np.float64)[:, c])
+    assert rel_err(out, ref) < tol, f"sddmm sub={sub} {kind} {dt} d={d} H={h}"
+
+
 def _head_cases(rng, Ag, a64, n, d, dtype):
   """(matrix, X, float64 reference) for heads H x H, H x 1 (dense broadcast), 1 x H."""
   xs = jnp.asarray(rng.standard_normal((a64.shape[0], n, d)), dtype)
