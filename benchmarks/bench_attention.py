@@ -28,6 +28,7 @@ import concurrent.futures
 import functools
 import math
 import os
+import sys
 import time
 
 # Grow GPU memory on demand instead of preallocating 75% of it: the OOM sweep of
@@ -324,8 +325,4 @@ def summary(rows):
 
 
 if __name__ == "__main__":
-  import sys
-
-  rs = run(quick="--quick" in sys.argv)
-  common.print_table(rs, COLUMNS, "bench_attention")
-  common.print_table(summary(rs), list(summary(rs)[0].keys()), "summary")
+  common.main(sys.modules[__name__])

@@ -21,6 +21,7 @@ by the dispatch cost.
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -204,23 +205,10 @@ def summary(rows: list[dict]) -> list[dict]:
            ("SDDMM ours-fp16 vs xla-gather-fp16", "sddmm", "ours-fp16", "xla-gather-fp16", 128),
            ("attention fwd H=4 d=64: fused vs xla", "attention fwd", "fused", "xla-unfused", 64),
            ("attention fwd H=4 d=128: fused vs xla", "attention fwd", "fused", "xla-unfused", 128)]
-  out = []
-  for label, op, ours, peer, d in pairs:
-    ratios = {}
-    for g in graphs:
-      a, b = us(g, op, ours, d), us(g, op, peer, d)
-      if a and b:
-        ratios[g] = b / a
-    row = {"device time per call (speedup)": label, "geomean": common.geomean(ratios.values())}
-    row.update({g: ratios.get(g) for g in graphs})
-    out.append(row)
-  return out
+  return [common.speedup_row("device time per call (speedup)", label, graphs,
+                             lambda g: us(g, op, ours, d), lambda g: us(g, op, peer, d))
+          for label, op, ours, peer, d in pairs]
 
 
 if __name__ == "__main__":
-  import sys
-
-  rs = run(quick="--quick" in sys.argv)
-  common.print_table(rs, COLUMNS, "bench_chained")
-  s = summary(rs)
-  common.print_table(s, list(s[0].keys()), "summary")
+  common.main(sys.modules[__name__])

@@ -12,6 +12,7 @@ row once, the output once) over the time.
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import numpy as np
@@ -261,24 +262,10 @@ def summary(rows: list[dict]) -> list[dict]:
       ("SDDMM ours-fp16 vs xla-gather-fp16", "sddmm", "ours-fp16", "xla-gather-fp16", 3.0),
       ("SDDMM ours-tf32 vs xla-gather-fp32", "sddmm", "ours-tf32", "xla-gather-fp32", None),
   ]
-  out = []
-  for label, op, ours, peer, target in pairs:
-    ratios = {}
-    for g in graphs:
-      a, b = ms(g, op, ours), ms(g, op, peer)
-      if a and b:
-        ratios[g] = b / a
-    row = {"comparison (d=128, speedup)": label, "geomean": common.geomean(ratios.values()),
-           "target": target}
-    row.update({g: ratios.get(g) for g in graphs})
-    out.append(row)
-  return out
+  return [common.speedup_row("comparison (d=128, speedup)", label, graphs,
+                             lambda g: ms(g, op, ours), lambda g: ms(g, op, peer), target=target)
+          for label, op, ours, peer, target in pairs]
 
 
 if __name__ == "__main__":
-  import sys
-
-  rs = run(quick="--quick" in sys.argv)
-  common.print_table(rs, COLUMNS, "bench_spmm_sddmm")
-  s = summary(rs)
-  common.print_table(s, list(s[0].keys()), "summary")
+  common.main(sys.modules[__name__])

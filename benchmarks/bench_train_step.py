@@ -22,6 +22,7 @@ Graphs: the largest real graph available (common.real_graph_names()) and R-MAT 2
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave room for PyG
 
@@ -277,8 +278,4 @@ def summary(rows: list[dict]) -> list[dict]:
 
 
 if __name__ == "__main__":
-  import sys
-
-  rs = run(quick="--quick" in sys.argv)
-  common.print_table(rs, COLUMNS, "bench_train_step")
-  common.print_table(summary(rs), list(summary(rs)[0].keys()), "summary")
+  common.main(sys.modules[__name__])

@@ -112,7 +112,6 @@ def package_graph(name: str) -> sp.csr_matrix:
     path = folder / f"{name}.npz"
     if path.exists():
       z = np.load(path)
-      n = int(z["shape"][0])
       return sp.csr_matrix((np.ones(len(z["indices"]), np.float32), z["indices"], z["indptr"]),
                            shape=tuple(int(s) for s in z["shape"]))
   raise FileNotFoundError(name)
@@ -175,6 +174,31 @@ def device_name() -> str:
 def geomean(xs) -> float:
   xs = [x for x in xs if x and np.isfinite(x)]
   return float(np.exp(np.mean(np.log(xs)))) if xs else float("nan")
+
+
+def speedup_row(label_col: str, label: str, graphs, ours_time, peer_time, **extra) -> dict:
+  """{label_col: label, geomean, extra..., graph: peer / ours time, ...} of a comparison;
+  ours_time / peer_time map a graph name to a time or None (then the graph has no ratio)."""
+  ratios = {}
+  for g in graphs:
+    a, b = ours_time(g), peer_time(g)
+    if a and b:
+      ratios[g] = b / a
+  row = {label_col: label, "geomean": geomean(ratios.values()), **extra}
+  row.update({g: ratios.get(g) for g in graphs})
+  return row
+
+
+def main(module) -> None:
+  """A benchmark module run as a script: its rows, then its summary (if it has one)."""
+  import sys
+
+  rows = module.run(quick="--quick" in sys.argv)
+  name = module.__name__ if module.__name__ != "__main__" else Path(sys.argv[0]).stem
+  print_table(rows, module.COLUMNS, name)
+  if hasattr(module, "summary"):
+    s = module.summary(rows)
+    print_table(s, list(s[0].keys()), "summary")
 
 
 def print_table(rows: list[dict], columns: list[str], title: str = "") -> None:
