@@ -15,7 +15,9 @@ linearize the same JVP and transpose `attention_jvp_p`: its transpose rule is th
 FlashAttention-2 backward (`_backward`) from the saved lse, built on the library's tensor-core
 SDDMM and SpMM, so reverse mode runs the fused forward plus that backward and never a JVP
 kernel. vmap folds the batch into the kernels' head axis (heads.py).
-Higher-order derivatives (jvp of the jvp primitive) are not implemented.
+Second derivatives are not implemented and raise NotImplementedError (any route: the JVP
+primitive has no JVP, and the backward refuses to be differentiated because it reads the saved
+lse as a constant).
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ def sparse_attention(A, Q, K, V, *, scale=None, bias=None):
   checks.dense_operand("sparse_attention", "Q", q, A, expected_rows=m)
   checks.dense_operand("sparse_attention", "K", k, A, expected_rows=n)
   checks.dense_operand("sparse_attention", "V", v, A, expected_rows=n)
-  checks.same_dense("sparse_attention", q, k)
+  checks.softmax_dtype("sparse_attention", "Q", q)
+  checks.same_dense("sparse_attention", q, k, names=("Q", "K"))
   if v.dtype != q.dtype:
     raise checks.OperandError(f"sparse_attention: Q ({q.shape}, {q.dtype}) and V ({v.shape}, "
                               f"{v.dtype}) must have the same dtype")
@@ -134,7 +137,7 @@ def _jvp_transpose(ct, q, k, v, bias, o, lse, dq, dk, dv, dbias, *pattern, **par
   outs = [None] * (10 + NUM_PATTERN_OPERANDS)
   if type(ct) is ad.Zero:
     return outs
-  gq, gk, gv, gb = _backward(q, k, v, bias, o, lse, ct, pattern, **params)
+  gq, gk, gv, gb = _first_order_only(_backward)(q, k, v, bias, o, lse, ct, *pattern, **params)
   for pos, tangent, g in ((6, dq, gq), (7, dk, gk), (8, dv, gv), (9, dbias, gb)):
     if ad.is_undefined_primal(tangent):
       if pos == 9 and not params["has_bias"]:
@@ -151,9 +154,34 @@ def _jvp_batch(args, dims, **params):
   return do.reshape((size, h) + do.shape[1:]), 0
 
 
+_HIGHER_ORDER = ("jaxsparse_tc.sparse_attention: derivatives of order > 1 are not "
+                 "implemented")
+
+
 def _no_higher_order(*_, **__):
-  raise NotImplementedError("jaxsparse_tc.sparse_attention: derivatives of order > 1 are not "
-                            "implemented")
+  raise NotImplementedError(_HIGHER_ORDER)
+
+
+def _first_order_only(backward):
+  """`backward` as a function that refuses to be differentiated.
+
+  The backward reads the saved lse as a constant (its tangent is declared zero), so
+  differentiating it (jax.hessian, grad of grad) would give wrong second derivatives; this
+  makes those raise instead.
+  """
+
+  def call(*args, **params):
+    @jax.custom_jvp
+    def f(*args):
+      return backward(*args[:7], args[7:], **params)
+
+    @f.defjvp
+    def _(primals, tangents):
+      raise NotImplementedError(_HIGHER_ORDER)
+
+    return f(*args)
+
+  return call
 
 
 attention_jvp_p.def_abstract_eval(_jvp_abstract)

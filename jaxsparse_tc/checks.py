@@ -20,6 +20,14 @@ def is_supported_float(dtype) -> bool:
   return any(np.dtype(dtype) == np.dtype(t) for t in FLOAT_DTYPES)
 
 
+def softmax_dtype(op: str, name: str, x) -> None:
+  """The softmax operations compute in float32 and take float32, float16 and bfloat16 only
+  (float64 would silently lose its precision), on CPU and GPU alike."""
+  if not is_supported_float(x.dtype) or np.dtype(x.dtype) == np.float64:
+    raise OperandError(f"{op}: {name} (shape {x.shape}) has dtype {x.dtype}; supported: "
+                       "float32, float16, bfloat16 (float32 math; cast float64 to float32)")
+
+
 def dense_operand(op: str, name: str, x, A, *, expected_rows: int) -> None:
   if x.ndim not in (2, 3) or x.shape[-2] != expected_rows:
     raise OperandError(
@@ -34,12 +42,13 @@ def dense_operand(op: str, name: str, x, A, *, expected_rows: int) -> None:
                        f"{A.values.dtype}")
 
 
-def same_dense(op: str, x, y) -> None:
+def same_dense(op: str, x, y, names=("X", "Y")) -> None:
+  a, b = names
   if x.dtype != y.dtype:
-    raise OperandError(f"{op}: X (shape {x.shape}, {x.dtype}) and Y (shape {y.shape}, "
+    raise OperandError(f"{op}: {a} (shape {x.shape}, {x.dtype}) and {b} (shape {y.shape}, "
                        f"{y.dtype}) must have the same dtype")
   if x.shape[-1] != y.shape[-1]:
-    raise OperandError(f"{op}: X has shape {x.shape} and Y has shape {y.shape}; their last "
+    raise OperandError(f"{op}: {a} has shape {x.shape} and {b} has shape {y.shape}; their last "
                        "(feature) dimensions must be equal")
 
 

@@ -35,9 +35,7 @@ def edge_softmax(A, values=None):
   if v.ndim not in (1, 2) or v.shape[-1] != A.nnz:
     raise checks.OperandError(f"edge_softmax: A has shape {A.shape} and {A.nnz} nonzeros, so "
                               f"values must have shape [{A.nnz}] or [H, {A.nnz}]; got {v.shape}")
-  if not checks.is_supported_float(v.dtype):
-    raise checks.OperandError(f"edge_softmax: values (shape {v.shape}) have dtype {v.dtype}; "
-                              "supported: float32, float16, bfloat16")
+  checks.softmax_dtype("edge_softmax", "values", v)
   out = edge_softmax_p.bind(v.reshape(-1, A.nnz), *A.pattern_operands())
   return A.with_values(out if v.ndim == 2 else out[0])
 

@@ -275,6 +275,33 @@ def test_attention_errors(rng):
     jst.sparse_attention(A, q, k[:, :3], v)
 
 
+def test_attention_higher_order_raises(rng):
+  """Second derivatives (through the backward, which reads the saved lse as a constant) would
+  be wrong, so every way to ask for them raises instead of returning numbers."""
+  A = make_pattern(rng, 9, 7, density=0.4)
+  q, k, v = qkv(rng, A, d=4, dv=3)
+  loss = lambda q, k, v: jnp.sum(jst.sparse_attention(A, q, k, v) ** 2)
+  jax.grad(loss, argnums=(0, 1, 2))(q, k, v)  # first order still works
+  for second in (lambda: jax.hessian(loss)(q, k, v),
+                 lambda: jax.grad(lambda q: jnp.sum(jax.grad(loss)(q, k, v) ** 2))(q),
+                 lambda: jax.jvp(jax.grad(loss), (q, k, v), (q, k, v)),
+                 lambda: jax.jacfwd(jax.jacfwd(loss))(q, k, v)):
+    with pytest.raises(NotImplementedError, match="order > 1"):
+      second()
+
+
+def test_softmax_ops_reject_float64(rng, x64):
+  """float32 math: float64 operands are refused at trace time (CPU and GPU alike)."""
+  A = make_pattern(rng, 6, 5)
+  q, k, v = (jnp.asarray(rng.standard_normal(s), jnp.float64) for s in ((6, 4), (5, 4), (5, 4)))
+  with pytest.raises(TypeError, match="float64 to float32"):
+    jst.sparse_attention(A, q, k, v)
+  with pytest.raises(TypeError, match="float64 to float32"):
+    jst.edge_softmax(A, jnp.ones(A.nnz, jnp.float64))
+  with pytest.raises(TypeError, match="Q .* and K .* same dtype"):
+    jst.sparse_attention(A, q.astype(jnp.float32), k.astype(jnp.float16), v)
+
+
 def _all_eqns(jaxpr):
   """Every equation of a jaxpr, those of sub-jaxprs in params (pjit, custom rules) included."""
   for e in jaxpr.eqns:
