@@ -106,6 +106,25 @@ def test_edge_softmax_grads(rng):
   assert rel_err(g, ref) < 1e-4
 
 
+def test_edge_softmax_second_derivatives(rng):
+  """Hessians (forward-over-reverse and reverse-over-reverse) equal a dense softmax's."""
+  A = make_pattern(rng, 7, 6, density=0.45, empty_rows=1)
+  r, c = np.asarray(A.rows), np.asarray(A.cols)
+  mask = np.zeros(A.shape, bool)
+  mask[r, c] = True
+  w = jnp.asarray(rng.standard_normal(A.nnz), jnp.float32)
+  v = jnp.asarray(rng.standard_normal(A.nnz), jnp.float32)
+
+  def dense(v):
+    s = jnp.where(mask, jnp.zeros(A.shape).at[r, c].set(v), -jnp.inf)
+    return jnp.nan_to_num(jax.nn.softmax(s, axis=1))[r, c]
+
+  f = lambda v: jnp.sum(jnp.tanh(jst.edge_softmax(A, v).values) * w)
+  g = lambda v: jnp.sum(jnp.tanh(dense(v)) * w)
+  for hess in (jax.hessian, lambda f: jax.jacrev(jax.jacrev(f))):
+    assert rel_err(hess(f)(v), hess(g)(v)) < 1e-5
+
+
 def test_edge_softmax_errors(rng):
   A = make_pattern(rng, 5, 5)
   with pytest.raises(ValueError):
