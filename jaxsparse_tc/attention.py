@@ -22,6 +22,7 @@ lse as a constant).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -137,7 +138,8 @@ def _jvp_transpose(ct, q, k, v, bias, o, lse, dq, dk, dv, dbias, *pattern, **par
   outs = [None] * (10 + NUM_PATTERN_OPERANDS)
   if type(ct) is ad.Zero:
     return outs
-  gq, gk, gv, gb = _first_order_only(_backward)(q, k, v, bias, o, lse, ct, *pattern, **params)
+  gq, gk, gv, gb = _backward(q, k, v, bias, o, lse, ct, tuple(pattern), params["shape"],
+                             params["scale"], params["has_bias"])
   for pos, tangent, g in ((6, dq, gq), (7, dk, gk), (8, dv, gv), (9, dbias, gb)):
     if ad.is_undefined_primal(tangent):
       if pos == 9 and not params["has_bias"]:
@@ -162,28 +164,6 @@ def _no_higher_order(*_, **__):
   raise NotImplementedError(_HIGHER_ORDER)
 
 
-def _first_order_only(backward):
-  """`backward` as a function that refuses to be differentiated.
-
-  The backward reads the saved lse as a constant (its tangent is declared zero), so
-  differentiating it (jax.hessian, grad of grad) would give wrong second derivatives; this
-  makes those raise instead.
-  """
-
-  def call(*args, **params):
-    @jax.custom_jvp
-    def f(*args):
-      return backward(*args[:7], args[7:], **params)
-
-    @f.defjvp
-    def _(primals, tangents):
-      raise NotImplementedError(_HIGHER_ORDER)
-
-    return f(*args)
-
-  return call
-
-
 attention_jvp_p.def_abstract_eval(_jvp_abstract)
 ad.primitive_jvps[attention_jvp_p] = _no_higher_order
 ad.primitive_transposes[attention_jvp_p] = _jvp_transpose
@@ -192,7 +172,11 @@ register_ffi_lowering(attention_jvp_p, "jaxsparse_tc_attention_jvp", 10 + 6, **_
 
 
 # -- backward ---------------------------------------------------------------------------------
-def _backward(q, k, v, bias, o, lse, do, pattern, *, shape, scale, has_bias):
+# The backward reads the saved lse as a constant (its tangent is declared zero), so
+# differentiating it (jax.hessian, grad of grad) would give wrong second derivatives: its JVP
+# rule raises instead.
+@functools.partial(jax.custom_jvp, nondiff_argnums=(8, 9, 10))
+def _backward(q, k, v, bias, o, lse, do, pattern, shape, scale, has_bias):
   """FlashAttention-2 backward from the saved row log-sum-exp, on the tensor-core SpMM/SDDMM.
 
   P = exp(scale QK^T + bias - lse) on A's pattern, dV = P^T dO, dP = dO V^T on the pattern,
@@ -226,3 +210,8 @@ def _backward(q, k, v, bias, o, lse, do, pattern, *, shape, scale, has_bias):
   gq = spmm_p.bind(ds_scaled, k, *pattern, shape=shape, precision=prec)
   gk = spmm_p.bind(ds_scaled[:, perm_t], q, *pattern_t, shape=shape[::-1], precision=prec)
   return gq, gk, gv, ds.astype(dtype)
+
+
+@_backward.defjvp
+def _backward_jvp(shape, scale, has_bias, primals, tangents):
+  raise NotImplementedError(_HIGHER_ORDER)
