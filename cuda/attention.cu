@@ -27,9 +27,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
-#include <cstdlib>
 #include <cstdint>
-#include <string>
 
 #include "jaxsparse_tc/ffi_cuda.cuh"
 #include "jaxsparse_tc/bitmap.cuh"
@@ -427,8 +425,7 @@ static ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::ScratchAllocator scra
     if constexpr (sizeof(T) == 2) {
       if (d == dv && (d == 32 || d == 64 || d == 128) && p.num_items > 0) {
         // JAXSPARSE_TC_ATTN_SPLIT=0 (tests, benchmarks): no slots, whole windows per warp.
-        const char* split_env = std::getenv("JAXSPARSE_TC_ATTN_SPLIT");
-        const bool split = !(split_env && std::string(split_env) == "0");
+        const bool split = env_int("JAXSPARSE_TC_ATTN_SPLIT", 1) != 0;
         const int64_t slot_bytes = heads * 8 * (dv + 2) * 4 + heads * 4;
         SplitWorkspace sw{nullptr, nullptr,
                           split ? std::min<int64_t>(p.num_items, kSplitWorkspaceBytes / slot_bytes)
