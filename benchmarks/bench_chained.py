@@ -30,6 +30,10 @@ import numpy as np  # noqa: E402
 
 import common  # noqa: E402
 
+# The tensor-core kernels, forced (the default picks the CUDA-core row kernels for sparse blocks).
+SPMM_TC = {"JAXSPARSE_TC_SPMM_VARIANT": "async"}
+SDDMM_TC = {"JAXSPARSE_TC_SDDMM_VARIANT": "tc"}
+
 COLUMNS = ["graph", "op", "d", "H", "impl", "us_per_call", "how", "K"]
 
 
@@ -135,6 +139,8 @@ def run(quick: bool = False) -> list[dict]:
       for name, dt in (("fp16", jnp.float16), ("tf32", jnp.float32)):
         Ad = A_n.with_values(A_n.values.astype(dt))
         add("spmm", f"ours-{name}", _time_jax(_chain(jst.spmm, k), (Ad, x32.astype(dt)), k))
+        with common.environ(SPMM_TC):  # the tensor-core kernel on the same inputs
+          add("spmm", f"ours-{name}-tc", _time_jax(_chain(jst.spmm, k), (Ad, x32.astype(dt)), k))
       vals_n = jnp.asarray(norm.tocoo().data.astype(np.float32))
       seg = lambda v, x: jax.ops.segment_sum(v[:, None] * x[c_idx], r_idx, num_segments=m,
                                              indices_are_sorted=True)
@@ -161,6 +167,8 @@ def run(quick: bool = False) -> list[dict]:
       ys = tuple(jnp.asarray(rng.standard_normal((n, d)), jnp.float16) for _ in range(ks))
       ours = jax.jit(lambda A, qs, ys: tuple(jst.sddmm(A, q, y).values for q, y in zip(qs, ys)))
       add("sddmm", "ours-fp16", _time_jax(ours, (A, qs, ys), ks), how="jit fan", kk=ks)
+      with common.environ(SDDMM_TC):
+        add("sddmm", "ours-fp16-tc", _time_jax(ours, (A, qs, ys), ks), how="jit fan", kk=ks)
       gather = jax.jit(lambda qs, ys: tuple(
           jnp.sum(q[r_idx].astype(jnp.float32) * y[c_idx].astype(jnp.float32), -1).astype(q.dtype)
           for q, y in zip(qs, ys)))
@@ -200,6 +208,8 @@ def summary(rows: list[dict]) -> list[dict]:
   pairs = [("SpMM ours-fp16 vs cusparse-fp32", "spmm", "ours-fp16", "cusparse-fp32", 128),
            ("SpMM ours-fp16 vs cusparse-fp16", "spmm", "ours-fp16", "cusparse-fp16", 128),
            ("SpMM ours-tf32 vs cusparse-fp32", "spmm", "ours-tf32", "cusparse-fp32", 128),
+           ("SpMM ours-fp16 vs ours-fp16-tc", "spmm", "ours-fp16", "ours-fp16-tc", 128),
+           ("SDDMM ours-fp16 vs ours-fp16-tc", "sddmm", "ours-fp16", "ours-fp16-tc", 128),
            ("SpMM ours-tf32 vs xla-segment_sum-fp32", "spmm", "ours-tf32",
             "xla-segment_sum-fp32", 128),
            ("SDDMM ours-fp16 vs xla-gather-fp16", "sddmm", "ours-fp16", "xla-gather-fp16", 128),

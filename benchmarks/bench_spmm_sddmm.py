@@ -165,25 +165,17 @@ def run(quick: bool = False) -> list[dict]:
           add("spmm", impl, name, _time(lambda: f(Ad, x), _sync_jax), _rel(out, ref))
           del out
           if prec is None and d == 128:
-            os.environ.update(CUDA_CORE)
-            try:
+            with common.environ(CUDA_CORE):
               out = f(Ad, x)
               add("spmm", f"ours-cuda_core-{name}", name, _time(lambda: f(Ad, x), _sync_jax),
                   _rel(out, ref))
               del out
-            finally:
-              for k in CUDA_CORE:
-                del os.environ[k]
           if d == 128 and prec is None and name != "bf16":
             for vname, env in VARIANTS.items():  # kernel experiments, read per launch
-              os.environ.update(env)
-              try:
+              with common.environ(env):
                 out = f(Ad, x)
                 add("spmm", f"{impl}-{vname}", name, _time(lambda: f(Ad, x), _sync_jax),
                     _rel(out, ref))
-              finally:
-                for k in env:
-                  del os.environ[k]
       add("spmm", "xla-segment_sum-fp32", "fp32", _time(lambda: seg(vals32, x32), _sync_jax))
       if d == 128:
         # (xla-segment_sum-fp16 is left out: fp16 scatter-add took ~1 s per call on rmat17,

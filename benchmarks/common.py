@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -187,6 +188,21 @@ def speedup_row(label_col: str, label: str, graphs, ours_time, peer_time, **extr
   row = {label_col: label, "geomean": geomean(ratios.values()), **extra}
   row.update({g: ratios.get(g) for g in graphs})
   return row
+
+
+@contextlib.contextmanager
+def environ(settings: dict):
+  """Sets environment variables for the block (the kernels read their switches per launch)."""
+  old = {k: os.environ.get(k) for k in settings}
+  os.environ.update(settings)
+  try:
+    yield
+  finally:
+    for k, v in old.items():
+      if v is None:
+        os.environ.pop(k, None)
+      else:
+        os.environ[k] = v
 
 
 def main(module) -> None:

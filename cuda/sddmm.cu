@@ -12,15 +12,20 @@
 // blocks serially, two dependent memory round trips per pair, so on small graphs (few items)
 // the longest item is the kernel's time: there the launch cuts each item into parts.
 //
-// Exact fp32 path (precision attr 1): CUDA cores, one nonzero at a time, warp-wide dot product.
+// CUDA-core path (sddmm_rows, on the pattern's row view): the default where blocks are sparse
+// and for exact fp32 (precision attr 1). sddmm_f32_exact (exact fp32 on the window format, one
+// nonzero at a time, warp-wide dot product) serves past the row kernels' width.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "jaxsparse_tc/ffi_cuda.cuh"
 #include "jaxsparse_tc/bitmap.cuh"
 #include "jaxsparse_tc/cuda_common.cuh"
 #include "jaxsparse_tc/format.h"
 #include "jaxsparse_tc/mma.cuh"
+#include "jaxsparse_tc/row_view.cuh"
 
 namespace jaxsparse_tc {
 namespace {
@@ -168,9 +173,105 @@ __global__ void __launch_bounds__(kWarps * 32) sddmm_f32_exact(const SddmmParams
   }
 }
 
+// ---- CUDA-core SDDMM on the row view (row_view.cuh), the default for sparse blocks ----------
+// A group of L lanes owns a work item (a row or a piece of one; values belong to single
+// entries, so pieces need no combining) and holds the row's X features in registers (NS slabs
+// of L*E, E = 16 bytes of T per lane). Per batch of U entries each lane issues U gathers of Y,
+// forms U partial dot products, and reduce_many sums them over the group with ~1 shuffle per
+// entry; lane li then writes entry li / (L / U)'s value. fp32 is computed exactly (no tf32).
+template <class T, class O, int L, int NS>
+__global__ void __launch_bounds__(kRowThreads) sddmm_rows(const SddmmParams p, const RowView rv) {
+  constexpr int E = kRowVec<T>, G = 32 / L, NW = Words<T, E>::N;
+  constexpr int U0 = 8 / NS, U = U0 < L ? U0 : L;  // gathers per lane per batch: U * NS
+  const int lane = threadIdx.x & 31, grp = lane / L, li = lane % L;
+  const unsigned gmask = group_mask<L>(grp);
+  const int64_t item = (int64_t(blockIdx.x) * (kRowThreads / 32) + (threadIdx.x >> 5)) * G + grp;
+  if (item >= rv.num_items) return;
+  const int h = blockIdx.y;
+  const int4 it = rv.sched[item];
+  const T* yh = static_cast<const T*>(p.y) + h * p.y_head_stride;
+  O* oh = static_cast<O*>(p.out) + int64_t(h) * p.nnz;
+  float xf[NS][E];
+#pragma unroll
+  for (int s = 0; s < NS; ++s) {
+    const int64_t f = (int64_t(s) * L + li) * E;
+    uint32_t xw[NW];
+#pragma unroll
+    for (int i = 0; i < NW; ++i) xw[i] = 0u;
+    if (f < p.d)
+      load_row<T, E>(static_cast<const T*>(p.x) + h * p.x_head_stride + int64_t(it.x) * p.d, f,
+                     p.d, p.vec, xw);
+    unpack_words<T, E>(xw, xf[s]);
+  }
+
+  for (int kc = it.y; kc < it.z; kc += L) {
+    const int n = min(L, it.z - kc);
+    int2 e = make_int2(0, 0);
+    if (li < n) e = __ldg(rv.entries + kc + li);
+    for (int j = 0; j < n; j += U) {
+      uint32_t yw[U][NS][NW];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int c = __shfl_sync(gmask, e.x, j + u, L);
+#pragma unroll
+        for (int s = 0; s < NS; ++s) {
+          const int64_t f = (int64_t(s) * L + li) * E;
+          if (j + u < n && f < p.d) {
+            load_row<T, E>(yh + int64_t(c) * p.d, f, p.d, p.vec, yw[u][s]);
+          } else {
+#pragma unroll
+            for (int i = 0; i < NW; ++i) yw[u][s][i] = 0u;
+          }
+        }
+      }
+      float dot[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        dot[u] = 0.f;
+#pragma unroll
+        for (int s = 0; s < NS; ++s) {
+          float y[E];
+          unpack_words<T, E>(yw[u][s], y);
+#pragma unroll
+          for (int k = 0; k < E; ++k) dot[u] = fmaf(xf[s][k], y[k], dot[u]);
+        }
+      }
+      const float v = reduce_many<L, U>(dot, gmask, li);
+      const int mine = j + li / (L / U);
+      const int pos = __shfl_sync(gmask, e.y, mine, L);
+      if (li % (L / U) == 0 && mine < n) oh[pos] = from_f32<O>(v);
+    }
+  }
+}
+
+// Row kernels hold at most two slabs of 32 lanes x 16 bytes of X per lane: d * sizeof(T) <= 1 KB.
+template <class T, class O>
+void launch_rows(const SddmmParams& p, const RowView& rv, cudaStream_t stream) {
+  const int lanes = row_lanes<T>(p.d);
+  const int64_t groups_per_cta = kRowThreads / lanes;
+  const dim3 grid(unsigned((rv.num_items + groups_per_cta - 1) / groups_per_cta),
+                  unsigned(p.heads));
+  if (p.d > 32 * kRowVec<T>) {
+    sddmm_rows<T, O, 32, 2><<<grid, kRowThreads, 0, stream>>>(p, rv);
+    return;
+  }
+  switch (lanes) {
+    case 2: sddmm_rows<T, O, 2, 1><<<grid, kRowThreads, 0, stream>>>(p, rv); break;
+    case 4: sddmm_rows<T, O, 4, 1><<<grid, kRowThreads, 0, stream>>>(p, rv); break;
+    case 8: sddmm_rows<T, O, 8, 1><<<grid, kRowThreads, 0, stream>>>(p, rv); break;
+    case 16: sddmm_rows<T, O, 16, 1><<<grid, kRowThreads, 0, stream>>>(p, rv); break;
+    default: sddmm_rows<T, O, 32, 1><<<grid, kRowThreads, 0, stream>>>(p, rv); break;
+  }
+}
+
+// Kernel family: the row kernels where blocks are sparse (sparse_blocks) or for exact fp32,
+// within their width limit; the tensor-core kernel otherwise. JAXSPARSE_TC_SDDMM_VARIANT (read
+// per launch; tests, benchmarks): unset or auto, this choice; cuda_core forces the row kernels
+// (an error past their width), tc the window kernels.
+
 ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I32 wcp, I32 wc,
-                      I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
-                      ffi::Result<ffi::AnyBuffer> out, int32_t precision) {
+                      I32 wbp, U32 bitmap, I32 bvp, I32 schedule, I32 row_entries,
+                      I32 row_schedule, ffi::Result<ffi::AnyBuffer> out, int32_t precision) {
   const auto xd = x.dimensions(), yd = y.dimensions(), od = out->dimensions();
   if (xd.size() != 3 || yd.size() != 3 || od.size() != 2)
     return ffi::Error::InvalidArgument("sddmm: expected x [Hx,m,d], y [Hy,n,d], out [H,nnz]");
@@ -201,6 +302,30 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
       return ffi::Error::Internal("sddmm: memset failed");
     return ffi::Error::Success();
   }
+  if (heads > 65535) return ffi::Error::InvalidArgument("sddmm: at most 65535 heads");
+  const RowView rv = row_view(row_entries, row_schedule);
+  const int64_t esize = dtype == ffi::DataType::F32 ? 4 : 2;
+  const bool exact = dtype == ffi::DataType::F32 && precision == 1;
+  const char* venv = std::getenv("JAXSPARSE_TC_SDDMM_VARIANT");
+  const std::string variant = venv ? venv : "";
+  if (!variant.empty() && variant != "auto" && variant != "cuda_core" && variant != "tc")
+    return ffi::Error::InvalidArgument("sddmm: JAXSPARSE_TC_SDDMM_VARIANT must be unset, auto, "
+                                       "cuda_core or tc; got " + variant);
+  const bool rows_fit = p.d * esize <= 1024;
+  const int64_t num_blocks = int64_t(bitmap.element_count()) / 2;
+  const bool sparse = sparse_blocks(p.nnz, num_blocks);
+  if (variant == "cuda_core" && !rows_fit)
+    return ffi::Error::InvalidArgument("sddmm: the row kernels take d * itemsize <= 1024 bytes");
+  if (rows_fit && (variant == "cuda_core" || (variant != "tc" && (exact || sparse)))) {
+    p.vec = (p.d * esize) % 16 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
+            reinterpret_cast<uintptr_t>(p.y) % 16 == 0;
+    if (dtype == ffi::DataType::F32) launch_rows<float, float>(p, rv, stream);
+    else if (dtype == ffi::DataType::F16 && f32_out) launch_rows<__half, float>(p, rv, stream);
+    else if (dtype == ffi::DataType::F16) launch_rows<__half, __half>(p, rv, stream);
+    else if (f32_out) launch_rows<__nv_bfloat16, float>(p, rv, stream);
+    else launch_rows<__nv_bfloat16, __nv_bfloat16>(p, rv, stream);
+    return launch_status("sddmm");
+  }
   const dim3 grid1(unsigned((p.num_items + kWarps - 1) / kWarps),
                    unsigned(std::min<int64_t>(heads, 65535)));
   if (dtype == ffi::DataType::F32 && precision == 1) {
@@ -227,6 +352,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SddmmCuda, sddmm_cuda,
                                   .Arg<ffi::AnyBuffer>()  // x [Hx, m, d]
                                   .Arg<ffi::AnyBuffer>()  // y [Hy, n, d]
                                   JAXSPARSE_TC_PATTERN_ARGS
+                                  .Arg<I32>()  // row_entries [nnz, 2]
+                                  .Arg<I32>()  // row_schedule [R, 4]
                                   .Ret<ffi::AnyBuffer>()  // out [H, nnz]
                                   .Attr<int32_t>("precision"));
 

@@ -9,13 +9,12 @@
 // covering a contiguous 128-byte segment, and the C fragment maps back to the same contiguous
 // features, so stores are 16 bytes wide too.
 //
-// On sm_90 the default is spmm_async, the same fragments fed from a cp.async gather ring in
-// shared memory (rows need 16-byte alignment; spmm_tc otherwise and on older GPUs).
+// On sm_90 the tensor-core default is spmm_async, the same fragments fed from a cp.async gather
+// ring in shared memory (rows need 16-byte alignment; spmm_tc otherwise and on older GPUs).
 //
-// Exact fp32 path (precision attr 1): CUDA cores, one warp per item and 128-feature slab.
-//
-// CUDA-core family (spmm_cuda_core, JAXSPARSE_TC_SPMM_VARIANT=cuda_core, all dtypes, fp32
-// exact): one FMA per nonzero instead of padded 8x8 MMAs; see its comment and prefer_cuda_core.
+// CUDA-core path (spmm_rows, on the pattern's row view): the default where blocks are sparse
+// (prefer_rows) and for exact fp32; one FMA per nonzero, many warps per SM.
+// spmm_f32_exact (exact fp32 on the window format) serves where the row kernels are forced off.
 //
 // Split windows (schedule items with split=1): each piece adds its fp32 partial into a
 // per-window workspace slot with atomics; the piece that completes the window's block count
@@ -35,6 +34,7 @@
 #include "jaxsparse_tc/cuda_common.cuh"
 #include "jaxsparse_tc/format.h"
 #include "jaxsparse_tc/mma.cuh"
+#include "jaxsparse_tc/row_view.cuh"
 
 namespace jaxsparse_tc {
 namespace {
@@ -737,236 +737,139 @@ __global__ void __launch_bounds__(kWarps * 32) spmm_f32_exact(const SpmmParams p
   }
 }
 
-// ---- CUDA-core SpMM (JAXSPARSE_TC_SPMM_VARIANT=cuda_core), DA-SpMM style --------------------
-// Row-major dense access with warp-level feature parallelism and "parallel reduction" over
-// condensed columns for narrow d. One warp per (schedule item, feature slab); the warp is cut
-// into G groups of L = 32/G lanes. Lane li of group grp owns E consecutive features
-// f = slab*L*E + E*li, so one gathered X row segment is ONE coalesced load per group (E*sizeof(T)
-// = 8 or 16 bytes per lane); group grp takes condensed columns c = grp, grp+G, ... of each block
-// (G > 1 only where d <= 16*E: idle lanes would otherwise cover features past d). E = 4 here
-// (cc_config). Accumulators:
-// acc[8 rows][E] fp32 in registers, indexed with compile-time constants only (a switch picks
-// the row); at the end the G groups are summed with xor shuffles and group 0 writes through
-// finish() (the same split-window workspace scheme as the tensor-core kernels).
-// Per chunk of 32 blocks: bitmaps and value offsets in registers (lane i = block c0+i, shared
-// by shuffles), column indices in shared memory (coalesced). Per step of NB blocks: the NB
-// blocks' values (contiguous in format order) are loaded with coalesced loads, every X gather
-// of the step is issued, then the values go to shared memory (converted to fp32) and the FMAs
-// run, one per nonzero: acc[r] += value * x for the set bits r of the column's byte.
-// fp32 inputs are computed exactly (no tf32).
-constexpr int kCcXWords = 32;  // gathered-X registers per lane per step (sets NB)
+// ---- CUDA-core SpMM on the row view (row_view.cuh), the default for sparse blocks ------------
+// A group of L lanes owns a work item (a row, or a piece of a long row) and a slab of L*E
+// features (E = 16 bytes of T per lane); the row's entries are read L at a time (lane li holds
+// entry li's column and raw value), then U gathers are issued per lane before their U FMAs, so
+// each lane keeps U 16-byte loads in flight with ~40 registers: many warps per SM, which is
+// what the gather-bound case needs (NOTES: the tensor-core kernel's 8 warps/SM drew half the L2
+// rate XLA's segment_sum draws). fp32 is computed exactly (no tf32). Pieces of a long row add
+// their fp32 partials into the row's workspace slot; a per-slot countdown (set by
+// row_split_prep) elects the piece that writes the row.
+constexpr int kRowUnroll = 8;  // gathers in flight per lane
 
-template <class T, int E, int G>
-struct CcShape {
-  static constexpr int L = 32 / G;           // lanes per group
-  static constexpr int CPG = kBlockCols / G;  // condensed columns per group per block
-  static constexpr int NW = Words<T, E>::N;  // 32-bit words of one lane's X segment
-  static constexpr int NB0 = kCcXWords / (CPG * NW);
-  static constexpr int NB = NB0 < 1 ? 1 : NB0 > 2 ? 2 : NB0;  // blocks per step
+struct RowSplit {
+  float* ws;   // [slots, heads, d] fp32 partial sums of split rows
+  int* count;  // [slots, heads, nslab] pieces still to add
 };
 
-// E consecutive elements held in words -> floats (exact conversions).
-template <class T, int E>
-__device__ __forceinline__ void cc_unpack(const uint32_t (&w)[Words<T, E>::N], float (&x)[E]) {
-  if constexpr (sizeof(T) == 4) {
+// Counts each split row's pieces into its countdowns (zeroed before; split items are a prefix).
+__global__ void row_split_prep(const RowView rv, const RowSplit rs, int per_slot) {
+  for (int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; s < rv.num_items;
+       s += int64_t(gridDim.x) * blockDim.x) {
+    const int slot = rv.sched[s].w;
+    if (slot < 0) return;
+    for (int j = 0; j < per_slot; ++j) atomicAdd(rs.count + int64_t(slot) * per_slot + j, 1);
+  }
+}
+
+// Adds a lane's E features into the slot; true in the one piece that completes the row (its
+// group then reads the slot back). The fences order the partials before the count and the reads
+// after it.
+template <int L, int E>
+__device__ __forceinline__ bool add_piece(const SpmmParams& p, const RowSplit& rs, int slot,
+                                          int h, int slab, int64_t f, const float (&acc)[E],
+                                          unsigned gmask, int li) {
+  float* ws = rs.ws + (int64_t(slot) * p.heads + h) * p.d;
+  if (p.vec && f < p.d) {
 #pragma unroll
-    for (int e = 0; e < E; ++e) x[e] = __uint_as_float(w[e]);
+    for (int e = 0; e < E; e += 4) {
+#if __CUDA_ARCH__ >= 900
+      atomicAdd(reinterpret_cast<float4*>(ws + f + e),
+                make_float4(acc[e], acc[e + 1], acc[e + 2], acc[e + 3]));
+#else
+      for (int i = 0; i < 4; ++i) atomicAdd(ws + f + e + i, acc[e + i]);
+#endif
+    }
   } else {
 #pragma unroll
-    for (int e = 0; e < E; ++e) {
-      const uint32_t b = (w[e / 2] >> (16 * (e % 2))) & 0xffffu;
-      if constexpr (std::is_same_v<T, __half>) x[e] = __half2float(__ushort_as_half((unsigned short)b));
-      else x[e] = __uint_as_float(b << 16);  // bfloat16 -> fp32 is a shift
-    }
+    for (int e = 0; e < E; ++e)
+      if (f + e < p.d) atomicAdd(ws + f + e, acc[e]);
   }
+  __threadfence();
+  __syncwarp(gmask);
+  int left = 0;
+  if (li == 0) left = atomicSub(rs.count + (int64_t(slot) * p.heads + h) * p.nslab + slab, 1);
+  left = __shfl_sync(gmask, left, 0, L);
+  if (left != 1) return false;
+  __threadfence();
+  return true;
 }
 
-template <int R, int E>
-__device__ __forceinline__ void cc_fma(float (&acc)[kWindowRows][E], float a, const float (&x)[E]) {
-#pragma unroll
-  for (int e = 0; e < E; ++e) acc[R][e] = fmaf(a, x[e], acc[R][e]);
-}
-
-// acc[r] += a * x with r known only at run time: a switch keeps acc in registers.
-template <int E>
-__device__ __forceinline__ void cc_fma_row(float (&acc)[kWindowRows][E], int r, float a,
-                                           const float (&x)[E]) {
-  switch (r) {
-    case 0: cc_fma<0>(acc, a, x); break;
-    case 1: cc_fma<1>(acc, a, x); break;
-    case 2: cc_fma<2>(acc, a, x); break;
-    case 3: cc_fma<3>(acc, a, x); break;
-    case 4: cc_fma<4>(acc, a, x); break;
-    case 5: cc_fma<5>(acc, a, x); break;
-    case 6: cc_fma<6>(acc, a, x); break;
-    default: cc_fma<7>(acc, a, x); break;
-  }
-}
-
-template <class T, int E, int G>
-__global__ void __launch_bounds__(kWarps * 32, 4) spmm_cuda_core(const SpmmParams p) {
-  using S = CcShape<T, E, G>;
-  constexpr int L = S::L, CPG = S::CPG, NW = S::NW, NB = S::NB;
-  static_assert(G == 1 || G == 2 || G == 4 || G == 8, "groups must divide the 8 block columns");
-  __shared__ int s_cols[kWarps][kStageBlocks * kBlockCols];
-  __shared__ float s_vals[kWarps][NB * 64];
-  const unsigned full = 0xffffffffu;
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-  const int grp = lane / L, li = lane % L;
-  Unit wi;
-  if (!warp_item(p, kWarps, wi)) return;
-  const int w = wi.w, b0 = wi.b0, b1 = wi.b1, slab = wi.slab, slot = wi.slot;
-  const int wb = wi.wb, cb = wi.cb, ncols_w = wi.ncols;
-  const int64_t f = int64_t(slab) * (L * E) + int64_t(E) * li;
+template <class T, int L>
+__global__ void __launch_bounds__(kRowThreads) spmm_rows(const SpmmParams p, const RowView rv,
+                                                         const RowSplit rs) {
+  constexpr int E = kRowVec<T>, G = 32 / L, NW = Words<T, E>::N;
+  constexpr int U = kRowUnroll < L ? kRowUnroll : L;
+  const int lane = threadIdx.x & 31, grp = lane / L, li = lane % L;
+  const unsigned gmask = group_mask<L>(grp);
+  const int64_t item = (int64_t(blockIdx.x) * (kRowThreads / 32) + (threadIdx.x >> 5)) * G + grp;
+  if (item >= rv.num_items) return;
+  const int slab = blockIdx.y, h = blockIdx.z;
+  const int4 it = rv.sched[item];
+  const int64_t f = (int64_t(slab) * L + li) * E;
   const bool active = f < p.d;
-
-  for (int h = blockIdx.y; h < p.heads; h += gridDim.y) {
-    const T* xh = static_cast<const T*>(p.x) + h * p.x_head_stride;
-    const T* vh = static_cast<const T*>(p.values) + h * p.v_head_stride;
-    float acc[kWindowRows][E];
+  const T* xh = static_cast<const T*>(p.x) + h * p.x_head_stride;
+  const T* vh = static_cast<const T*>(p.values) + h * p.v_head_stride;
+  float acc[E];
 #pragma unroll
-    for (int r = 0; r < kWindowRows; ++r)
-#pragma unroll
-      for (int e = 0; e < E; ++e) acc[r][e] = 0.f;
+  for (int e = 0; e < E; ++e) acc[e] = 0.f;
 
-    for (int c0 = b0; c0 < b1; c0 += kStageBlocks) {
-      const int c1 = min(b1, c0 + kStageBlocks);
-      __syncwarp();  // the previous chunk's readers of s_cols are done
-      uint32_t my_lo = 0u, my_hi = 0u;
-      int my_vptr = 0;
-      if (c0 + lane < c1) {
-        const uint64_t bb = load_block_bits(p.bitmap, c0 + lane);
-        my_lo = uint32_t(bb);
-        my_hi = uint32_t(bb >> 32);
-        my_vptr = __ldg(p.bvp + c0 + lane);
+  for (int kc = it.y; kc < it.z; kc += L) {
+    const int n = min(L, it.z - kc);
+    int col = 0;
+    uint32_t vraw = 0u;  // lanes past n hold a zero value: their shuffles add nothing
+    if (li < n) {
+      const int2 e = __ldg(rv.entries + kc + li);
+      col = e.x;
+      vraw = load_raw<T>(vh + e.y);
+    }
+    for (int j = 0; j < n; j += U) {
+      uint32_t xw[U][NW];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int c = __shfl_sync(gmask, col, j + u, L);
+        if (j + u < n && active) {
+          load_row<T, E>(xh + int64_t(c) * p.d, f, p.d, p.vec, xw[u]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < NW; ++i) xw[u][i] = 0u;
+        }
       }
-      const int col_lo = 8 * (c0 - wb), col_hi = min(8 * (c1 - wb), ncols_w);
 #pragma unroll
-      for (int k = 0; k < kBlockCols; ++k) {
-        const int i = k * 32 + lane;
-        s_cols[wid][i] = col_lo + i < col_hi ? __ldg(p.wc + cb + col_lo + i) : -1;
-      }
-      __syncwarp();
-
-      for (int b = c0; b < c1; b += NB) {
-        // Step metadata (warp-uniform): bitmaps and value offsets of blocks b .. b+NB-1.
-        const int vbase = __shfl_sync(full, my_vptr, b - c0);  // b - c0 < 32
-        uint64_t bits[NB];
-        int off[NB + 1];
-        off[0] = 0;
+      for (int u = 0; u < U; ++u) {
+        const float a = raw_to_f32<T>(__shfl_sync(gmask, vraw, j + u, L));
+        float x[E];
+        unpack_words<T, E>(xw[u], x);
 #pragma unroll
-        for (int kb = 0; kb < NB; ++kb) {
-          const int src = (b + kb - c0) & 31;
-          const uint32_t lo = __shfl_sync(full, my_lo, src);
-          const uint32_t hi = __shfl_sync(full, my_hi, src);
-          bits[kb] = b + kb < c1 ? (uint64_t(lo) | (uint64_t(hi) << 32)) : 0ull;
-          off[kb + 1] = off[kb] + __popcll(bits[kb]);
-        }
-        // The step's values are contiguous in format order: vbase .. vbase + off[NB].
-        float vv[2 * NB];
-#pragma unroll
-        for (int k = 0; k < 2 * NB; ++k) {
-          const int i = k * 32 + lane;
-          vv[k] = i < off[NB] ? to_f32<T>(vh[vbase + i]) : 0.f;
-        }
-        // Every X gather of the step before the first FMA.
-        uint32_t xw[NB][CPG][NW];
-#pragma unroll
-        for (int kb = 0; kb < NB; ++kb)
-#pragma unroll
-          for (int i = 0; i < CPG; ++i) {
-            const int c = grp + G * i;
-            const int col = b + kb < c1 ? s_cols[wid][(b + kb - c0) * kBlockCols + c] : -1;
-            if (col >= 0 && active) {
-              load_row<T, E>(xh + int64_t(col) * p.d, f, p.d, p.vec, xw[kb][i]);
-            } else {
-#pragma unroll
-              for (int j = 0; j < NW; ++j) xw[kb][i][j] = 0u;
-            }
-          }
-        __syncwarp();  // the previous step's readers of s_vals are done
-#pragma unroll
-        for (int k = 0; k < 2 * NB; ++k) {
-          const int i = k * 32 + lane;
-          if (i < off[NB]) s_vals[wid][i] = vv[k];
-        }
-        __syncwarp();
-#pragma unroll
-        for (int kb = 0; kb < NB; ++kb)
-#pragma unroll
-          for (int i = 0; i < CPG; ++i) {
-            const int c = grp + G * i;  // uniform per group
-            uint32_t byte = uint32_t(bits[kb] >> (8 * c)) & 0xffu;
-            if (!byte) continue;
-            float x[E];
-            cc_unpack<T, E>(xw[kb][i], x);
-            // Value of (row r, column c): off[kb] + popcount of the block's lower bits; rows
-            // of one column are consecutive, so a running index walks them in order.
-            int idx = off[kb] + __popcll(bits[kb] & ((1ull << (8 * c)) - 1ull));
-            do {
-              const int r = __ffs(byte) - 1;
-              byte &= byte - 1u;
-              cc_fma_row<E>(acc, r, s_vals[wid][idx++], x);
-            } while (byte);
-          }
+        for (int e = 0; e < E; ++e) acc[e] = fmaf(a, x[e], acc[e]);
       }
     }
-    // Sum the G groups' partials (every lane ends with the total); group 0 writes.
-#pragma unroll
-    for (int o = L; o < 32; o <<= 1)
-#pragma unroll
-      for (int r = 0; r < kWindowRows; ++r)
-#pragma unroll
-        for (int e = 0; e < E; ++e) acc[r][e] += __shfl_xor_sync(full, acc[r][e], o);
-    const int rows[kWindowRows] = {0, 1, 2, 3, 4, 5, 6, 7};
-    // Lanes of other groups pass f = d: finish() masks every store and atomic past d.
-    finish<T, kWindowRows, E>(p, h, w, slab, grp == 0 ? f : p.d, rows, acc, slot, b1 - b0,
-                              wi.wend - wb);
   }
-}
-
-// CUDA-core launch shape for d: E = 4 features per lane (16-bit: 8-byte loads, fp32: 16-byte
-// loads), lanes per group L = the smallest power of two in [4, 32] covering d (or 32), G = 32/L
-// groups, slabs of L*E features (d > 128: several slabs, one warp each). E = 8 (16-byte 16-bit
-// loads, one warp for d = 256) was tried: acc[8][8] + 8 gathered columns of 4 words spilled
-// under the 128-register cap (112 B stores / 288 B loads per thread), so it is not built.
-struct CcConfig {
-  int e, g, nslab;
-};
-
-CcConfig cc_config(int64_t d) {
-  const int e = 4;
-  int lanes = 4;
-  while (lanes < 32 && int64_t(lanes) * e < d) lanes *= 2;
-  const int64_t slab = int64_t(lanes) * e;
-  return {e, 32 / lanes, int((d + slab - 1) / slab)};
+  T* out = static_cast<T*>(p.out) + (int64_t(h) * p.m + it.x) * p.d;
+  if (it.w >= 0) {
+    if (!add_piece<L, E>(p, rs, it.w, h, slab, f, acc, gmask, li)) return;
+    const float* ws = rs.ws + (int64_t(it.w) * p.heads + h) * p.d;
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] = f + e < p.d ? __ldcg(ws + f + e) : 0.f;
+  }
+  if (active) store_row<T, E>(out, f, p.d, p.vec, acc);
 }
 
 template <class T>
-void launch_cc(const SpmmParams& p, const CcConfig& c, dim3 grid, cudaStream_t stream) {
-  switch (c.g) {
-    case 1: spmm_cuda_core<T, 4, 1><<<grid, kWarps * 32, 0, stream>>>(p); break;
-    case 2: spmm_cuda_core<T, 4, 2><<<grid, kWarps * 32, 0, stream>>>(p); break;
-    case 4: spmm_cuda_core<T, 4, 4><<<grid, kWarps * 32, 0, stream>>>(p); break;
-    default: spmm_cuda_core<T, 4, 8><<<grid, kWarps * 32, 0, stream>>>(p); break;
+void launch_rows(const SpmmParams& p, const RowView& rv, const RowSplit& rs, int lanes,
+                 cudaStream_t stream) {
+  const int64_t groups_per_cta = kRowThreads / lanes;
+  const dim3 grid(unsigned((rv.num_items + groups_per_cta - 1) / groups_per_cta),
+                  unsigned(p.nslab), unsigned(p.heads));
+  switch (lanes) {
+    case 2: spmm_rows<T, 2><<<grid, kRowThreads, 0, stream>>>(p, rv, rs); break;
+    case 4: spmm_rows<T, 4><<<grid, kRowThreads, 0, stream>>>(p, rv, rs); break;
+    case 8: spmm_rows<T, 8><<<grid, kRowThreads, 0, stream>>>(p, rv, rs); break;
+    case 16: spmm_rows<T, 16><<<grid, kRowThreads, 0, stream>>>(p, rv, rs); break;
+    default: spmm_rows<T, 32><<<grid, kRowThreads, 0, stream>>>(p, rv, rs); break;
   }
 }
-
-// Heuristic choice of the CUDA-core kernel over the tensor-core one (JAXSPARSE_TC_SPMM_VARIANT
-// unset with kCudaCoreAuto, or =auto). Both gather one X row per condensed column, so the bytes
-// are equal; the tensor-core kernel pays for all 64 entries of a block (fill = nnz / (64 B))
-// in MMA work and in fragment assembly, the CUDA-core one only for the nonzeros (one FMA per
-// nonzero and feature). Prediction, to be calibrated on the benchmark: CUDA cores win when
-// blocks are sparse (fill <= 1/4, e.g. R-MAT with ~8 of 64), and for exact fp32 always (the
-// old exact kernel is a CUDA-core kernel with 4-byte loads and no staging).
-bool prefer_cuda_core(bool exact_f32, int64_t nnz, int64_t num_blocks) {
-  if (exact_f32) return true;
-  if (num_blocks == 0) return true;
-  return nnz * 4 <= num_blocks * 64;
-}
-// Off until measured: the default stays the tensor-core kernel (and spmm_f32_exact for exact
-// fp32). Set to true to make prefer_cuda_core the default selector.
-constexpr bool kCudaCoreAuto = false;
 
 template <class T, int MT>
 void launch_tc(const SpmmParams& p, dim3 grid, cudaStream_t stream) {
@@ -1067,9 +970,20 @@ void launch_async(const SpmmParams& p, const AsyncConfig& c, cudaStream_t stream
   else if constexpr (sizeof(T) == 2) launch_async_l1<T, 128>(p, c, stream);
 }
 
+// Kernel family for a launch. The CUDA-core row kernels gather the same dense rows as the
+// tensor-core ones (one per condensed column) but pay only for the nonzeros, with many more
+// warps per SM; the tensor-core kernels pay for all 64 entries of a block. So the row kernels
+// serve where blocks are sparse (sparse_blocks), and exact fp32 (CUDA-core FMAs either way).
+constexpr int64_t kRowWorkspaceBytes = 256 << 20;  // row kernels: cap on the split-row workspace
+
+bool prefer_rows(bool exact_f32, int64_t nnz, int64_t num_blocks) {
+  return exact_f32 || sparse_blocks(nnz, num_blocks);
+}
+
 ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer values,
                      ffi::AnyBuffer x, I32 wcp, I32 wc, I32 wbp, U32 bitmap, I32 bvp,
-                     I32 schedule, ffi::Result<ffi::AnyBuffer> out, int32_t precision) {
+                     I32 schedule, I32 row_entries, I32 row_schedule,
+                     ffi::Result<ffi::AnyBuffer> out, int32_t precision) {
   const auto vd = values.dimensions(), xd = x.dimensions(), od = out->dimensions();
   if (vd.size() != 2 || xd.size() != 3 || od.size() != 3)
     return ffi::Error::InvalidArgument("spmm: expected values [Hv,nnz], x [Hx,n,d], out [H,m,d]");
@@ -1083,6 +997,7 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
   p.x = x.untyped_data();
   p.out = out->untyped_data();
   static_cast<KernelPattern&>(p) = kernel_pattern(wcp, wc, wbp, bitmap, bvp, schedule);
+  const RowView rv = row_view(row_entries, row_schedule);
   p.nnz = vd[1];
   p.n = xd[1];
   p.d = xd[2];
@@ -1093,34 +1008,70 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
   p.x_head_stride = xd[0] == 1 ? 0 : p.n * p.d;
   const int64_t num_windows = int64_t(wcp.element_count()) - 1;
   if (heads == 0 || p.m == 0 || p.d == 0 || p.num_items == 0) return ffi::Error::Success();
+  if (heads > 65535) return ffi::Error::InvalidArgument("spmm: at most 65535 heads");
 
   const bool exact = dtype == ffi::DataType::F32 && precision == 1;
-  const int mt = p.d <= 16 ? 1 : p.d <= 32 ? 2 : 4;
-  // Kernel family (JAXSPARSE_TC_SPMM_VARIANT, read once per launch; for tests and benchmarks):
-  // unset, the tensor-core kernels (exact fp32: spmm_f32_exact) unless kCudaCoreAuto; cuda_core
-  // forces the CUDA-core kernels; auto asks prefer_cuda_core; tc forces the register-gather
-  // tensor-core kernel (spmm_tc) where the pipelined one would run.
+  const size_t esize = dtype == ffi::DataType::F32 ? 4 : 2;
+  const bool aligned16 = (p.d * esize) % 16 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
+  // Kernel family (JAXSPARSE_TC_SPMM_VARIANT, read per launch; for tests and benchmarks): unset
+  // or auto, prefer_rows picks; cuda_core forces the row kernels; async forces the pipelined
+  // tensor-core kernel (where it applies; exact fp32: spmm_f32_exact); tc forces the
+  // register-gather tensor-core kernel (spmm_tc; exact fp32: spmm_f32_exact).
   const char* venv = std::getenv("JAXSPARSE_TC_SPMM_VARIANT");
   const std::string variant = venv ? venv : "";
-  if (!variant.empty() && variant != "tc" && variant != "cuda_core" && variant != "auto")
-    return ffi::Error::InvalidArgument("spmm: JAXSPARSE_TC_SPMM_VARIANT must be unset, tc, "
-                                       "cuda_core or auto; got " + variant);
+  if (!variant.empty() && variant != "tc" && variant != "async" && variant != "cuda_core" &&
+      variant != "auto")
+    return ffi::Error::InvalidArgument("spmm: JAXSPARSE_TC_SPMM_VARIANT must be unset, auto, "
+                                       "cuda_core, async or tc; got " + variant);
   const int64_t num_blocks = int64_t(bitmap.element_count()) / 2;
-  const bool cuda_core =
-      variant == "cuda_core" ||
-      ((variant == "auto" || (variant.empty() && kCudaCoreAuto)) &&
-       prefer_cuda_core(exact, p.nnz, num_blocks));
-  const CcConfig cc = cc_config(p.d);
+
+  // Row kernels: lanes per group, slabs, and the split-row workspace (slots <= items - rows:
+  // every split row adds at least one item).
+  const int lanes = esize == 4 ? row_lanes<float>(p.d) : row_lanes<__half>(p.d);
+  const int64_t row_slab = int64_t(lanes) * (16 / int64_t(esize));
+  const int row_nslab = int((p.d + row_slab - 1) / row_slab);
+  const int64_t row_slots = std::max<int64_t>(rv.num_items - p.m, 0);
+  const size_t row_ws_bytes = size_t(row_slots * heads * p.d) * 4;
+  const size_t row_count_bytes = size_t(row_slots * heads * row_nslab) * 4;
+  const bool rows_fit = row_ws_bytes + row_count_bytes <= size_t(kRowWorkspaceBytes) &&
+                        p.d * int64_t(esize) <= INT32_MAX;
+  const bool use_rows =
+      rows_fit && (variant == "cuda_core" ||
+                   ((variant.empty() || variant == "auto") && prefer_rows(exact, p.nnz, num_blocks)));
+  if (variant == "cuda_core" && !rows_fit)
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      "spmm: the row kernels' split-row workspace would exceed its cap");
+  if (use_rows) {
+    p.nslab = row_nslab;
+    p.vec = aligned16;
+    RowSplit rs{};
+    if (row_slots > 0) {
+      auto mem = scratch.Allocate(row_ws_bytes + row_count_bytes, 16);
+      if (!mem)
+        return ffi::Error(ffi::ErrorCode::kResourceExhausted, "spmm: workspace allocation failed");
+      rs.ws = static_cast<float*>(*mem);
+      rs.count = reinterpret_cast<int*>(static_cast<char*>(*mem) + row_ws_bytes);
+      if (cudaMemsetAsync(*mem, 0, row_ws_bytes + row_count_bytes, stream) != cudaSuccess)
+        return ffi::Error::Internal("spmm: workspace memset failed");
+      const int64_t blocks = std::min<int64_t>((rv.num_items + 255) / 256, 1024);
+      row_split_prep<<<unsigned(blocks), 256, 0, stream>>>(rv, rs, int(heads) * row_nslab);
+    }
+    if (dtype == ffi::DataType::F32) launch_rows<float>(p, rv, rs, lanes, stream);
+    else if (dtype == ffi::DataType::F16) launch_rows<__half>(p, rv, rs, lanes, stream);
+    else launch_rows<__nv_bfloat16>(p, rv, rs, lanes, stream);
+    return launch_status("spmm");
+  }
+
+  const int mt = p.d <= 16 ? 1 : p.d <= 32 ? 2 : 4;
   // The pipelined kernel is the default tensor-core path where its 16-byte copies apply.
-  const size_t esize = dtype == ffi::DataType::F32 ? 4 : 2;
-  const bool use_async = !cuda_core && !exact && variant != "tc" && device_is_sm90_or_later() &&
+  const bool use_async = !exact && variant != "tc" && device_is_sm90_or_later() &&
                          (p.d * esize) % 16 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
                          p.d * int64_t(esize) <= INT32_MAX;
   AsyncConfig ac{};
   if (use_async)
     ac = dtype == ffi::DataType::F32 ? async_config<float>(p.d) : async_config<__half>(p.d);
-  const int nslab = cuda_core   ? cc.nslab
-                    : exact     ? int((p.d + 127) / 128)
+  const int nslab = exact       ? int((p.d + 127) / 128)
                     : use_async ? int((p.d + ac.slab - 1) / ac.slab)
                                 : int((p.d + 16 * mt - 1) / (16 * mt));
 
@@ -1140,14 +1091,7 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
   p.slot_of = reinterpret_cast<int*>(static_cast<char*>(*mem) + ws_bytes + done_bytes);
   split_prep<<<unsigned(std::min<int64_t>(p.num_items, 264)), 256, 0, stream>>>(p);
 
-  if (cuda_core) {
-    p.vec = p.d % cc.e == 0;
-    const int64_t warps = p.num_items * nslab;
-    const dim3 grid(unsigned((warps + kWarps - 1) / kWarps), unsigned(std::min<int64_t>(heads, 65535)));
-    if (dtype == ffi::DataType::F32) launch_cc<float>(p, cc, grid, stream);
-    else if (dtype == ffi::DataType::F16) launch_cc<__half>(p, cc, grid, stream);
-    else launch_cc<__nv_bfloat16>(p, cc, grid, stream);
-  } else if (use_async) {
+  if (use_async) {
     p.vec = p.d % (ac.slab / 8) == 0;
     if (dtype == ffi::DataType::F32) launch_async<float>(p, ac, stream);
     else if (dtype == ffi::DataType::F16) launch_async<__half>(p, ac, stream);
@@ -1176,6 +1120,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpmmCuda, spmm_cuda,
                                   .Arg<ffi::AnyBuffer>()  // values [Hv, nnz]
                                   .Arg<ffi::AnyBuffer>()  // x [Hx, n, d]
                                   JAXSPARSE_TC_PATTERN_ARGS
+                                  .Arg<I32>()  // row_entries [nnz, 2]
+                                  .Arg<I32>()  // row_schedule [R, 4]
                                   .Ret<ffi::AnyBuffer>()  // out [H, m, d]
                                   .Attr<int32_t>("precision"));
 

@@ -23,10 +23,16 @@ class Pattern(NamedTuple):
   schedule: np.ndarray  # int32 [S, 4]
   rows: np.ndarray  # int32 [nnz]
   cols: np.ndarray  # int32 [nnz]
+  row_entries: np.ndarray  # int32 [nnz, 2]: the row view, (column, format position) in CSR order
+  row_schedule: np.ndarray  # int32 [R, 4]: row pieces (row, begin, end, slot)
 
   def kernel_arrays(self) -> tuple:
     """The arrays every kernel reads, in the order of its FFI operands."""
     return tuple(self[:6])
+
+  def row_arrays(self) -> tuple:
+    """The row view's arrays (read by the CUDA-core SpMM/SDDMM kernels)."""
+    return (self.row_entries, self.row_schedule)
 
   @property
   def num_blocks(self) -> int:
@@ -51,6 +57,31 @@ def window_schedule(window_block_ptr: np.ndarray, split_blocks: int = SPLIT_BLOC
   return np.ascontiguousarray(items[order], dtype=np.int32)
 
 
+def row_piece(nnz: int) -> int:
+  """Entries per piece of a long row: small graphs get short pieces (more warps, a shorter
+  longest chain of dependent loads), large ones long pieces (fewer partial sums to combine)."""
+  return int(min(256, max(32, 1 << max(0, int(nnz // 16384).bit_length() - 1))))
+
+
+def row_schedule(row_ptr: np.ndarray, piece: int) -> np.ndarray:
+  """Work items of the row view (row, begin, end, slot): rows of more than `piece` entries cut
+  into pieces of `piece` entries whose partial sums meet in workspace slot `slot` (-1: the item
+  is a whole row, empty rows included). Longest rows first, so split rows form the prefix; a
+  row's pieces are contiguous; slots number the split rows in order."""
+  ptr = np.asarray(row_ptr, dtype=np.int64)
+  counts = np.diff(ptr)
+  pieces = np.maximum(1, -(-counts // piece))
+  order = np.argsort(-counts, kind="stable")
+  row = np.repeat(order, pieces[order])
+  first = np.cumsum(pieces[order]) - pieces[order]
+  p = np.arange(row.size, dtype=np.int64) - np.repeat(first, pieces[order])
+  begin = ptr[row] + p * piece
+  end = np.minimum(begin + piece, ptr[row + 1])
+  split = pieces[row] > 1
+  slot = np.where(split, np.cumsum(split & (p == 0)) - 1, -1)
+  return np.ascontiguousarray(np.stack([row, begin, end, slot], axis=1), dtype=np.int32)
+
+
 def build(rows: np.ndarray, cols: np.ndarray, m: int, n: int) -> tuple[Pattern, np.ndarray]:
   """Builds the pattern of validated int64 COO indices; returns it and input_to_format."""
   raw = _cpu.build_pattern(rows, cols, m, n)
@@ -63,18 +94,23 @@ def build(rows: np.ndarray, cols: np.ndarray, m: int, n: int) -> tuple[Pattern, 
       schedule=window_schedule(raw["window_block_ptr"]),
       rows=raw["rows"],
       cols=raw["cols"],
+      row_entries=raw["row_entries"],
+      row_schedule=row_schedule(raw["row_ptr"], row_piece(raw["rows"].shape[0])),
   )
   return pattern, raw["input_to_format"]
 
 
 # A primitive's pattern operands, in order: A's kernel arrays (6), A^T's (6), perm_t, perm_t_inv,
-# then A's and A^T's per-value rows (for rules that gather per-row quantities onto nonzeros).
-NUM_PATTERN_OPERANDS = 16
+# A's and A^T's per-value rows (for rules that gather per-row quantities onto nonzeros), then
+# A's row view (2) and A^T's (2).
+NUM_PATTERN_OPERANDS = 20
 PERM_T = 12
 ROWS = 14
+ROW_VIEW = 16
 
 
 def transpose_operands(operands: tuple) -> tuple:
   """The pattern operands of A^T, given those of A."""
   assert len(operands) == NUM_PATTERN_OPERANDS
-  return (*operands[6:12], *operands[:6], operands[13], operands[12], operands[15], operands[14])
+  return (*operands[6:12], *operands[:6], operands[13], operands[12], operands[15], operands[14],
+          *operands[18:20], *operands[16:18])

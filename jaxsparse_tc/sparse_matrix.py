@@ -209,7 +209,8 @@ class SparseMatrix:
   def pattern_operands(self) -> tuple:
     """What primitives take besides values: both orientations' kernel arrays and perms."""
     return (*self.pattern.kernel_arrays(), *self.pattern_t.kernel_arrays(), self.perm_t,
-            self.perm_t_inv, self.pattern.rows, self.pattern_t.rows)
+            self.perm_t_inv, self.pattern.rows, self.pattern_t.rows,
+            *self.pattern.row_arrays(), *self.pattern_t.row_arrays())
 
   def todense(self) -> jax.Array:
     """Dense [m, n] (or [H, m, n]) array."""

@@ -104,6 +104,44 @@ def test_schedule_covers_every_block_once(rng):
     assert sched[i, 1] == ptr[sched[i, 0]] + p * SPLIT_BLOCKS
 
 
+def test_row_view_is_csr_of_the_format(rng):
+  """The row view lists every value once, rows in order, columns ascending inside a row, with
+  the format position of each (A and A^T), and its schedule covers each row's entries once."""
+  from jaxsparse_tc.pattern import row_schedule
+
+  m, n = 45, 300
+  per_row = rng.integers(0, 80, m)
+  per_row[[3, 17]] = 0  # empty rows
+  rows = np.repeat(np.arange(m), per_row)
+  cols = rng.integers(0, n, rows.size)
+  A = SparseMatrix.from_coo(rows, cols, shape=(m, n))
+  for P in (A.pattern, A.pattern_t):
+    ent = np.asarray(P.row_entries)
+    fr, fc = np.asarray(P.rows), np.asarray(P.cols)
+    assert ent.shape == (fr.size, 2)
+    np.testing.assert_array_equal(np.sort(ent[:, 1]), np.arange(fr.size))
+    np.testing.assert_array_equal(fc[ent[:, 1]], ent[:, 0])
+    r = fr[ent[:, 1]]
+    assert np.all(np.diff(r) >= 0), "rows in order"
+    same = np.diff(r) == 0
+    assert np.all(np.diff(ent[:, 0])[same] > 0), "columns ascending inside a row"
+  ptr = np.concatenate([[0], np.cumsum(np.bincount(np.asarray(A.rows), minlength=m))])
+  for piece in (7, 32, 1000):
+    sched = row_schedule(ptr, piece)
+    seen = np.zeros(ptr[-1], np.int64)
+    assert set(sched[:, 0]) == set(range(m)), "every row (empty ones too) has an item"
+    for row, b, e, slot in sched:
+      assert ptr[row] <= b <= e <= ptr[row + 1] and e - b <= piece
+      assert (slot >= 0) == (ptr[row + 1] - ptr[row] > piece)
+      seen[b:e] += 1
+    assert np.all(seen == 1)
+    split = sched[:, 3] >= 0
+    assert split[:split.sum()].all(), "split rows' pieces are the schedule's prefix"
+    slots = sched[split, 3]
+    assert np.all(np.diff(slots) >= 0) and (slots.size == 0 or slots.max() + 1 == len(set(slots)))
+    assert np.all(np.diff(np.diff(ptr)[sched[:, 0]]) <= 0), "longest rows first"
+
+
 def test_split_blocks_matches_the_kernels():
   """The CUDA kernels find a piece's first sibling with their own copy of SPLIT_BLOCKS."""
   import re

@@ -144,6 +144,7 @@ def test_sddmm_sub_items(rng, monkeypatch, kind, dt, sub):
   """Items cut into parts (JAXSPARSE_TC_SDDMM_SUB; small launches default to 8, large to 1)
   give every value exactly once, with heads too."""
   monkeypatch.setenv("JAXSPARSE_TC_SDDMM_SUB", sub)
+  monkeypatch.setenv("JAXSPARSE_TC_SDDMM_VARIANT", "tc")  # sub-items are the window kernel's
   dtype, precision, tol = DTYPES[dt]
   A, _ = _matrix(rng, kind)
   m, n = A.shape
@@ -282,9 +283,11 @@ def test_repeatable(rng):
 
 
 @pytest.mark.parametrize("env", [{"JAXSPARSE_TC_SPMM_VARIANT": v}
-                                 for v in ("tc", "cuda_core", "auto")]
-                         + [{"JAXSPARSE_TC_SPMM_PERSIST": "0"}, {"JAXSPARSE_TC_SPMM_SLAB": "64"},
-                            {"JAXSPARSE_TC_SPMM_L1": "0"}])
+                                 for v in ("tc", "async", "cuda_core", "auto")]
+                         + [{"JAXSPARSE_TC_SPMM_VARIANT": "async", k: v}
+                            for k, v in (("JAXSPARSE_TC_SPMM_PERSIST", "0"),
+                                         ("JAXSPARSE_TC_SPMM_SLAB", "64"),
+                                         ("JAXSPARSE_TC_SPMM_L1", "0"))])
 @pytest.mark.parametrize("dt", ["f32", "f16"])
 @pytest.mark.parametrize("kind", ["random", "heavy"])
 def test_spmm_kernel_variants(rng, monkeypatch, kind, dt, env):
@@ -372,6 +375,62 @@ def test_spmm_cuda_core_many_heads_split(rng, monkeypatch):
     ref = np.einsum("hmn,hnd->hmd", _dense64(A, dtype), np.asarray(x, np.float64))
     assert rel_err(out, ref) < tol
     np.testing.assert_array_equal(np.asarray(out, np.float64)[:, empty], 0.0)
+
+
+@pytest.mark.parametrize("d", DS + [320])
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("kind", ["random", "heavy", "cora"])
+def test_sddmm_cuda_core(rng, monkeypatch, kind, dt, d):
+  """The row-view SDDMM kernels (lane groups for small d, two slabs past 32 lanes, scalar
+  tails, long rows cut into pieces), every dtype (fp32 exact) and heads x 1 / 1 x heads."""
+  monkeypatch.setenv("JAXSPARSE_TC_SDDMM_VARIANT", "cuda_core")
+  dtype, precision, tol = DTYPES[dt]
+  if dtype == jnp.float32:
+    tol = 1e-5  # no tf32 on this path
+    if d == 320:
+      d = 256  # the row kernels' width limit for fp32 is 256
+  A, _ = _matrix(rng, kind)
+  m, n = A.shape
+  x = jnp.asarray(rng.standard_normal((2, m, d)), dtype)
+  y = jnp.asarray(rng.standard_normal((n, d)), dtype)
+  f = jax.jit(lambda A, x, y: jst.sddmm(A, x, y, precision=precision).values)
+  out = f(*_on(_gpu(), (A, x, y)))
+  assert out.dtype == dtype and out.shape == (2, A.nnz)
+  cpu_out = f(*_on(_cpu(), (A, x, y)))
+  r, c = np.asarray(A.rows), np.asarray(A.cols)
+  ref = np.einsum("hkd,kd->hk", np.asarray(x, np.float64)[:, r], np.asarray(y, np.float64)[c])
+  _check(out, ref, cpu_out, tol, f"sddmm cuda_core {kind} {dt} d={d}")
+
+
+def test_sddmm_cuda_core_too_wide_is_an_error(rng, monkeypatch):
+  """Forcing the row kernels past their width fails loudly; unforced, the launch falls back."""
+  A, _ = _matrix(rng, "random")
+  x = jnp.asarray(rng.standard_normal((A.shape[0], 300)), jnp.float32)
+  y = jnp.asarray(rng.standard_normal((A.shape[1], 300)), jnp.float32)
+  f = jax.jit(lambda A, x, y: jst.sddmm(A, x, y, precision="highest").values)
+  ref = np.einsum("kd,kd->k", np.asarray(x, np.float64)[np.asarray(A.rows)],
+                  np.asarray(y, np.float64)[np.asarray(A.cols)])
+  assert rel_err(f(*_on(_gpu(), (A, x, y))), ref) < 1e-5
+  monkeypatch.setenv("JAXSPARSE_TC_SDDMM_VARIANT", "cuda_core")
+  with pytest.raises(Exception, match="width"):
+    jax.block_until_ready(jax.jit(lambda A, x, y: jst.sddmm(A, x, y).values)(
+        *_on(_gpu(), (A, x, y))))
+
+
+@pytest.mark.parametrize("variant", ["tc", "cuda_core"])
+@pytest.mark.parametrize("dt", ["f32", "f16"])
+def test_sddmm_variants_agree(rng, monkeypatch, variant, dt):
+  """Both SDDMM kernel families compute the same function (the default picks one of them)."""
+  monkeypatch.setenv("JAXSPARSE_TC_SDDMM_VARIANT", variant)
+  dtype, _, tol = DTYPES[dt]
+  A, _ = _matrix(rng, "heavy")
+  m, n = A.shape
+  x = jnp.asarray(rng.standard_normal((m, 64)), dtype)
+  y = jnp.asarray(rng.standard_normal((n, 64)), dtype)
+  out = jax.jit(lambda A, x, y: jst.sddmm(A, x, y).values)(*_on(_gpu(), (A, x, y)))
+  ref = np.einsum("kd,kd->k", np.asarray(x, np.float64)[np.asarray(A.rows)],
+                  np.asarray(y, np.float64)[np.asarray(A.cols)])
+  assert rel_err(out, ref) < tol
 
 
 @pytest.mark.parametrize("dt", ["f16", "bf16"])

@@ -47,6 +47,8 @@ nb::dict build_pattern(IndexArray rows, IndexArray cols, int64_t m, int64_t n) {
   out["block_value_ptr"] = to_numpy(std::move(p.block_value_ptr), {B + 1});
   out["rows"] = to_numpy(std::move(p.rows), {nnz});
   out["cols"] = to_numpy(std::move(p.cols), {nnz});
+  out["row_ptr"] = to_numpy(std::move(p.row_ptr), {size_t(m) + 1});
+  out["row_entries"] = to_numpy(std::move(p.row_entries), {nnz, 2});
   out["input_to_format"] = to_numpy(std::move(p.input_to_format), {size_t(count)});
   return out;
 }

@@ -73,6 +73,21 @@ BuiltPattern build_pattern(const int64_t* rows, const int64_t* cols, int64_t cou
   }
   p.block_value_ptr.push_back(int32_t(pos));
   p.nnz = pos;
+
+  // The row view: a stable counting sort of format positions by row. Inside a window the format
+  // is ordered by column, so each row's entries come out with ascending columns (CSR order).
+  p.row_ptr.assign(m + 1, 0);
+  for (int64_t k = 0; k < pos; ++k) ++p.row_ptr[p.rows[k] + 1];
+  for (int64_t r = 0; r < m; ++r) p.row_ptr[r + 1] += p.row_ptr[r];
+  p.row_entries.resize(2 * pos);
+  {
+    std::vector<int32_t> next(p.row_ptr.begin(), p.row_ptr.end() - 1);
+    for (int64_t k = 0; k < pos; ++k) {
+      const int32_t at = next[p.rows[k]]++;
+      p.row_entries[2 * at] = p.cols[k];
+      p.row_entries[2 * at + 1] = int32_t(k);
+    }
+  }
   return p;
 }
 

@@ -1,0 +1,109 @@
+// The row view of a pattern (docs/FORMAT.md) as the CUDA-core kernels read it, and their lane
+// layout. Where blocks are sparse (R-MAT-like graphs put ~1 nonzero in each condensed column,
+// so an 8x8 block holds ~8 of 64 entries) tensor cores do little useful work and the kernels are
+// bound by gathering dense rows. The CUDA-core kernels walk rows in CSR order instead: few
+// registers, so many warps per SM keep many gathers in flight (DA-SpMM's row-balanced,
+// row-major access with parallel reduction).
+//
+// Lane layout: a warp is cut into G = 32 / L groups of L lanes; each group owns one work item
+// (a row, or a piece of a long row). Lane li of a group owns the kRowVec<T> consecutive
+// features (16 bytes) starting at (slab * L + li) * kRowVec<T>, so one gathered dense row is one
+// coalesced 16-byte load per lane. L is the smallest power of two in [2, 32] covering d.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "jaxsparse_tc/cuda_common.cuh"
+#include "cpu/ffi_common.h"
+
+namespace jaxsparse_tc {
+
+// Work items of the row view: (row, begin, end, slot) over entries [begin, end); slot >= 0 marks
+// a piece of a long row whose partial sums meet in workspace slot `slot` (jaxsparse_tc/pattern.py
+// row_schedule: split rows' pieces form the schedule's prefix).
+struct RowView {
+  const int2* entries;  // [nnz] (column, format position), CSR order
+  const int4* sched;    // [R] items
+  int64_t num_items;
+};
+
+inline RowView row_view(I32 entries, I32 schedule) {
+  return {reinterpret_cast<const int2*>(entries.typed_data()),
+          reinterpret_cast<const int4*>(schedule.typed_data()),
+          int64_t(schedule.element_count()) / 4};
+}
+
+// Where the row kernels are the default: blocks this sparse (fill = nnz / (64 blocks) <= 1/4;
+// Cora and R-MAT graphs ~1/8) leave the tensor cores little useful work (docs/NOTES.md).
+inline bool sparse_blocks(int64_t nnz, int64_t num_blocks) {
+  return double(nnz) <= 0.25 * 64.0 * double(num_blocks);
+}
+
+constexpr int kRowThreads = 256;  // threads per CTA of the row kernels
+template <class T> constexpr int kRowVec = 16 / int(sizeof(T));  // features per lane
+
+// Lanes per group for d features of T.
+template <class T>
+int row_lanes(int64_t d) {
+  int lanes = 2;
+  while (lanes < 32 && int64_t(lanes) * kRowVec<T> < d) lanes *= 2;
+  return lanes;
+}
+
+// The lanes of group `grp` (of L lanes) as a shuffle mask.
+template <int L>
+__device__ __forceinline__ unsigned group_mask(int grp) {
+  return L == 32 ? 0xffffffffu : ((1u << L) - 1u) << (grp * L);
+}
+
+// A value's raw bits (widened to 32) and back: 16-bit values are shuffled raw and converted
+// where they are used, so that their load does not stall the gathers issued after it.
+template <class T>
+__device__ __forceinline__ uint32_t load_raw(const T* p) {
+  if constexpr (sizeof(T) == 4) return __ldg(reinterpret_cast<const uint32_t*>(p));
+  else return uint32_t(__ldg(reinterpret_cast<const unsigned short*>(p)));
+}
+template <class T>
+__device__ __forceinline__ float raw_to_f32(uint32_t b) {
+  if constexpr (sizeof(T) == 4) return __uint_as_float(b);
+  else if constexpr (std::is_same_v<T, __half>) return __half2float(__ushort_as_half((unsigned short)b));
+  else return __uint_as_float(b << 16);  // bfloat16 -> fp32 is a shift
+}
+
+// E consecutive elements held in words -> floats (exact conversions).
+template <class T, int E>
+__device__ __forceinline__ void unpack_words(const uint32_t (&w)[Words<T, E>::N], float (&x)[E]) {
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] = word_elem<T>(w, e);
+}
+
+// Sums U per-lane values over the L lanes of a group with U - 1 + log2(L / U) shuffles instead
+// of U log2(L): at each of the first log2(U) steps a lane keeps half of its values and adds its
+// partner's copy of that half. Afterwards lane li holds the total of value li / (L / U). U <= L.
+template <int L, int U>
+__device__ __forceinline__ float reduce_many(float (&s)[U], unsigned mask, int li) {
+  static_assert(U <= L, "more values than lanes");
+  int cnt = U;
+#pragma unroll
+  for (int o = L / 2; o > 0; o >>= 1) {
+    if (cnt > 1) {
+      const bool upper = li & o;
+      const int half = cnt / 2;
+#pragma unroll
+      for (int i = 0; i < U / 2; ++i) {
+        if (i < half) {
+          const float send = upper ? s[i] : s[i + half];
+          const float keep = upper ? s[i + half] : s[i];
+          s[i] = keep + __shfl_xor_sync(mask, send, o);
+        }
+      }
+      cnt = half;
+    } else {
+      s[0] += __shfl_xor_sync(mask, s[0], o);
+    }
+  }
+  return s[0];
+}
+
+}  // namespace jaxsparse_tc
