@@ -33,6 +33,12 @@ import common  # noqa: E402
 # The tensor-core kernels, forced (the default picks the CUDA-core row kernels for sparse blocks).
 SPMM_TC = {"JAXSPARSE_TC_SPMM_VARIANT": "async"}
 SDDMM_TC = {"JAXSPARSE_TC_SDDMM_VARIANT": "tc"}
+# Kernel experiments: BENCH_CHAINED_SPMM_VARIANTS="name=VAR:VALUE;VAR:VALUE,..." adds SpMM rows
+# "ours-<dtype>-<name>" with those environment variables set.
+SPMM_VARIANTS = {
+    name: dict(kv.split(":", 1) for kv in spec.split(";"))
+    for name, spec in (v.split("=", 1) for v in
+                       os.environ.get("BENCH_CHAINED_SPMM_VARIANTS", "").split(",") if v)}
 
 COLUMNS = ["graph", "op", "d", "H", "impl", "us_per_call", "how", "K"]
 
@@ -139,8 +145,10 @@ def run(quick: bool = False) -> list[dict]:
       for name, dt in (("fp16", jnp.float16), ("tf32", jnp.float32)):
         Ad = A_n.with_values(A_n.values.astype(dt))
         add("spmm", f"ours-{name}", _time_jax(_chain(jst.spmm, k), (Ad, x32.astype(dt)), k))
-        with common.environ(SPMM_TC):  # the tensor-core kernel on the same inputs
-          add("spmm", f"ours-{name}-tc", _time_jax(_chain(jst.spmm, k), (Ad, x32.astype(dt)), k))
+        for vname, env in {"tc": SPMM_TC, **SPMM_VARIANTS}.items():  # same inputs, forced
+          with common.environ(env):
+            add("spmm", f"ours-{name}-{vname}",
+                _time_jax(_chain(jst.spmm, k), (Ad, x32.astype(dt)), k))
       vals_n = jnp.asarray(norm.tocoo().data.astype(np.float32))
       seg = lambda v, x: jax.ops.segment_sum(v[:, None] * x[c_idx], r_idx, num_segments=m,
                                              indices_are_sorted=True)

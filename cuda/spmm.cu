@@ -746,7 +746,6 @@ __global__ void __launch_bounds__(kWarps * 32) spmm_f32_exact(const SpmmParams p
 // rate XLA's segment_sum draws). fp32 is computed exactly (no tf32). Pieces of a long row add
 // their fp32 partials into the row's workspace slot; a per-slot countdown (set by
 // row_split_prep) elects the piece that writes the row.
-constexpr int kRowUnroll = 8;  // gathers in flight per lane
 
 struct RowSplit {
   float* ws;   // [slots, heads, d] fp32 partial sums of split rows
@@ -796,78 +795,102 @@ __device__ __forceinline__ bool add_piece(const SpmmParams& p, const RowSplit& r
   return true;
 }
 
-template <class T, int L>
-__global__ void __launch_bounds__(kRowThreads) spmm_rows(const SpmmParams p, const RowView rv,
-                                                         const RowSplit rs) {
+// UNROLL: gathers in flight per lane (8: ~105 registers, 16 warps/SM; 4 with a 64-register
+// cap: 32 warps/SM).
+template <class T, int L, int UNROLL>
+__global__ void __launch_bounds__(kRowThreads, UNROLL <= 4 ? 4 : 1)
+    spmm_rows(const SpmmParams p, const RowView rv, const RowSplit rs) {
   constexpr int E = kRowVec<T>, G = 32 / L, NW = Words<T, E>::N;
-  constexpr int U = kRowUnroll < L ? kRowUnroll : L;
+  constexpr int U = UNROLL < L ? UNROLL : L;
   const int lane = threadIdx.x & 31, grp = lane / L, li = lane % L;
   const unsigned gmask = group_mask<L>(grp);
-  const int64_t item = (int64_t(blockIdx.x) * (kRowThreads / 32) + (threadIdx.x >> 5)) * G + grp;
+  const int64_t stride = int64_t(gridDim.x) * (kRowThreads / 32) * G;
+  int64_t item = (int64_t(blockIdx.x) * (kRowThreads / 32) + (threadIdx.x >> 5)) * G + grp;
   if (item >= rv.num_items) return;
   const int slab = blockIdx.y, h = blockIdx.z;
-  const int4 it = rv.sched[item];
   const int64_t f = (int64_t(slab) * L + li) * E;
   const bool active = f < p.d;
   const T* xh = static_cast<const T*>(p.x) + h * p.x_head_stride;
   const T* vh = static_cast<const T*>(p.values) + h * p.v_head_stride;
-  float acc[E];
-#pragma unroll
-  for (int e = 0; e < E; ++e) acc[e] = 0.f;
 
-  for (int kc = it.y; kc < it.z; kc += L) {
-    const int n = min(L, it.z - kc);
-    int col = 0;
-    uint32_t vraw = 0u;  // lanes past n hold a zero value: their shuffles add nothing
-    if (li < n) {
-      const int2 e = __ldg(rv.entries + kc + li);
-      col = e.x;
-      vraw = load_raw<T>(vh + e.y);
-    }
-    for (int j = 0; j < n; j += U) {
-      uint32_t xw[U][NW];
+  // Groups stride over the items (persistent where the grid is capped). The next item's
+  // schedule entry is loaded when an item starts, its first L entries once the item's first
+  // gathers are in flight, and their values before the item's results are written, so an
+  // item's first gathers wait on no metadata round trip (lane li: entry li's column and value).
+  int4 it = rv.sched[item];
+  int col = 0;
+  uint32_t vraw = 0u;  // lanes past the chunk hold a zero value: their shuffles add nothing
+  if (li < it.z - it.y) {
+    const int2 e = __ldg(rv.entries + it.y + li);
+    col = e.x;
+    vraw = load_raw<T>(vh + e.y);
+  }
+  for (; item < rv.num_items; item += stride) {
+    const int64_t next = item + stride;
+    const int4 nit = next < rv.num_items ? rv.sched[next] : make_int4(0, 0, 0, -1);
+    int2 ne = make_int2(0, -1);
+    bool fetched = false;
+    float acc[E];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int c = __shfl_sync(gmask, col, j + u, L);
-        if (j + u < n && active) {
-          load_row<T, E>(xh + int64_t(c) * p.d, f, p.d, p.vec, xw[u]);
-        } else {
-#pragma unroll
-          for (int i = 0; i < NW; ++i) xw[u][i] = 0u;
+    for (int e = 0; e < E; ++e) acc[e] = 0.f;
+
+    for (int kc = it.y; kc < it.z; kc += L) {
+      const int n = min(L, it.z - kc);
+      if (kc != it.y) {
+        col = 0;
+        vraw = 0u;
+        if (li < n) {
+          const int2 e = __ldg(rv.entries + kc + li);
+          col = e.x;
+          vraw = load_raw<T>(vh + e.y);
         }
       }
+      for (int j = 0; j < n; j += U) {
+        uint32_t xw[U][NW];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const float a = raw_to_f32<T>(__shfl_sync(gmask, vraw, j + u, L));
-        float x[E];
-        unpack_words<T, E>(xw[u], x);
+        for (int u = 0; u < U; ++u) {
+          const int c = __shfl_sync(gmask, col, j + u, L);
+          if (j + u < n && active) {
+            load_row<T, E>(xh + int64_t(c) * p.d, f, p.d, p.vec, xw[u]);
+          } else {
 #pragma unroll
-        for (int e = 0; e < E; ++e) acc[e] = fmaf(a, x[e], acc[e]);
+            for (int i = 0; i < NW; ++i) xw[u][i] = 0u;
+          }
+        }
+        if (!fetched) {
+          fetched = true;
+          if (li < nit.z - nit.y) ne = __ldg(rv.entries + nit.y + li);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const float a = raw_to_f32<T>(__shfl_sync(gmask, vraw, j + u, L));
+          float x[E];
+          unpack_words<T, E>(xw[u], x);
+#pragma unroll
+          for (int e = 0; e < E; ++e) acc[e] = fmaf(a, x[e], acc[e]);
+        }
       }
     }
-  }
-  T* out = static_cast<T*>(p.out) + (int64_t(h) * p.m + it.x) * p.d;
-  if (it.w >= 0) {
-    if (!add_piece<L, E>(p, rs, it.w, h, slab, f, acc, gmask, li)) return;
-    const float* ws = rs.ws + (int64_t(it.w) * p.heads + h) * p.d;
-#pragma unroll
-    for (int e = 0; e < E; ++e) acc[e] = f + e < p.d ? __ldcg(ws + f + e) : 0.f;
-  }
-  if (active) store_row<T, E>(out, f, p.d, p.vec, acc);
-}
+    if (!fetched && li < nit.z - nit.y) ne = __ldg(rv.entries + nit.y + li);
+    col = 0;
+    vraw = 0u;
+    if (ne.y >= 0) {
+      col = ne.x;
+      vraw = load_raw<T>(vh + ne.y);
+    }
 
-template <class T>
-void launch_rows(const SpmmParams& p, const RowView& rv, const RowSplit& rs, int lanes,
-                 cudaStream_t stream) {
-  const int64_t groups_per_cta = kRowThreads / lanes;
-  const dim3 grid(unsigned((rv.num_items + groups_per_cta - 1) / groups_per_cta),
-                  unsigned(p.nslab), unsigned(p.heads));
-  switch (lanes) {
-    case 2: spmm_rows<T, 2><<<grid, kRowThreads, 0, stream>>>(p, rv, rs); break;
-    case 4: spmm_rows<T, 4><<<grid, kRowThreads, 0, stream>>>(p, rv, rs); break;
-    case 8: spmm_rows<T, 8><<<grid, kRowThreads, 0, stream>>>(p, rv, rs); break;
-    case 16: spmm_rows<T, 16><<<grid, kRowThreads, 0, stream>>>(p, rv, rs); break;
-    default: spmm_rows<T, 32><<<grid, kRowThreads, 0, stream>>>(p, rv, rs); break;
+    T* out = static_cast<T*>(p.out) + (int64_t(h) * p.m + it.x) * p.d;
+    bool write = true;
+    if (it.w >= 0) {
+      write = add_piece<L, E>(p, rs, it.w, h, slab, f, acc, gmask, li);
+      if (write) {
+        const float* ws = rs.ws + (int64_t(it.w) * p.heads + h) * p.d;
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[e] = f + e < p.d ? __ldcg(ws + f + e) : 0.f;
+      }
+    }
+    if (write && active) store_row<T, E>(out, f, p.d, p.vec, acc);
+    it = nit;
   }
 }
 
@@ -968,6 +991,52 @@ void launch_async(const SpmmParams& p, const AsyncConfig& c, cudaStream_t stream
   if (c.slab == 32) launch_async_l1<T, 32>(p, c, stream);
   else if (c.slab == 64) launch_async_l1<T, 64>(p, c, stream);
   else if constexpr (sizeof(T) == 2) launch_async_l1<T, 128>(p, c, stream);
+}
+
+// Row-kernel grid: groups stride over the items, at most as many CTAs as the device holds at
+// once (per kernel and device, asked once; JAXSPARSE_TC_ROWS_PERSIST=0: one item per group).
+template <class T, int L, int U>
+void launch_rows_l(const SpmmParams& p, const RowView& rv, const RowSplit& rs,
+                   cudaStream_t stream) {
+  auto kernel = spmm_rows<T, L, U>;
+  constexpr int64_t groups_per_cta = kRowThreads / L;
+  int64_t grid = (rv.num_items + groups_per_cta - 1) / groups_per_cta;
+  static std::atomic<int> resident[kMaxDevices] = {};
+  const int dev = current_device();
+  int ctas = dev >= 0 ? resident[dev].load(std::memory_order_relaxed) : 0;
+  if (ctas == 0 && dev >= 0) {
+    int per_sm = 0, sms = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kRowThreads, 0) ==
+            cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+        per_sm > 0) {
+      ctas = per_sm * sms;
+      resident[dev].store(ctas, std::memory_order_relaxed);
+    }
+  }
+  if (ctas > 0 && env_int("JAXSPARSE_TC_ROWS_PERSIST", 1) != 0) grid = std::min<int64_t>(grid, ctas);
+  kernel<<<dim3(unsigned(grid), unsigned(p.nslab), unsigned(p.heads)), kRowThreads, 0, stream>>>(
+      p, rv, rs);
+}
+
+template <class T, int U>
+void launch_rows_u(const SpmmParams& p, const RowView& rv, const RowSplit& rs, int lanes,
+                   cudaStream_t stream) {
+  switch (lanes) {
+    case 2: launch_rows_l<T, 2, U>(p, rv, rs, stream); break;
+    case 4: launch_rows_l<T, 4, U>(p, rv, rs, stream); break;
+    case 8: launch_rows_l<T, 8, U>(p, rv, rs, stream); break;
+    case 16: launch_rows_l<T, 16, U>(p, rv, rs, stream); break;
+    default: launch_rows_l<T, 32, U>(p, rv, rs, stream); break;
+  }
+}
+
+// JAXSPARSE_TC_ROWS_UNROLL=4|8: gathers in flight per lane (default: docs/NOTES.md).
+template <class T>
+void launch_rows(const SpmmParams& p, const RowView& rv, const RowSplit& rs, int lanes,
+                 cudaStream_t stream) {
+  if (env_int("JAXSPARSE_TC_ROWS_UNROLL", 4) == 8) launch_rows_u<T, 8>(p, rv, rs, lanes, stream);
+  else launch_rows_u<T, 4>(p, rv, rs, lanes, stream);
 }
 
 // Kernel family for a launch. The CUDA-core row kernels gather the same dense rows as the
