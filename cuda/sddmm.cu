@@ -315,7 +315,8 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
   const int64_t num_blocks = int64_t(bitmap.element_count()) / 2;
   const bool sparse = sparse_blocks(p.nnz, num_blocks);
   if (variant == "cuda_core" && !rows_fit)
-    return ffi::Error::InvalidArgument("sddmm: d * itemsize is past the row kernels' width (1024 bytes)");
+    return ffi::Error::InvalidArgument(
+        "sddmm: d * itemsize is past the row kernels' width (1024 bytes)");
   if (rows_fit && (variant == "cuda_core" || (variant != "tc" && (exact || sparse)))) {
     p.vec = (p.d * esize) % 16 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
             reinterpret_cast<uintptr_t>(p.y) % 16 == 0;
