@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 
 # FFI attribute values.
-DEFAULT = 0  # float32 through tf32 tensor cores
+DEFAULT = 0  # float32 at least as accurate as tf32 (tf32 tensor cores, or exact CUDA cores)
 HIGHEST = 1  # exact float32 on CUDA cores
 
 _NAMES = {

@@ -18,8 +18,9 @@ def spmm(A, x, *, precision=None):
   """A @ X: A a SparseMatrix [m, n] (values [nnz] or [H, nnz]), X [n, d] or [H, n, d].
 
   Returns [m, d], or [H, m, d] when A or X has a head axis, in X's dtype (A's values are cast
-  to it); accumulation is float32. float32 inputs use tf32 tensor cores on GPU unless
-  `precision="highest"` (or jax.lax.Precision.HIGHEST).
+  to it); accumulation is float32. On GPU, float32 inputs are exact where the CUDA-core
+  kernels run (sparse blocks: docs/FORMAT.md) and use tf32 tensor cores otherwise, unless
+  `precision="highest"` (or jax.lax.Precision.HIGHEST) asks for exact float32 everywhere.
   """
   x = jnp.asarray(x)
   m, n = A.shape
