@@ -744,28 +744,21 @@ __global__ void __launch_bounds__(kWarps * 32) spmm_f32_exact(const SpmmParams p
 // each lane keeps U 16-byte loads in flight with <= 64 registers (U = 4): 32 warps per SM, which
 // is what the gather-bound case needs (NOTES: the tensor-core kernel's 8 warps/SM drew half the L2
 // rate XLA's segment_sum draws). fp32 is computed exactly (no tf32). Pieces of a long row add
-// their fp32 partials into the row's workspace slot; a per-slot countdown (set, with the slot
-// zeroed, by row_split_prep) elects the piece that writes the row.
+// their fp32 partials into the row's workspace slot; a per-slot countdown (set by
+// row_split_prep) elects the piece that writes the row.
 
 struct RowSplit {
   float* ws;   // [slots, heads, d] fp32 partial sums of split rows
   int* count;  // [slots, heads, nslab] pieces still to add
 };
 
-// Zeroes each split row's slot and sets its countdowns to the row's piece count (one CTA per
-// row's first piece; split items are the schedule's prefix, a row's pieces contiguous).
-__global__ void row_split_prep(const RowView rv, const RowSplit rs, int64_t slot_floats,
-                               int per_slot) {
-  for (int64_t s = blockIdx.x; s < rv.num_items; s += gridDim.x) {
+// Counts each split row's pieces into its countdowns (zeroed before; split items are a prefix).
+__global__ void row_split_prep(const RowView rv, const RowSplit rs, int per_slot) {
+  for (int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; s < rv.num_items;
+       s += int64_t(gridDim.x) * blockDim.x) {
     const int slot = rv.sched[s].w;
     if (slot < 0) return;
-    if (s > 0 && rv.sched[s - 1].w == slot) continue;
-    int64_t e = s + 1;
-    while (e < rv.num_items && rv.sched[e].w == slot) ++e;
-    float* ws = rs.ws + int64_t(slot) * slot_floats;
-    for (int64_t i = threadIdx.x; i < slot_floats; i += blockDim.x) ws[i] = 0.f;
-    for (int j = threadIdx.x; j < per_slot; j += blockDim.x)
-      rs.count[int64_t(slot) * per_slot + j] = int(e - s);
+    for (int j = 0; j < per_slot; ++j) atomicAdd(rs.count + int64_t(slot) * per_slot + j, 1);
   }
 }
 
@@ -824,21 +817,14 @@ __global__ void __launch_bounds__(kRowThreads, UNROLL <= 4 ? 4 : 1)
   // schedule entry is loaded when an item starts, its first L entries once the item's first
   // gathers are in flight, and their values before the item's results are written, so an
   // item's first gathers wait on no metadata round trip (lane li: entry li's column and value).
-  // Lane li's entry k of the chunk at k0 (n entries): column and raw value; lanes past the
-  // chunk hold a zero value, so their shuffles add nothing.
-  int col = 0;
-  uint32_t vraw = 0u;
-  auto load_entry = [&](int k0, int n) {
-    col = 0;
-    vraw = 0u;
-    if (li < n) {
-      const int2 e = __ldg(rv.entries + k0 + li);
-      col = e.x;
-      vraw = load_raw<T>(vh + e.y);
-    }
-  };
   int4 it = rv.sched[item];
-  load_entry(it.y, it.z - it.y);
+  int col = 0;
+  uint32_t vraw = 0u;  // lanes past the chunk hold a zero value: their shuffles add nothing
+  if (li < it.z - it.y) {
+    const int2 e = __ldg(rv.entries + it.y + li);
+    col = e.x;
+    vraw = load_raw<T>(vh + e.y);
+  }
   for (; item < rv.num_items; item += stride) {
     const int64_t next = item + stride;
     const int4 nit = next < rv.num_items ? rv.sched[next] : make_int4(0, 0, 0, -1);
@@ -850,7 +836,15 @@ __global__ void __launch_bounds__(kRowThreads, UNROLL <= 4 ? 4 : 1)
 
     for (int kc = it.y; kc < it.z; kc += L) {
       const int n = min(L, it.z - kc);
-      if (kc != it.y) load_entry(kc, n);
+      if (kc != it.y) {
+        col = 0;
+        vraw = 0u;
+        if (li < n) {
+          const int2 e = __ldg(rv.entries + kc + li);
+          col = e.x;
+          vraw = load_raw<T>(vh + e.y);
+        }
+      }
       for (int j = 0; j < n; j += U) {
         uint32_t xw[U][NW];
 #pragma unroll
@@ -1127,8 +1121,10 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
         return ffi::Error(ffi::ErrorCode::kResourceExhausted, "spmm: workspace allocation failed");
       rs.ws = static_cast<float*>(*mem);
       rs.count = reinterpret_cast<int*>(static_cast<char*>(*mem) + row_ws_bytes);
-      row_split_prep<<<unsigned(std::min<int64_t>(row_slots, 1024)), 256, 0, stream>>>(
-          rv, rs, heads * p.d, int(heads) * row_nslab);
+      if (cudaMemsetAsync(*mem, 0, row_ws_bytes + row_count_bytes, stream) != cudaSuccess)
+        return ffi::Error::Internal("spmm: workspace memset failed");
+      const int64_t blocks = std::min<int64_t>((rv.num_items + 255) / 256, 1024);
+      row_split_prep<<<unsigned(blocks), 256, 0, stream>>>(rv, rs, int(heads) * row_nslab);
     }
     if (dtype == ffi::DataType::F32) launch_rows<float>(p, rv, rs, lanes, stream);
     else if (dtype == ffi::DataType::F16) launch_rows<__half>(p, rv, rs, lanes, stream);
