@@ -797,10 +797,11 @@ __device__ __forceinline__ bool add_piece(const SpmmParams& p, const RowSplit& r
 
 // UNROLL: gathers in flight per lane (8: ~105 registers, 16 warps/SM; 4 with a 64-register
 // cap: 32 warps/SM).
-template <class T, int L, int UNROLL>
+template <class T, int L, int UNROLL, int VB>
 __global__ void __launch_bounds__(kRowThreads, UNROLL <= 4 ? 4 : 1)
     spmm_rows(const SpmmParams p, const RowView rv, const RowSplit rs) {
-  constexpr int E = kRowVec<T>, G = 32 / L, NW = Words<T, E>::N;
+  constexpr int E = kRowVec<T, VB>, G = 32 / L, NW = Words<T, E>::N;
+  static_assert(E % 4 == 0, "add_piece adds 4 floats at a time");
   constexpr int U = UNROLL < L ? UNROLL : L;
   const int lane = threadIdx.x & 31, grp = lane / L, li = lane % L;
   const unsigned gmask = group_mask<L>(grp);
@@ -995,10 +996,10 @@ void launch_async(const SpmmParams& p, const AsyncConfig& c, cudaStream_t stream
 
 // Row-kernel grid: groups stride over the items, at most as many CTAs as the device holds at
 // once (per kernel and device, asked once; JAXSPARSE_TC_ROWS_PERSIST=0: one item per group).
-template <class T, int L, int U>
+template <class T, int L, int U, int VB>
 void launch_rows_l(const SpmmParams& p, const RowView& rv, const RowSplit& rs,
                    cudaStream_t stream) {
-  auto kernel = spmm_rows<T, L, U>;
+  auto kernel = spmm_rows<T, L, U, VB>;
   constexpr int64_t groups_per_cta = kRowThreads / L;
   int64_t grid = (rv.num_items + groups_per_cta - 1) / groups_per_cta;
   static std::atomic<int> resident[kMaxDevices] = {};
@@ -1019,24 +1020,41 @@ void launch_rows_l(const SpmmParams& p, const RowView& rv, const RowSplit& rs,
       p, rv, rs);
 }
 
-template <class T, int U>
+template <class T, int U, int VB>
 void launch_rows_u(const SpmmParams& p, const RowView& rv, const RowSplit& rs, int lanes,
                    cudaStream_t stream) {
   switch (lanes) {
-    case 2: launch_rows_l<T, 2, U>(p, rv, rs, stream); break;
-    case 4: launch_rows_l<T, 4, U>(p, rv, rs, stream); break;
-    case 8: launch_rows_l<T, 8, U>(p, rv, rs, stream); break;
-    case 16: launch_rows_l<T, 16, U>(p, rv, rs, stream); break;
-    default: launch_rows_l<T, 32, U>(p, rv, rs, stream); break;
+    case 2: launch_rows_l<T, 2, U, VB>(p, rv, rs, stream); break;
+    case 4: launch_rows_l<T, 4, U, VB>(p, rv, rs, stream); break;
+    case 8: launch_rows_l<T, 8, U, VB>(p, rv, rs, stream); break;
+    case 16: launch_rows_l<T, 16, U, VB>(p, rv, rs, stream); break;
+    default: launch_rows_l<T, 32, U, VB>(p, rv, rs, stream); break;
   }
 }
 
+// Bytes per lane of a gathered row: 16, or 8 for 16-bit types with JAXSPARSE_TC_ROWS_LANE_BYTES=8
+// (twice the lanes per row, so one row per warp at d = 128; docs/NOTES.md).
+int row_lane_bytes(size_t esize) {
+  return esize == 2 && env_int("JAXSPARSE_TC_ROWS_LANE_BYTES", 16) == 8 ? 8 : 16;
+}
+
 // JAXSPARSE_TC_ROWS_UNROLL=4|8: gathers in flight per lane (default: docs/NOTES.md).
+template <class T, int VB>
+void launch_rows_vb(const SpmmParams& p, const RowView& rv, const RowSplit& rs, int lanes,
+                    cudaStream_t stream) {
+  if (env_int("JAXSPARSE_TC_ROWS_UNROLL", 4) == 8)
+    launch_rows_u<T, 8, VB>(p, rv, rs, lanes, stream);
+  else
+    launch_rows_u<T, 4, VB>(p, rv, rs, lanes, stream);
+}
+
 template <class T>
 void launch_rows(const SpmmParams& p, const RowView& rv, const RowSplit& rs, int lanes,
-                 cudaStream_t stream) {
-  if (env_int("JAXSPARSE_TC_ROWS_UNROLL", 4) == 8) launch_rows_u<T, 8>(p, rv, rs, lanes, stream);
-  else launch_rows_u<T, 4>(p, rv, rs, lanes, stream);
+                 int lane_bytes, cudaStream_t stream) {
+  if constexpr (sizeof(T) == 2) {
+    if (lane_bytes == 8) return launch_rows_vb<T, 8>(p, rv, rs, lanes, stream);
+  }
+  launch_rows_vb<T, 16>(p, rv, rs, lanes, stream);
 }
 
 // Kernel family for a launch. The CUDA-core row kernels gather the same dense rows as the
@@ -1097,8 +1115,11 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
 
   // Row kernels: lanes per group, slabs, and the split-row workspace (slots <= items - rows:
   // every split row adds at least one item).
-  const int lanes = esize == 4 ? row_lanes<float>(p.d) : row_lanes<__half>(p.d);
-  const int64_t row_slab = int64_t(lanes) * (16 / int64_t(esize));
+  const int lane_bytes = row_lane_bytes(esize);
+  const int lanes = esize == 4           ? row_lanes<float>(p.d)
+                    : lane_bytes == 8    ? row_lanes<__half, 8>(p.d)
+                                         : row_lanes<__half>(p.d);
+  const int64_t row_slab = int64_t(lanes) * (lane_bytes / int64_t(esize));
   const int row_nslab = int((p.d + row_slab - 1) / row_slab);
   const int64_t row_slots = std::max<int64_t>(rv.num_items - p.m, 0);
   const size_t row_ws_bytes = size_t(row_slots * heads * p.d) * 4;
@@ -1126,9 +1147,9 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
       const int64_t blocks = std::min<int64_t>((rv.num_items + 255) / 256, 1024);
       row_split_prep<<<unsigned(blocks), 256, 0, stream>>>(rv, rs, int(heads) * row_nslab);
     }
-    if (dtype == ffi::DataType::F32) launch_rows<float>(p, rv, rs, lanes, stream);
-    else if (dtype == ffi::DataType::F16) launch_rows<__half>(p, rv, rs, lanes, stream);
-    else launch_rows<__nv_bfloat16>(p, rv, rs, lanes, stream);
+    if (dtype == ffi::DataType::F32) launch_rows<float>(p, rv, rs, lanes, 16, stream);
+    else if (dtype == ffi::DataType::F16) launch_rows<__half>(p, rv, rs, lanes, lane_bytes, stream);
+    else launch_rows<__nv_bfloat16>(p, rv, rs, lanes, lane_bytes, stream);
     return launch_status("spmm");
   }
 

@@ -64,7 +64,9 @@ for v in $profile; do
     default) ;;
     fp16|bf16|fp32) args=($v 128) ;;
     cusparse-*) args=(${v#cusparse-} 128 torch); kre="regex:csrmm|spmm|SpMM|cusparse" ;;
-    *=*) for kv in ${v//:/ }; do envs+=("JAXSPARSE_TC_SPMM_${kv%%=*}=${kv#*=}"); done ;;
+    *=*) for kv in ${v//:/ }; do  # K=V: JAXSPARSE_TC_SPMM_K (JAXSPARSE_TC_K for ROWS_*)
+           case $kv in ROWS_*) envs+=("JAXSPARSE_TC_$kv") ;; *) envs+=("JAXSPARSE_TC_SPMM_$kv") ;; esac
+         done ;;
     *) envs+=("JAXSPARSE_TC_SPMM_VARIANT=$v") ;;
   esac
   env "${envs[@]}" timeout 120 ncu --clock-control none -k "$kre" --launch-skip 2 \

@@ -41,13 +41,14 @@ inline bool sparse_blocks(int64_t nnz, int64_t num_blocks) {
 }
 
 constexpr int kRowThreads = 256;  // threads per CTA of the row kernels
-template <class T> constexpr int kRowVec = 16 / int(sizeof(T));  // features per lane
+// Features per lane: 16 bytes by default; VB = 8 halves them (twice the lanes per row).
+template <class T, int VB = 16> constexpr int kRowVec = VB / int(sizeof(T));
 
-// Lanes per group for d features of T.
-template <class T>
+// Lanes per group for d features of T at VB bytes per lane.
+template <class T, int VB = 16>
 int row_lanes(int64_t d) {
   int lanes = 2;
-  while (lanes < 32 && int64_t(lanes) * kRowVec<T> < d) lanes *= 2;
+  while (lanes < 32 && int64_t(lanes) * kRowVec<T, VB> < d) lanes *= 2;
   return lanes;
 }
 
