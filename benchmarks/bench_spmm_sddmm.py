@@ -4,7 +4,9 @@ segment_sum and jax.experimental.sparse, in one run on the same inputs.
 Timing: every implementation is timed the same way: `iters` back-to-back calls (JAX dispatches
 asynchronously, torch launches asynchronously), then one synchronisation; median over 5
 repeats of the per-call time. Kernels longer than the ~10-20 us host dispatch cost are timed at
-device speed; tiny graphs (Cora) measure dispatch for every implementation alike.
+device speed; tiny graphs (Cora) measure dispatch for every implementation alike. The JAX
+implementations close over the sparsity structure (ours: the pattern; XLA: its index arrays)
+and take values and dense operands as arguments (jax.experimental.sparse: the matrix object).
 GB/s: the minimal bytes (A's column indices, row pointers and values once, each touched dense
 row once, the output once) over the time.
 """
@@ -157,24 +159,27 @@ def run(quick: bool = False) -> list[dict]:
         Ad = A.with_values(A.values.astype(dt))  # values stored in the compute dtype
         precs = [None, "highest"] if name == "fp32" else [None]
         for prec in precs:
-          f = jax.jit(lambda A, x, prec=prec: jst.spmm(A, x, precision=prec))
-          out = f(Ad, x)
+          # The pattern is closed over, as the XLA peers close over their index arrays: every JAX
+          # call takes the values and x (the structure's 24 arrays as arguments cost ~35 us of
+          # dispatch per call on an H100 host, scripts/latency_probe.py).
+          f = jax.jit(lambda v, x, Ad=Ad, prec=prec: jst.spmm(Ad.with_values(v), x, precision=prec))
+          out = f(Ad.values, x)
           impl = f"ours-{'tf32' if (name == 'fp32' and prec is None) else name}"
           if prec == "highest":
             impl = "ours-fp32-highest"
-          add("spmm", impl, name, _time(lambda: f(Ad, x), _sync_jax), _rel(out, ref))
+          add("spmm", impl, name, _time(lambda: f(Ad.values, x), _sync_jax), _rel(out, ref))
           del out
           if prec is None and d == 128:
             with common.environ(CUDA_CORE):
-              out = f(Ad, x)
-              add("spmm", f"ours-cuda_core-{name}", name, _time(lambda: f(Ad, x), _sync_jax),
-                  _rel(out, ref))
+              out = f(Ad.values, x)
+              add("spmm", f"ours-cuda_core-{name}", name,
+                  _time(lambda: f(Ad.values, x), _sync_jax), _rel(out, ref))
               del out
           if d == 128 and prec is None and name != "bf16":
             for vname, env in VARIANTS.items():  # kernel experiments, read per launch
               with common.environ(env):
-                out = f(Ad, x)
-                add("spmm", f"{impl}-{vname}", name, _time(lambda: f(Ad, x), _sync_jax),
+                out = f(Ad.values, x)
+                add("spmm", f"{impl}-{vname}", name, _time(lambda: f(Ad.values, x), _sync_jax),
                     _rel(out, ref))
       add("spmm", "xla-segment_sum-fp32", "fp32", _time(lambda: seg(vals32, x32), _sync_jax))
       if d == 128:
@@ -202,14 +207,14 @@ def run(quick: bool = False) -> list[dict]:
         q, x = q32.astype(dt), x32.astype(dt)
         precs = [None, "highest"] if name == "fp32" else [None]
         for prec in precs:
-          f = jax.jit(lambda A, q, x, prec=prec: jst.sddmm(A, q, x, precision=prec).values)
-          out = f(A, q, x)
+          f = jax.jit(lambda q, x, prec=prec: jst.sddmm(A, q, x, precision=prec).values)
+          out = f(q, x)
           if sref_f is None:  # the reference in the library's value order
             sref_f = np.asarray(jax.jit(lambda A, s: A.values_from_input(s))(
                 A, jnp.asarray(sref, jnp.float32)), np.float64)
           impl = "ours-fp32-highest" if prec else (
               "ours-tf32" if name == "fp32" else f"ours-{name}")
-          add("sddmm", impl, name, _time(lambda: f(A, q, x), _sync_jax), _rel(out, sref_f))
+          add("sddmm", impl, name, _time(lambda: f(q, x), _sync_jax), _rel(out, sref_f))
           del out
       for name in ("fp32", "fp16"):
         q, x = q32.astype(dtypes[name]), x32.astype(dtypes[name])

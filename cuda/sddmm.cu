@@ -174,21 +174,18 @@ __global__ void __launch_bounds__(kWarps * 32) sddmm_f32_exact(const SddmmParams
 }
 
 // ---- CUDA-core SDDMM on the row view (row_view.cuh), the default for sparse blocks ----------
-// A group of L lanes owns a work item (a row or a piece of one; values belong to single
-// entries, so pieces need no combining) and holds the row's X features in registers (NS slabs
-// of L*E, E = 16 bytes of T per lane). Per batch of U entries each lane issues U gathers of Y,
-// forms U partial dot products, and reduce_many sums them over the group with ~1 shuffle per
-// entry; lane li then writes entry li / (L / U)'s value. fp32 is computed exactly (no tf32).
-template <class T, class O, int L, int NS>
-__global__ void __launch_bounds__(kRowThreads) sddmm_rows(const SddmmParams p, const RowView rv) {
-  constexpr int E = kRowVec<T>, G = 32 / L, NW = Words<T, E>::N;
-  constexpr int U0 = 8 / NS, U = U0 < L ? U0 : L;  // gathers per lane per batch: U * NS
-  const int lane = threadIdx.x & 31, grp = lane / L, li = lane % L;
-  const unsigned gmask = group_mask<L>(grp);
-  const int64_t item = (int64_t(blockIdx.x) * (kRowThreads / 32) + (threadIdx.x >> 5)) * G + grp;
-  if (item >= rv.num_items) return;
-  const int h = blockIdx.y;
-  const int4 it = rv.sched[item];
+// A group of L lanes takes a work item's entries (values belong to single entries, so the
+// groups sharing a CTA item need no combining) and holds the row's X features in registers (NS
+// slabs of L*E, E = 16 bytes of T per lane). Per batch of U entries each lane issues U gathers
+// of Y, forms U partial dot products, and reduce_many sums them over the group with ~1 shuffle
+// per entry; lane li then writes entry li / (L / U)'s value. fp32 is computed exactly (no tf32).
+
+// Values of entries [b, e) of row `row` (bounds uniform over the group), U * NS gathers per
+// lane per batch.
+template <class T, class O, int L, int NS, int U>
+__device__ __forceinline__ void row_dots(const SddmmParams& p, const RowView& rv, int h, int row,
+                                         int b, int e, unsigned gmask, int li) {
+  constexpr int E = kRowVec<T>, NW = Words<T, E>::N;
   const T* yh = static_cast<const T*>(p.y) + h * p.y_head_stride;
   O* oh = static_cast<O*>(p.out) + int64_t(h) * p.nnz;
   float xf[NS][E];
@@ -198,21 +195,21 @@ __global__ void __launch_bounds__(kRowThreads) sddmm_rows(const SddmmParams p, c
     uint32_t xw[NW];
 #pragma unroll
     for (int i = 0; i < NW; ++i) xw[i] = 0u;
-    if (f < p.d)
-      load_row<T, E>(static_cast<const T*>(p.x) + h * p.x_head_stride + int64_t(it.x) * p.d, f,
+    if (f < p.d && b < e)
+      load_row<T, E>(static_cast<const T*>(p.x) + h * p.x_head_stride + int64_t(row) * p.d, f,
                      p.d, p.vec, xw);
     unpack_words<T, E>(xw, xf[s]);
   }
 
-  for (int kc = it.y; kc < it.z; kc += L) {
-    const int n = min(L, it.z - kc);
-    int2 e = make_int2(0, 0);
-    if (li < n) e = __ldg(rv.entries + kc + li);
+  for (int kc = b; kc < e; kc += L) {
+    const int n = min(L, e - kc);
+    int2 en = make_int2(0, 0);
+    if (li < n) en = __ldg(rv.entries + kc + li);
     for (int j = 0; j < n; j += U) {
       uint32_t yw[U][NS][NW];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int c = __shfl_sync(gmask, e.x, j + u, L);
+        const int c = __shfl_sync(gmask, en.x, j + u, L);
 #pragma unroll
         for (int s = 0; s < NS; ++s) {
           const int64_t f = (int64_t(s) * L + li) * E;
@@ -238,10 +235,34 @@ __global__ void __launch_bounds__(kRowThreads) sddmm_rows(const SddmmParams p, c
       }
       const float v = reduce_many<L, U>(dot, gmask, li);
       const int mine = j + li / (L / U);
-      const int pos = __shfl_sync(gmask, e.y, mine, L);
+      const int pos = __shfl_sync(gmask, en.y, mine, L);
       if (li % (L / U) == 0 && mine < n) oh[pos] = from_f32<O>(v);
     }
   }
+}
+
+// CTA items (the schedule's prefix) first, CTA-strided, group g taking the g-th of the CTA's
+// equal shares of the entries (half the gathers per batch there: the registers of the whole-row
+// path, which holds most entries, stay within 64); then one whole row per group.
+template <class T, class O, int L, int NS>
+__global__ void __launch_bounds__(kRowThreads, NS == 1 ? 4 : 3)
+    sddmm_rows(const SddmmParams p, const RowView rv) {
+  constexpr int NG = kRowThreads / L;
+  constexpr int U0 = 8 / NS, U = U0 < L ? U0 : L;  // gathers per lane per batch: U * NS
+  const int li = threadIdx.x % L, g = threadIdx.x / L;
+  const unsigned gmask = group_mask<L>(g % (32 / L));
+  const int h = blockIdx.y;
+  for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
+    const int4 it = rv.sched[c];
+    if (it.w == kWholeRow) break;
+    const int per = (it.z - it.y + NG - 1) / NG;
+    const int b = min(it.z, it.y + g * per), e = min(it.z, b + per);
+    row_dots<T, O, L, NS, (U > 1 ? U / 2 : 1)>(p, rv, h, it.x, b, e, gmask, li);
+  }
+  const int64_t item = int64_t(blockIdx.x) * NG + g;
+  if (item >= rv.num_items) return;
+  const int4 it = rv.sched[item];
+  if (it.w == kWholeRow) row_dots<T, O, L, NS, U>(p, rv, h, it.x, it.y, it.z, gmask, li);
 }
 
 // Row kernels hold at most two slabs of 32 lanes x 16 bytes of X per lane: d * sizeof(T) <= 1 KB.

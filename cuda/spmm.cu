@@ -738,21 +738,23 @@ __global__ void __launch_bounds__(kWarps * 32) spmm_f32_exact(const SpmmParams p
 }
 
 // ---- CUDA-core SpMM on the row view (row_view.cuh), the default for sparse blocks ------------
-// A group of L lanes owns a work item (a row, or a piece of a long row) and a slab of L*E
-// features (E = 16 bytes of T per lane); the row's entries are read L at a time (lane li holds
-// entry li's column and raw value), then U gathers are issued per lane before their U FMAs, so
-// each lane keeps U 16-byte loads in flight with <= 64 registers (U = 4): 32 warps per SM, which
-// is what the gather-bound case needs (NOTES: the tensor-core kernel's 8 warps/SM drew half the L2
-// rate XLA's segment_sum draws). fp32 is computed exactly (no tf32). Pieces of a long row add
-// their fp32 partials into the row's workspace slot; a per-slot countdown (set by
-// row_split_prep) elects the piece that writes the row.
+// A group of L lanes owns a slab of L*E features (E = 16 bytes of T per lane) of a work item;
+// entries are read L at a time (lane li holds entry li's column and raw value), then U gathers
+// are issued per lane before their U FMAs, so each lane keeps U 16-byte loads in flight with <=
+// 64 registers (U = 4): 32 warps per SM, which is what the gather-bound case needs (NOTES: the
+// tensor-core kernel's 8 warps/SM drew half the L2 rate XLA's segment_sum draws). fp32 is
+// computed exactly (no tf32). A row longer than a piece is a CTA item: the CTA's groups split its
+// entries and their sums meet in shared memory, so a graph without very long rows takes one
+// launch and no workspace. Only a row cut into several CTA items (slot >= 0) adds the CTAs'
+// sums into a workspace slot, where a countdown (set by row_split_prep) elects the CTA that
+// writes the row.
 
 struct RowSplit {
-  float* ws;   // [slots, heads, d] fp32 partial sums of split rows
-  int* count;  // [slots, heads, nslab] pieces still to add
+  float* ws;   // [slots, heads, d] fp32 partial sums of rows cut into several CTA items
+  int* count;  // [slots, heads, nslab] CTA items still to add
 };
 
-// Counts each split row's pieces into its countdowns (zeroed before; split items are a prefix).
+// Counts each slotted row's items into its countdowns (zeroed before; slotted items are a prefix).
 __global__ void row_split_prep(const RowView rv, const RowSplit rs, int per_slot) {
   for (int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; s < rv.num_items;
        s += int64_t(gridDim.x) * blockDim.x) {
@@ -762,135 +764,153 @@ __global__ void row_split_prep(const RowView rv, const RowSplit rs, int per_slot
   }
 }
 
-// Adds a lane's E features into the slot; true in the one piece that completes the row (its
-// group then reads the slot back). The fences order the partials before the count and the reads
-// after it.
-template <int L, int E>
-__device__ __forceinline__ bool add_piece(const SpmmParams& p, const RowSplit& rs, int slot,
-                                          int h, int slab, int64_t f, const float (&acc)[E],
-                                          unsigned gmask, int li) {
-  float* ws = rs.ws + (int64_t(slot) * p.heads + h) * p.d;
-  if (p.vec && f < p.d) {
-#pragma unroll
-    for (int e = 0; e < E; e += 4) {
-#if __CUDA_ARCH__ >= 900
-      atomicAdd(reinterpret_cast<float4*>(ws + f + e),
-                make_float4(acc[e], acc[e + 1], acc[e + 2], acc[e + 3]));
-#else
-      for (int i = 0; i < 4; ++i) atomicAdd(ws + f + e + i, acc[e + i]);
-#endif
-    }
-  } else {
-#pragma unroll
-    for (int e = 0; e < E; ++e)
-      if (f + e < p.d) atomicAdd(ws + f + e, acc[e]);
+// Lane li's entry k + li (if li < n): its column and raw value (zeros otherwise, which add
+// nothing to the shuffled sums).
+template <class T>
+__device__ __forceinline__ void load_entry(const RowView& rv, const T* vh, int k, int n, int li,
+                                           int& col, uint32_t& vraw) {
+  col = 0;
+  vraw = 0u;
+  if (li < n) {
+    const int2 e = __ldg(rv.entries + k + li);
+    col = e.x;
+    vraw = load_raw<T>(vh + e.y);
   }
-  __threadfence();
-  __syncwarp(gmask);
-  int left = 0;
-  if (li == 0) left = atomicSub(rs.count + (int64_t(slot) * p.heads + h) * p.nslab + slab, 1);
-  left = __shfl_sync(gmask, left, 0, L);
-  if (left != 1) return false;
-  __threadfence();
-  return true;
+}
+
+// Adds a group's products over entries [b, e) (bounds uniform over the group) into lane li's E
+// features at f. col/vraw hold the first L entries (load_entry(b)); after_issue() runs once,
+// when the first gathers are in flight (the persistent loop prefetches the next item there).
+template <class T, int L, int U, int E, class Hook>
+__device__ __forceinline__ void row_sums(const SpmmParams& p, const RowView& rv, const T* xh,
+                                         const T* vh, int b, int e, int64_t f, bool active,
+                                         unsigned gmask, int li, int col, uint32_t vraw,
+                                         float (&acc)[E], Hook&& after_issue) {
+  constexpr int NW = Words<T, E>::N;
+  bool issued = false;
+  for (int kc = b; kc < e; kc += L) {
+    const int n = min(L, e - kc);
+    if (kc != b) load_entry<T>(rv, vh, kc, n, li, col, vraw);
+    for (int j = 0; j < n; j += U) {
+      uint32_t xw[U][NW];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int c = __shfl_sync(gmask, col, j + u, L);
+        if (j + u < n && active) {
+          load_row<T, E>(xh + int64_t(c) * p.d, f, p.d, p.vec, xw[u]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < NW; ++i) xw[u][i] = 0u;
+        }
+      }
+      if (!issued) {
+        issued = true;
+        after_issue();
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const float a = raw_to_f32<T>(__shfl_sync(gmask, vraw, j + u, L));
+        float x[E];
+        unpack_words<T, E>(xw[u], x);
+#pragma unroll
+        for (int k = 0; k < E; ++k) acc[k] = fmaf(a, x[k], acc[k]);
+      }
+    }
+  }
+  if (!issued) after_issue();
 }
 
 // UNROLL: gathers in flight per lane (8: ~105 registers, 16 warps/SM; 4 with a 64-register
 // cap: 32 warps/SM).
-template <class T, int L, int UNROLL, int VB>
+template <class T, int L, int UNROLL>
 __global__ void __launch_bounds__(kRowThreads, UNROLL <= 4 ? 4 : 1)
     spmm_rows(const SpmmParams p, const RowView rv, const RowSplit rs) {
-  constexpr int E = kRowVec<T, VB>, G = 32 / L, NW = Words<T, E>::N;
-  static_assert(E % 4 == 0, "add_piece adds 4 floats at a time");
+  constexpr int E = kRowVec<T>, NG = kRowThreads / L, F = L * E;
   constexpr int U = UNROLL < L ? UNROLL : L;
-  const int lane = threadIdx.x & 31, grp = lane / L, li = lane % L;
-  const unsigned gmask = group_mask<L>(grp);
-  const int64_t stride = int64_t(gridDim.x) * (kRowThreads / 32) * G;
-  int64_t item = (int64_t(blockIdx.x) * (kRowThreads / 32) + (threadIdx.x >> 5)) * G + grp;
-  if (item >= rv.num_items) return;
+  constexpr int U1 = U < 2 ? U : 2;  // CTA items: fewer gathers per lane, no spills (64 registers)
+  __shared__ float part[NG * F];  // CTA items: each group's sums over the slab's F features
+  __shared__ int last;
+  const int li = threadIdx.x % L, g = threadIdx.x / L;  // lane in group, group in CTA
+  const unsigned gmask = group_mask<L>(g % (32 / L));
   const int slab = blockIdx.y, h = blockIdx.z;
-  const int64_t f = (int64_t(slab) * L + li) * E;
+  const int64_t f0 = int64_t(slab) * F, f = f0 + int64_t(li) * E;
   const bool active = f < p.d;
   const T* xh = static_cast<const T*>(p.x) + h * p.x_head_stride;
   const T* vh = static_cast<const T*>(p.values) + h * p.v_head_stride;
 
-  // Groups stride over the items (persistent where the grid is capped). The next item's
-  // schedule entry is loaded when an item starts, its first L entries once the item's first
-  // gathers are in flight, and their values before the item's results are written, so an
-  // item's first gathers wait on no metadata round trip (lane li: entry li's column and value).
-  int4 it = rv.sched[item];
-  int col = 0;
-  uint32_t vraw = 0u;  // lanes past the chunk hold a zero value: their shuffles add nothing
-  if (li < it.z - it.y) {
-    const int2 e = __ldg(rv.entries + it.y + li);
-    col = e.x;
-    vraw = load_raw<T>(vh + e.y);
-  }
-  for (; item < rv.num_items; item += stride) {
-    const int64_t next = item + stride;
-    const int4 nit = next < rv.num_items ? rv.sched[next] : make_int4(0, 0, 0, -1);
-    int2 ne = make_int2(0, -1);
-    bool fetched = false;
+  // CTA items (the schedule's prefix), CTA-strided: group g takes the g-th of NG equal shares of
+  // the entries; thread t then sums feature f0 + t over the groups.
+  for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
+    const int4 it = rv.sched[c];
+    if (it.w == kWholeRow) break;
+    const int per = (it.z - it.y + NG - 1) / NG;
+    const int b = min(it.z, it.y + g * per), e = min(it.z, b + per);
+    int col;
+    uint32_t vraw;
+    load_entry<T>(rv, vh, b, min(L, e - b), li, col, vraw);
     float acc[E];
 #pragma unroll
-    for (int e = 0; e < E; ++e) acc[e] = 0.f;
-
-    for (int kc = it.y; kc < it.z; kc += L) {
-      const int n = min(L, it.z - kc);
-      if (kc != it.y) {
-        col = 0;
-        vraw = 0u;
-        if (li < n) {
-          const int2 e = __ldg(rv.entries + kc + li);
-          col = e.x;
-          vraw = load_raw<T>(vh + e.y);
-        }
-      }
-      for (int j = 0; j < n; j += U) {
-        uint32_t xw[U][NW];
+    for (int k = 0; k < E; ++k) acc[k] = 0.f;
+    row_sums<T, L, U1, E>(p, rv, xh, vh, b, e, f, active, gmask, li, col, vraw, acc, [] {});
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int c = __shfl_sync(gmask, col, j + u, L);
-          if (j + u < n && active) {
-            load_row<T, E>(xh + int64_t(c) * p.d, f, p.d, p.vec, xw[u]);
-          } else {
-#pragma unroll
-            for (int i = 0; i < NW; ++i) xw[u][i] = 0u;
-          }
-        }
-        if (!fetched) {
-          fetched = true;
-          if (li < nit.z - nit.y) ne = __ldg(rv.entries + nit.y + li);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const float a = raw_to_f32<T>(__shfl_sync(gmask, vraw, j + u, L));
-          float x[E];
-          unpack_words<T, E>(xw[u], x);
-#pragma unroll
-          for (int e = 0; e < E; ++e) acc[e] = fmaf(a, x[e], acc[e]);
-        }
+    for (int k = 0; k < E; ++k) part[g * F + li * E + k] = acc[k];
+    __syncthreads();
+    T* out = static_cast<T*>(p.out) + (int64_t(h) * p.m + it.x) * p.d;
+    float* ws = it.w >= 0 ? rs.ws + (int64_t(it.w) * p.heads + h) * p.d : nullptr;
+    for (int t = threadIdx.x; t < F && f0 + t < p.d; t += kRowThreads) {
+      float s = 0.f;
+      for (int q = 0; q < NG; ++q) s += part[q * F + t];
+      if (ws) atomicAdd(ws + f0 + t, s);
+      else out[f0 + t] = from_f32<T>(s);
+    }
+    if (ws) {  // the fences order this CTA's sums before its count, the last CTA's reads after
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0)
+        last = atomicSub(rs.count + (int64_t(it.w) * p.heads + h) * p.nslab + slab, 1) == 1;
+      __syncthreads();
+      if (last) {
+        __threadfence();
+        for (int t = threadIdx.x; t < F && f0 + t < p.d; t += kRowThreads)
+          out[f0 + t] = from_f32<T>(__ldcg(ws + f0 + t));
       }
     }
-    if (!fetched && li < nit.z - nit.y) ne = __ldg(rv.entries + nit.y + li);
+    __syncthreads();  // part and last are reused
+  }
+
+  // Whole rows: groups stride over the items after the prefix (persistent where the grid is
+  // capped). The next item's schedule entry is loaded when an item starts, its first L entries
+  // once the item's first gathers are in flight, and their values before the item's results are
+  // written, so an item's first gathers wait on no metadata round trip.
+  const int64_t stride = int64_t(gridDim.x) * NG;
+  int64_t item = int64_t(blockIdx.x) * NG + g;
+  int4 it = item < rv.num_items ? rv.sched[item] : make_int4(0, 0, 0, kWholeRow);
+  while (item < rv.num_items && it.w != kWholeRow) {
+    item += stride;
+    if (item < rv.num_items) it = rv.sched[item];
+  }
+  if (item >= rv.num_items) return;
+  int col;
+  uint32_t vraw;
+  load_entry<T>(rv, vh, it.y, min(L, it.z - it.y), li, col, vraw);
+  for (; item < rv.num_items; item += stride) {
+    const int64_t next = item + stride;
+    const int4 nit = next < rv.num_items ? rv.sched[next] : make_int4(0, 0, 0, 0);
+    int2 ne = make_int2(0, -1);
+    float acc[E];
+#pragma unroll
+    for (int k = 0; k < E; ++k) acc[k] = 0.f;
+    row_sums<T, L, U, E>(p, rv, xh, vh, it.y, it.z, f, active, gmask, li, col, vraw, acc, [&] {
+      if (li < nit.z - nit.y) ne = __ldg(rv.entries + nit.y + li);
+    });
     col = 0;
     vraw = 0u;
     if (ne.y >= 0) {
       col = ne.x;
       vraw = load_raw<T>(vh + ne.y);
     }
-
-    T* out = static_cast<T*>(p.out) + (int64_t(h) * p.m + it.x) * p.d;
-    bool write = true;
-    if (it.w >= 0) {
-      write = add_piece<L, E>(p, rs, it.w, h, slab, f, acc, gmask, li);
-      if (write) {
-        const float* ws = rs.ws + (int64_t(it.w) * p.heads + h) * p.d;
-#pragma unroll
-        for (int e = 0; e < E; ++e) acc[e] = f + e < p.d ? __ldcg(ws + f + e) : 0.f;
-      }
-    }
-    if (write && active) store_row<T, E>(out, f, p.d, p.vec, acc);
+    if (active)
+      store_row<T, E>(static_cast<T*>(p.out) + (int64_t(h) * p.m + it.x) * p.d, f, p.d, p.vec, acc);
     it = nit;
   }
 }
@@ -996,10 +1016,10 @@ void launch_async(const SpmmParams& p, const AsyncConfig& c, cudaStream_t stream
 
 // Row-kernel grid: groups stride over the items, at most as many CTAs as the device holds at
 // once (per kernel and device, asked once; JAXSPARSE_TC_ROWS_PERSIST=0: one item per group).
-template <class T, int L, int U, int VB>
+template <class T, int L, int U>
 void launch_rows_l(const SpmmParams& p, const RowView& rv, const RowSplit& rs,
                    cudaStream_t stream) {
-  auto kernel = spmm_rows<T, L, U, VB>;
+  auto kernel = spmm_rows<T, L, U>;
   constexpr int64_t groups_per_cta = kRowThreads / L;
   int64_t grid = (rv.num_items + groups_per_cta - 1) / groups_per_cta;
   static std::atomic<int> resident[kMaxDevices] = {};
@@ -1020,41 +1040,24 @@ void launch_rows_l(const SpmmParams& p, const RowView& rv, const RowSplit& rs,
       p, rv, rs);
 }
 
-template <class T, int U, int VB>
+template <class T, int U>
 void launch_rows_u(const SpmmParams& p, const RowView& rv, const RowSplit& rs, int lanes,
                    cudaStream_t stream) {
   switch (lanes) {
-    case 2: launch_rows_l<T, 2, U, VB>(p, rv, rs, stream); break;
-    case 4: launch_rows_l<T, 4, U, VB>(p, rv, rs, stream); break;
-    case 8: launch_rows_l<T, 8, U, VB>(p, rv, rs, stream); break;
-    case 16: launch_rows_l<T, 16, U, VB>(p, rv, rs, stream); break;
-    default: launch_rows_l<T, 32, U, VB>(p, rv, rs, stream); break;
+    case 2: launch_rows_l<T, 2, U>(p, rv, rs, stream); break;
+    case 4: launch_rows_l<T, 4, U>(p, rv, rs, stream); break;
+    case 8: launch_rows_l<T, 8, U>(p, rv, rs, stream); break;
+    case 16: launch_rows_l<T, 16, U>(p, rv, rs, stream); break;
+    default: launch_rows_l<T, 32, U>(p, rv, rs, stream); break;
   }
-}
-
-// Bytes per lane of a gathered row: 16, or 8 for 16-bit types with JAXSPARSE_TC_ROWS_LANE_BYTES=8
-// (twice the lanes per row, so one row per warp at d = 128; docs/NOTES.md).
-int row_lane_bytes(size_t esize) {
-  return esize == 2 && env_int("JAXSPARSE_TC_ROWS_LANE_BYTES", 16) == 8 ? 8 : 16;
 }
 
 // JAXSPARSE_TC_ROWS_UNROLL=4|8: gathers in flight per lane (default: docs/NOTES.md).
-template <class T, int VB>
-void launch_rows_vb(const SpmmParams& p, const RowView& rv, const RowSplit& rs, int lanes,
-                    cudaStream_t stream) {
-  if (env_int("JAXSPARSE_TC_ROWS_UNROLL", 4) == 8)
-    launch_rows_u<T, 8, VB>(p, rv, rs, lanes, stream);
-  else
-    launch_rows_u<T, 4, VB>(p, rv, rs, lanes, stream);
-}
-
 template <class T>
 void launch_rows(const SpmmParams& p, const RowView& rv, const RowSplit& rs, int lanes,
-                 int lane_bytes, cudaStream_t stream) {
-  if constexpr (sizeof(T) == 2) {
-    if (lane_bytes == 8) return launch_rows_vb<T, 8>(p, rv, rs, lanes, stream);
-  }
-  launch_rows_vb<T, 16>(p, rv, rs, lanes, stream);
+                 cudaStream_t stream) {
+  if (env_int("JAXSPARSE_TC_ROWS_UNROLL", 4) == 8) launch_rows_u<T, 8>(p, rv, rs, lanes, stream);
+  else launch_rows_u<T, 4>(p, rv, rs, lanes, stream);
 }
 
 // Kernel family for a launch. The CUDA-core row kernels gather the same dense rows as the
@@ -1115,11 +1118,8 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
 
   // Row kernels: lanes per group, slabs, and the split-row workspace (slots <= items - rows:
   // every split row adds at least one item).
-  const int lane_bytes = row_lane_bytes(esize);
-  const int lanes = esize == 4           ? row_lanes<float>(p.d)
-                    : lane_bytes == 8    ? row_lanes<__half, 8>(p.d)
-                                         : row_lanes<__half>(p.d);
-  const int64_t row_slab = int64_t(lanes) * (lane_bytes / int64_t(esize));
+  const int lanes = esize == 4 ? row_lanes<float>(p.d) : row_lanes<__half>(p.d);
+  const int64_t row_slab = int64_t(lanes) * (16 / int64_t(esize));
   const int row_nslab = int((p.d + row_slab - 1) / row_slab);
   const int64_t row_slots = std::max<int64_t>(rv.num_items - p.m, 0);
   const size_t row_ws_bytes = size_t(row_slots * heads * p.d) * 4;
@@ -1147,9 +1147,9 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
       const int64_t blocks = std::min<int64_t>((rv.num_items + 255) / 256, 1024);
       row_split_prep<<<unsigned(blocks), 256, 0, stream>>>(rv, rs, int(heads) * row_nslab);
     }
-    if (dtype == ffi::DataType::F32) launch_rows<float>(p, rv, rs, lanes, 16, stream);
-    else if (dtype == ffi::DataType::F16) launch_rows<__half>(p, rv, rs, lanes, lane_bytes, stream);
-    else launch_rows<__nv_bfloat16>(p, rv, rs, lanes, lane_bytes, stream);
+    if (dtype == ffi::DataType::F32) launch_rows<float>(p, rv, rs, lanes, stream);
+    else if (dtype == ffi::DataType::F16) launch_rows<__half>(p, rv, rs, lanes, stream);
+    else launch_rows<__nv_bfloat16>(p, rv, rs, lanes, stream);
     return launch_status("spmm");
   }
 

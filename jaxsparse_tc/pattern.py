@@ -58,27 +58,37 @@ def window_schedule(window_block_ptr: np.ndarray, split_blocks: int = SPLIT_BLOC
 
 
 def row_piece(nnz: int) -> int:
-  """Entries per piece of a long row: small graphs get short pieces (more warps, a shorter
-  longest chain of dependent loads), large ones long pieces (fewer partial sums to combine)."""
+  """Longest row one lane group walks alone: small graphs get short rows per group (a shorter
+  longest chain of dependent loads), large ones longer (fewer rows need a whole CTA)."""
   return int(min(256, max(32, 1 << max(0, int(nnz // 16384).bit_length() - 1))))
 
 
+# A CTA's lane groups share one long row: up to ROW_CTA_PIECES row pieces' worth of entries.
+ROW_CTA_PIECES = 16
+WHOLE_ROW = -1  # row_schedule slot: one lane group walks the row
+CTA_ROW = -2  # row_schedule slot: one CTA walks the row, its groups' sums meet in shared memory
+
+
 def row_schedule(row_ptr: np.ndarray, piece: int) -> np.ndarray:
-  """Work items of the row view (row, begin, end, slot): rows of more than `piece` entries cut
-  into pieces of `piece` entries whose partial sums meet in workspace slot `slot` (-1: the item
-  is a whole row, empty rows included). Longest rows first, so split rows form the prefix; a
-  row's pieces are contiguous; slots number the split rows in order."""
+  """Work items of the row view (row, begin, end, slot), longest rows first. A row of at most
+  `piece` entries is one item with slot WHOLE_ROW (empty rows included). A longer row is one
+  item per ROW_CTA_PIECES * piece entries, each walked by a whole CTA: a single such item has
+  slot CTA_ROW; the items of a row with several (slot >= 0, numbering those rows in order) add
+  their CTAs' sums in a workspace slot. So CTA items form the schedule's prefix, slotted items
+  the prefix of that, and a row's items are contiguous."""
   ptr = np.asarray(row_ptr, dtype=np.int64)
   counts = np.diff(ptr)
-  pieces = np.maximum(1, -(-counts // piece))
+  cap = ROW_CTA_PIECES * piece
+  pieces = np.maximum(1, -(-counts // cap))
   order = np.argsort(-counts, kind="stable")
   row = np.repeat(order, pieces[order])
   first = np.cumsum(pieces[order]) - pieces[order]
   p = np.arange(row.size, dtype=np.int64) - np.repeat(first, pieces[order])
-  begin = ptr[row] + p * piece
-  end = np.minimum(begin + piece, ptr[row + 1])
+  begin = ptr[row] + p * cap
+  end = np.minimum(begin + cap, ptr[row + 1])
   split = pieces[row] > 1
-  slot = np.where(split, np.cumsum(split & (p == 0)) - 1, -1)
+  slot = np.where(split, np.cumsum(split & (p == 0)) - 1,
+                  np.where(counts[row] > piece, CTA_ROW, WHOLE_ROW))
   return np.ascontiguousarray(np.stack([row, begin, end, slot], axis=1), dtype=np.int32)
 
 

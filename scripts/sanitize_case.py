@@ -1,6 +1,6 @@
 """A small SpMM/SDDMM/edge-softmax/attention case for `compute-sanitizer --tool memcheck` (scripts/gpu_check.sh
 --sanitize): every dtype and precision, a split window, a partial last window, d not a multiple
-of 8. Buffers come from plain cudaMalloc (platform allocator) so out-of-bounds accesses are seen.
+of 8, rows that lane groups, CTAs and several CTAs walk. Buffers come from plain cudaMalloc (platform allocator) so out-of-bounds accesses are seen.
 """
 
 import os
@@ -18,7 +18,8 @@ import jaxsparse_tc as jst  # noqa: E402
 def main() -> None:
   rng = np.random.default_rng(0)
   m, n = 21, 3001
-  rows = np.concatenate([np.repeat(np.arange(8), 400), rng.integers(8, m, 60)])
+  # rows 0-7: CTA items of the row kernels; row 9 (~1100 distinct columns): several CTA items
+  rows = np.concatenate([np.repeat(np.arange(8), 400), np.full(1300, 9), rng.integers(8, m, 60)])
   cols = rng.integers(0, n, rows.size)
   A = jst.SparseMatrix.from_coo(rows, cols, rng.uniform(-1, 1, (2, rows.size)).astype(np.float32),
                                 shape=(m, n))

@@ -126,20 +126,32 @@ def test_row_view_is_csr_of_the_format(rng):
     same = np.diff(r) == 0
     assert np.all(np.diff(ent[:, 0])[same] > 0), "columns ascending inside a row"
   ptr = np.concatenate([[0], np.cumsum(np.bincount(np.asarray(A.rows), minlength=m))])
-  for piece in (7, 32, 1000):
+  from jaxsparse_tc.pattern import CTA_ROW, ROW_CTA_PIECES, WHOLE_ROW
+
+  for piece in (1, 2, 7, 32, 1000):
     sched = row_schedule(ptr, piece)
+    cap = ROW_CTA_PIECES * piece
     seen = np.zeros(ptr[-1], np.int64)
     assert set(sched[:, 0]) == set(range(m)), "every row (empty ones too) has an item"
     for row, b, e, slot in sched:
-      assert ptr[row] <= b <= e <= ptr[row + 1] and e - b <= piece
-      assert (slot >= 0) == (ptr[row + 1] - ptr[row] > piece)
+      length = ptr[row + 1] - ptr[row]
+      assert ptr[row] <= b <= e <= ptr[row + 1] and e - b <= cap
+      assert (slot == WHOLE_ROW) == (length <= piece)
+      assert (slot == CTA_ROW) == (piece < length <= cap)
+      assert (slot >= 0) == (length > cap)
+      if slot == WHOLE_ROW or slot == CTA_ROW:
+        assert (b, e) == (ptr[row], ptr[row + 1])
       seen[b:e] += 1
     assert np.all(seen == 1)
+    cta = sched[:, 3] != WHOLE_ROW
     split = sched[:, 3] >= 0
-    assert split[:split.sum()].all(), "split rows' pieces are the schedule's prefix"
+    assert cta[:cta.sum()].all(), "CTA items are the schedule's prefix"
+    assert split[:split.sum()].all(), "slotted items are the prefix of those"
     slots = sched[split, 3]
     assert np.all(np.diff(slots) >= 0) and (slots.size == 0 or slots.max() + 1 == len(set(slots)))
     assert np.all(np.diff(np.diff(ptr)[sched[:, 0]]) <= 0), "longest rows first"
+    if piece == 2:
+      assert split.any() and (cta & ~split).any(), "the test covers every kind of item"
 
 
 def test_split_blocks_matches_the_kernels():
@@ -152,6 +164,20 @@ def test_split_blocks_matches_the_kernels():
     pytest.skip("kernel sources not in this checkout")
   found = re.search(r"constexpr int kSplitBlocks = (\d+);", header.read_text())
   assert found and int(found.group(1)) == SPLIT_BLOCKS
+
+
+def test_row_slots_match_the_kernels():
+  """The row kernels tell whole rows from CTA items with their own copies of the slot marks."""
+  import re
+  from pathlib import Path
+
+  from jaxsparse_tc.pattern import CTA_ROW, WHOLE_ROW
+
+  header = Path(__file__).parents[1] / "cuda/include/jaxsparse_tc/row_view.cuh"
+  if not header.exists():
+    pytest.skip("kernel sources not in this checkout")
+  found = re.search(r"constexpr int kWholeRow = (-?\d+), kCtaRow = (-?\d+);", header.read_text())
+  assert found and (int(found.group(1)), int(found.group(2))) == (WHOLE_ROW, CTA_ROW)
 
 
 def test_schedule_includes_empty_windows():

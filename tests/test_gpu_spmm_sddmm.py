@@ -290,8 +290,7 @@ def test_repeatable(rng):
                                          ("JAXSPARSE_TC_SPMM_L1", "0"))]
                          + [{"JAXSPARSE_TC_SPMM_VARIANT": "cuda_core", k: v}
                             for k, v in (("JAXSPARSE_TC_ROWS_UNROLL", "8"),
-                                         ("JAXSPARSE_TC_ROWS_PERSIST", "0"),
-                                         ("JAXSPARSE_TC_ROWS_LANE_BYTES", "8"))])
+                                         ("JAXSPARSE_TC_ROWS_PERSIST", "0"))])
 @pytest.mark.parametrize("dt", ["f32", "f16"])
 @pytest.mark.parametrize("kind", ["random", "heavy"])
 def test_spmm_kernel_variants(rng, monkeypatch, kind, dt, env):

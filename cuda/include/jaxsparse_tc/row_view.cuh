@@ -19,14 +19,18 @@
 
 namespace jaxsparse_tc {
 
-// Work items of the row view: (row, begin, end, slot) over entries [begin, end); slot >= 0 marks
-// a piece of a long row whose partial sums meet in workspace slot `slot` (jaxsparse_tc/pattern.py
-// row_schedule: split rows' pieces form the schedule's prefix).
+// Work items of the row view: (row, begin, end, slot) over entries [begin, end)
+// (jaxsparse_tc/pattern.py row_schedule). slot kWholeRow: a lane group walks the row; any other
+// slot: a CTA item, the CTA's groups share the entries. slot >= 0: one of several CTA items of a
+// very long row, whose sums meet in workspace slot `slot`. CTA items form the schedule's prefix,
+// slotted ones the prefix of that.
 struct RowView {
   const int2* entries;  // [nnz] (column, format position), CSR order
   const int4* sched;    // [R] items
   int64_t num_items;
 };
+
+constexpr int kWholeRow = -1, kCtaRow = -2;  // pattern.py WHOLE_ROW, CTA_ROW
 
 inline RowView row_view(I32 entries, I32 schedule) {
   return {reinterpret_cast<const int2*>(entries.typed_data()),
@@ -41,14 +45,13 @@ inline bool sparse_blocks(int64_t nnz, int64_t num_blocks) {
 }
 
 constexpr int kRowThreads = 256;  // threads per CTA of the row kernels
-// Features per lane: 16 bytes by default; VB = 8 halves them (twice the lanes per row).
-template <class T, int VB = 16> constexpr int kRowVec = VB / int(sizeof(T));
+template <class T> constexpr int kRowVec = 16 / int(sizeof(T));  // features per lane
 
-// Lanes per group for d features of T at VB bytes per lane.
-template <class T, int VB = 16>
+// Lanes per group for d features of T.
+template <class T>
 int row_lanes(int64_t d) {
   int lanes = 2;
-  while (lanes < 32 && int64_t(lanes) * kRowVec<T, VB> < d) lanes *= 2;
+  while (lanes < 32 && int64_t(lanes) * kRowVec<T> < d) lanes *= 2;
   return lanes;
 }
 
