@@ -242,8 +242,12 @@ __device__ __forceinline__ void row_dots(const SddmmParams& p, const RowView& rv
 }
 
 // CTA items (the schedule's prefix) first, CTA-strided, group g taking the g-th of the CTA's
-// equal shares of the entries (half the gathers per batch there: the registers of the whole-row
-// path, which holds most entries, stay within 64); then one whole row per group.
+// equal shares of the entries, at least kMinShare each (a group's fixed cost per share, its X
+// row and first entries, is paid on enough entries; groups left without a share go on to their
+// whole rows), with half the gathers per batch (so the whole-row path, which holds most
+// entries, keeps 64 registers without spills); then one whole row per group.
+constexpr int kMinShare = 32;
+
 template <class T, class O, int L, int NS>
 __global__ void __launch_bounds__(kRowThreads, NS == 1 ? 4 : 3)
     sddmm_rows(const SddmmParams p, const RowView rv) {
@@ -255,9 +259,9 @@ __global__ void __launch_bounds__(kRowThreads, NS == 1 ? 4 : 3)
   for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
     const int4 it = rv.sched[c];
     if (it.w == kWholeRow) break;
-    const int per = (it.z - it.y + NG - 1) / NG;
+    const int per = max((it.z - it.y + NG - 1) / NG, kMinShare);
     const int b = min(it.z, it.y + g * per), e = min(it.z, b + per);
-    row_dots<T, O, L, NS, (U > 1 ? U / 2 : 1)>(p, rv, h, it.x, b, e, gmask, li);
+    if (b < e) row_dots<T, O, L, NS, (U > 1 ? U / 2 : 1)>(p, rv, h, it.x, b, e, gmask, li);
   }
   const int64_t item = int64_t(blockIdx.x) * NG + g;
   if (item >= rv.num_items) return;
