@@ -245,8 +245,7 @@ __device__ __forceinline__ void row_dots(const SddmmParams& p, const RowView& rv
 // equal shares of the entries, at least kMinShare each (a group's fixed cost per share, its X
 // row and first entries, is paid on enough entries; groups left without a share go on to their
 // whole rows), with half the gathers per batch (so the whole-row path, which holds most
-// entries, keeps 64 registers without spills); then one whole row per group, shortest rows to
-// the first CTAs.
+// entries, keeps 64 registers without spills); then one whole row per group.
 constexpr int kMinShare = 32;
 
 template <class T, class O, int L, int NS>
@@ -264,11 +263,9 @@ __global__ void __launch_bounds__(kRowThreads, NS == 1 ? 4 : 3)
     const int b = min(it.z, it.y + g * per), e = min(it.z, b + per);
     if (b < e) row_dots<T, O, L, NS, (U > 1 ? U / 2 : 1)>(p, rv, h, it.x, b, e, gmask, li);
   }
-  // Whole rows from the schedule's end: the CTAs that walked CTA items (the first ones) take the
-  // shortest rows, so no CTA's chain holds a long row after its CTA item.
-  const int64_t u = int64_t(blockIdx.x) * NG + g;
-  if (u >= rv.num_items) return;
-  const int4 it = rv.sched[rv.num_items - 1 - u];
+  const int64_t item = int64_t(blockIdx.x) * NG + g;
+  if (item >= rv.num_items) return;
+  const int4 it = rv.sched[item];
   if (it.w == kWholeRow) row_dots<T, O, L, NS, U>(p, rv, h, it.x, it.y, it.z, gmask, li);
 }
 
