@@ -1064,7 +1064,7 @@ void launch_rows(const SpmmParams& p, const RowView& rv, const RowSplit& rs, int
 // tensor-core ones (one per condensed column) but pay only for the nonzeros, with many more
 // warps per SM; the tensor-core kernels pay for all 64 entries of a block. So the row kernels
 // serve where blocks are sparse (sparse_blocks), and exact fp32 (CUDA-core FMAs either way).
-constexpr int64_t kRowWorkspaceBytes = 256 << 20;  // row kernels: cap on the split-row workspace
+constexpr int64_t kRowWorkspaceBytes = 256 << 20;  // row kernels: cap on the slotted rows' workspace
 
 bool prefer_rows(bool exact_f32, int64_t nnz, int64_t num_blocks) {
   return exact_f32 || sparse_blocks(nnz, num_blocks);
@@ -1116,8 +1116,8 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
                                        "cuda_core, async or tc; got " + variant);
   const int64_t num_blocks = int64_t(bitmap.element_count()) / 2;
 
-  // Row kernels: lanes per group, slabs, and the split-row workspace (slots <= items - rows:
-  // every split row adds at least one item).
+  // Row kernels: lanes per group, slabs, and the workspace of rows cut into several CTA items
+  // (slots <= items - rows: every such row adds at least one item; none: no workspace, one launch).
   const int lanes = esize == 4 ? row_lanes<float>(p.d) : row_lanes<__half>(p.d);
   const int64_t row_slab = int64_t(lanes) * (16 / int64_t(esize));
   const int row_nslab = int((p.d + row_slab - 1) / row_slab);
@@ -1131,7 +1131,7 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
                    ((variant.empty() || variant == "auto") && prefer_rows(exact, p.nnz, num_blocks)));
   if (variant == "cuda_core" && !rows_fit)
     return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                      "spmm: the row kernels' split-row workspace would exceed its cap");
+                      "spmm: the row kernels' workspace for very long rows would exceed its cap");
   if (use_rows) {
     p.nslab = row_nslab;
     p.vec = aligned16;

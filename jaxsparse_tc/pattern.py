@@ -24,7 +24,7 @@ class Pattern(NamedTuple):
   rows: np.ndarray  # int32 [nnz]
   cols: np.ndarray  # int32 [nnz]
   row_entries: np.ndarray  # int32 [nnz, 2]: the row view, (column, format position) in CSR order
-  row_schedule: np.ndarray  # int32 [R, 4]: row pieces (row, begin, end, slot)
+  row_schedule: np.ndarray  # int32 [R, 4]: row-view items (row, begin, end, slot)
 
   def kernel_arrays(self) -> tuple:
     """The arrays every kernel reads, in the order of its FFI operands."""
