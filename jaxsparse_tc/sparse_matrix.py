@@ -11,7 +11,9 @@ import numpy as np
 from jaxsparse_tc import pattern as pattern_lib
 from jaxsparse_tc.pattern import Pattern
 
-_MAX_ENTRIES = 2**31 - 1
+# Entry positions are int32 in the format and the kernels, which step past a row's last entry by
+# up to a few thousand (chunks, a CTA's shares of a row): keep 2^16 of headroom below 2^31.
+_MAX_ENTRIES = 2**31 - 2**16
 
 
 def _index_array(name: str, a) -> np.ndarray:

@@ -272,6 +272,18 @@ def test_bad_indices_raise(rows, cols, shape, match):
     SparseMatrix.from_coo(rows, cols, shape=shape)
 
 
+def test_entry_limit_leaves_int32_headroom(monkeypatch):
+  """Entry positions are int32 and kernels step past a row's end: the cap keeps headroom, and
+  a matrix over the cap is refused before anything is built."""
+  from jaxsparse_tc import sparse_matrix
+
+  assert sparse_matrix._MAX_ENTRIES <= 2**31 - 2**16
+  monkeypatch.setattr(sparse_matrix, "_MAX_ENTRIES", 3)
+  with pytest.raises(ValueError, match="at most 3 entries"):
+    SparseMatrix.from_coo([0, 1, 1, 0], [0, 1, 0, 1], shape=(2, 2))
+  SparseMatrix.from_coo([0, 1, 1], [0, 1, 0], shape=(2, 2))
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_non_finite_values_raise(bad):
   with pytest.raises(ValueError, match="finite"):
