@@ -23,25 +23,18 @@ import numpy as np  # noqa: E402
 
 import common  # noqa: E402
 import jaxsparse_tc as jst  # noqa: E402
+from bench_chained import _chain  # noqa: E402
+from bench_spmm_sddmm import _time  # noqa: E402
 
 K = 32
 
 
-def per_call_us(f, *args, n=300):
-  for _ in range(5):
-    jax.block_until_ready(f(*args))
-  best = []
-  for _ in range(5):
-    t0 = time.perf_counter()
-    for _ in range(n):
-      out = f(*args)
-    jax.block_until_ready(out)
-    best.append((time.perf_counter() - t0) / n * 1e6)
-  return float(np.median(best))
+def per_call_us(f, *args):
+  return _time(lambda: f(*args), jax.block_until_ready) * 1e3
 
 
 def chain_and_device_us(step, consts, x):
-  prog = jax.jit(lambda *a: _run(step, a))
+  prog = _chain(step, K)
   args = (*consts, x)
   big = jnp.ones((6144, 6144), jnp.float32)
   mm = jax.jit(lambda a: a @ a)
@@ -63,13 +56,6 @@ def chain_and_device_us(step, consts, x):
     del r
   return (float(np.median(wall)) / K * 1e6,
           (float(np.median(both)) - float(np.median(head))) / K * 1e6)
-
-
-def _run(step, a):
-  *consts, x = a
-  for _ in range(K):
-    x = step(*consts, x)
-  return x
 
 
 def main():

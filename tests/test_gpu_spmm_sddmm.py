@@ -385,7 +385,7 @@ def test_spmm_cuda_core_many_heads_split(rng, monkeypatch):
 @pytest.mark.parametrize("kind", ["random", "heavy", "cora"])
 def test_sddmm_cuda_core(rng, monkeypatch, kind, dt, d):
   """The row-view SDDMM kernels (lane groups for small d, two slabs past 32 lanes, scalar
-  tails, long rows cut into pieces), every dtype (fp32 exact) and heads x 1 / 1 x heads."""
+  tails, long rows as CTA items, the heavy rows as several), every dtype (fp32 exact) and heads x 1 / 1 x heads."""
   monkeypatch.setenv("JAXSPARSE_TC_SDDMM_VARIANT", "cuda_core")
   dtype, precision, tol = DTYPES[dt]
   if dtype == jnp.float32:
