@@ -298,8 +298,7 @@ void launch_rows(const SddmmParams& p, const RowView& rv, cudaStream_t stream) {
 // sddmm_tc's remap (thread t holds features V*t .. V*t+V-1 of each group of 4V: one 16-byte load
 // per row and group). Of the 16 x 8 result each entry keeps its own row's value, which lies with
 // the thread whose t is row / 2: entry g in c0/c1, entry g+8 in c2/c3. Values need no combining,
-// so a split window's items run independently (slots unused). Entries come 32 at a time, one per
-// lane, a chunk ahead (window_chunk), so a step waits for its gathers only.
+// so a split window's items run independently (slots unused).
 
 // NG groups of 4V features (V = 16 bytes of T): d <= 4 V NG.
 template <class T, class O, int NG>
@@ -314,13 +313,9 @@ __global__ void __launch_bounds__(kWindowThreads, 4)
   O* oh = static_cast<O*>(p.out) + int64_t(h) * p.nnz;
   const int row_bytes = int(p.d * int64_t(sizeof(T)));
   const int64_t warps = int64_t(gridDim.x) * (kWindowThreads / 32);
-  int64_t item = int64_t(blockIdx.x) * (kWindowThreads / 32) + threadIdx.x / 32;
-  if (item >= rv.num_window_items) return;
-  int4 it = __ldg(rv.windows + item);
-  int2 e = window_chunk(rv, it.y, it.z, lane);
-  for (; item < rv.num_window_items; item += warps) {
-    const int64_t next = item + warps;
-    const int4 nit = next < rv.num_window_items ? __ldg(rv.windows + next) : make_int4(0, 0, 0, -1);
+  for (int64_t item = int64_t(blockIdx.x) * (kWindowThreads / 32) + threadIdx.x / 32;
+       item < rv.num_window_items; item += warps) {
+    const int4 it = __ldg(rv.windows + item);
     const int64_t w0 = int64_t(it.x) * kWindowRows;
     // Window row g's features (the B operand), tf32-rounded once for fp32.
     uint32_t xr[NG][NW];
@@ -329,69 +324,57 @@ __global__ void __launch_bounds__(kWindowThreads, 4)
       const int64_t f = int64_t(G) * 4 * V + t * V;
 #pragma unroll
       for (int i = 0; i < NW; ++i) xr[G][i] = 0u;
-      if (w0 + g < p.m && f < p.d && it.y < it.z)
-        load_row<T, V>(xh + (w0 + g) * p.d, f, p.d, p.vec, xr[G]);
-    }
-    if constexpr (kTf32) {
-#pragma unroll
-      for (int G = 0; G < NG; ++G)
+      if (w0 + g < p.m && f < p.d) load_row<T, V>(xh + (w0 + g) * p.d, f, p.d, p.vec, xr[G]);
+      if constexpr (kTf32) {
 #pragma unroll
         for (int i = 0; i < NW; ++i) xr[G][i] = to_tf32(__uint_as_float(xr[G][i]));
+      }
     }
     // Entries of window rows 2t and 2t+1: [r0, r2), row 2t + (k >= r1).
     const int r0 = __ldg(rv.row_ptr + min(w0 + 2 * t, p.m));
     const int r1 = __ldg(rv.row_ptr + min(w0 + 2 * t + 1, p.m));
     const int r2 = __ldg(rv.row_ptr + min(w0 + 2 * t + 2, p.m));
-    for (int b = it.y; b < it.z; b += 32) {
-      // The following chunk: this item's next, or the next item's first.
-      const int2 en = b + 32 < it.z ? window_chunk(rv, b + 32, it.z, lane)
-                                    : window_chunk(rv, nit.y, nit.z, lane);
+    for (int b = it.y; b < it.z; b += 16) {
+      int2 e[2];
 #pragma unroll
-      for (int st = 0; st < 2; ++st) {
-        int col[2], pos[2];
+      for (int i = 0; i < 2; ++i) {
+        const int k = b + g + 8 * i;
+        e[i] = k < it.z ? __ldg(rv.entries + k) : make_int2(-1, -1);
+      }
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int G = 0; G < NG; ++G) {
+        const int64_t f = int64_t(G) * 4 * V + t * V;
+        uint32_t yw[2][NW];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          col[i] = __shfl_sync(0xffffffffu, e.x, 16 * st + g + 8 * i);
-          pos[i] = __shfl_sync(0xffffffffu, e.y, 16 * st + g + 8 * i);
-        }
-        float c[4] = {0.f, 0.f, 0.f, 0.f};
+          if (e[i].x >= 0 && f < p.d) {
+            load_row<T, V>(static_cast<const T*>(row_address(yh, e[i].x, row_bytes)), f, p.d,
+                           p.vec, yw[i]);
+          } else {
 #pragma unroll
-        for (int G = 0; G < NG; ++G) {
-          const int64_t f = int64_t(G) * 4 * V + t * V;
-          uint32_t yw[2][NW];
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            if (col[i] >= 0 && f < p.d) {
-              load_row<T, V>(static_cast<const T*>(row_address(yh, col[i], row_bytes)), f, p.d,
-                             p.vec, yw[i]);
-            } else {
-#pragma unroll
-              for (int w = 0; w < NW; ++w) yw[i][w] = 0u;
-            }
-          }
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            uint32_t a[4] = {yw[0][2 * hh], yw[1][2 * hh], yw[0][2 * hh + 1], yw[1][2 * hh + 1]};
-            const uint32_t bf[2] = {xr[G][2 * hh], xr[G][2 * hh + 1]};
-            if constexpr (kTf32) {
-#pragma unroll
-              for (int i = 0; i < 4; ++i) a[i] = to_tf32(__uint_as_float(a[i]));
-              mma_1688_tf32(c, a, bf);
-            } else {
-              mma_16816(c, a, bf, T{});
-            }
+            for (int w = 0; w < NW; ++w) yw[i][w] = 0u;
           }
         }
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int k = b + 16 * st + g + 8 * i;
-          if (col[i] >= 0 && k >= r0 && k < r2) oh[pos[i]] = from_f32<O>(k >= r1 ? c[2 * i + 1] : c[2 * i]);
+        for (int hh = 0; hh < 2; ++hh) {
+          uint32_t a[4] = {yw[0][2 * hh], yw[1][2 * hh], yw[0][2 * hh + 1], yw[1][2 * hh + 1]};
+          const uint32_t bf[2] = {xr[G][2 * hh], xr[G][2 * hh + 1]};
+          if constexpr (kTf32) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[i] = to_tf32(__uint_as_float(a[i]));
+            mma_1688_tf32(c, a, bf);
+          } else {
+            mma_16816(c, a, bf, T{});
+          }
         }
       }
-      e = en;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int k = b + g + 8 * i;
+        if (k < it.z && k >= r0 && k < r2) oh[e[i].y] = from_f32<O>(k >= r1 ? c[2 * i + 1] : c[2 * i]);
+      }
     }
-    if (it.y >= it.z) e = window_chunk(rv, nit.y, nit.z, lane);  // an empty window
-    it = nit;
   }
 }
 

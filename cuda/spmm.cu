@@ -924,17 +924,11 @@ __global__ void __launch_bounds__(kRowThreads, UNROLL <= 4 ? 4 : 1)
 // cores do the conversions and multiply-adds that cost the CUDA-core row kernels ~39
 // instructions per nonzero (NOTES, session 6). Each thread gathers exactly the 16 bytes of X it
 // feeds the MMA: with the feature remapping of the other tensor-core kernels (MMA row g of tile
-// j is feature V*g + 2j of the slab, row g+8 feature V*g + 2j + 1), thread (g, t) needs
+// j is feature V*g + 2j of the segment, row g+8 feature V*g + 2j + 1), thread (g, t) needs
 // features V*g .. V*g+V-1 of the rows at its k slots, one 16-byte load each, and its C fragment
-// holds those same features of window rows 2t and 2t+1 (16-byte stores). A warp owns a slab of
-// 8V features (64 for 16-bit, 32 for fp32) of an item.
-// Latency: a warp walks its entries in chunks of 32, one entry per lane (window_chunk), loaded a
-// chunk ahead (the next item's first chunk during the last one); per chunk it issues all 8
-// gathers per lane of both 16-entry steps and its lane's value at once, so a chunk costs one
-// memory round trip (the first version loaded each step's entries, then its rows: two round
-// trips per 16 entries, 1.6x slower than the row kernels, NOTES).
-// k slots of thread (g, t) in a step: 16-bit m16n8k16 {2t, 2t+1, 2t+8, 2t+9}; tf32 m16n8k8, two
-// MMAs: {t, t+4} then {t+8, t+12}.
+// holds those same features of window rows 2t and 2t+1 (16-byte stores).
+// A step takes 16 entries. k slots of thread (g, t): 16-bit m16n8k16 {2t, 2t+1, 2t+8, 2t+9};
+// tf32 m16n8k8, two MMAs: {t, t+4} then {t+8, t+12}.
 
 struct WindowSplit {
   float* ws;   // [slots, heads, 8, d] fp32 partial sums of split windows
@@ -946,12 +940,11 @@ __device__ __forceinline__ int window_kslot(int t, int q) {
   return sizeof(T) == 2 ? 2 * t + (q & 1) + 8 * (q >> 1) : t + 4 * q;
 }
 
-// MINB: CTAs per SM the register budget aims at (5: 96 registers, small spills for 16-bit; 4:
-// 128 registers, none).
-template <class T, int MINB>
-__global__ void __launch_bounds__(kWindowThreads, MINB)
+// S segments of 8 * V features (V = 16 bytes of T) per slab.
+template <class T, int S>
+__global__ void __launch_bounds__(kWindowThreads, 4)
     spmm_windows(const SpmmParams p, const RowView rv, const WindowSplit sp) {
-  constexpr int V = 16 / int(sizeof(T)), NT = V / 2, F = 8 * V;
+  constexpr int V = 16 / int(sizeof(T)), NT = V / 2, F = S * 8 * V;
   constexpr int NW = Words<T, V>::N;  // 4
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int slab = blockIdx.y, h = blockIdx.z;
@@ -959,151 +952,158 @@ __global__ void __launch_bounds__(kWindowThreads, MINB)
   const T* vh = static_cast<const T*>(p.values) + h * p.v_head_stride;
   T* oh = static_cast<T*>(p.out) + int64_t(h) * p.m * p.d;
   const int row_bytes = int(p.d * int64_t(sizeof(T)));
-  const int64_t f = int64_t(slab) * F + g * V;
-  const bool active = f < p.d;
+  int64_t f[S];
+#pragma unroll
+  for (int s = 0; s < S; ++s) f[s] = int64_t(slab) * F + s * 8 * V + g * V;
   int ks[4];
 #pragma unroll
   for (int q = 0; q < 4; ++q) ks[q] = window_kslot<T>(t, q);
 
   const int64_t warps = int64_t(gridDim.x) * (kWindowThreads / 32);
-  int64_t item = int64_t(blockIdx.x) * (kWindowThreads / 32) + threadIdx.x / 32;
-  if (item >= rv.num_window_items) return;
-  int4 it = __ldg(rv.windows + item);
-  int2 e = window_chunk(rv, it.y, it.z, lane);
-  for (; item < rv.num_window_items; item += warps) {
-    const int64_t next = item + warps;
-    const int4 nit = next < rv.num_window_items ? __ldg(rv.windows + next) : make_int4(0, 0, 0, -1);
+  for (int64_t item = int64_t(blockIdx.x) * (kWindowThreads / 32) + threadIdx.x / 32;
+       item < rv.num_window_items; item += warps) {
+    const int4 it = __ldg(rv.windows + item);
     const int64_t row = int64_t(it.x) * kWindowRows + g;
     int lo = it.y, hi = it.y;  // row g's entries inside the item
     if (row < p.m) {
       lo = max(__ldg(rv.row_ptr + row), it.y);
       hi = min(__ldg(rv.row_ptr + row + 1), it.z);
     }
-    float acc[NT][4];
+    float acc[S][NT][4];
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+    for (int s = 0; s < S; ++s)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) acc[j][c] = 0.f;
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[s][j][c] = 0.f;
 
-    for (int b = it.y; b < it.z; b += 32) {
-      const uint32_t vraw = e.x >= 0 ? load_raw<T>(vh + e.y) : 0u;  // this lane's entry's value
-      uint32_t xw[2][4][NW];
+    for (int b = it.y; b < it.z; b += 16) {
+      int col[4];
+      uint32_t v[4];  // raw value bits where the entry is in row g, else 0
 #pragma unroll
-      for (int st = 0; st < 2; ++st)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int c = __shfl_sync(0xffffffffu, e.x, 16 * st + ks[q]);
-          if (c >= 0 && active) {
-            load_row<T, V>(static_cast<const T*>(row_address(xh, c, row_bytes)), f, p.d, p.vec,
-                           xw[st][q]);
-          } else {
-#pragma unroll
-            for (int i = 0; i < NW; ++i) xw[st][q][i] = 0u;
-          }
-        }
-      // The following chunk: this item's next, or the next item's first.
-      e = b + 32 < it.z ? window_chunk(rv, b + 32, it.z, lane) : window_chunk(rv, nit.y, nit.z, lane);
-#pragma unroll
-      for (int st = 0; st < 2; ++st) {
-        uint32_t v[4];  // value bits where the entry is in row g, else 0
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int src = 16 * st + ks[q], k = b + src;
-          const uint32_t raw = __shfl_sync(0xffffffffu, vraw, src);
-          v[q] = k >= lo && k < hi ? raw : 0u;
-        }
-        if constexpr (sizeof(T) == 2) {
-          const uint32_t bf[2] = {v[0] | (v[1] << 16), v[2] | (v[3] << 16)};
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            const uint32_t a[4] = {pack_lo(xw[st][0][j], xw[st][1][j]), pack_hi(xw[st][0][j], xw[st][1][j]),
-                                   pack_lo(xw[st][2][j], xw[st][3][j]), pack_hi(xw[st][2][j], xw[st][3][j])};
-            mma_16816(acc[j], a, bf, T{});
-          }
-        } else {
-          const uint32_t b0[2] = {to_tf32(__uint_as_float(v[0])), to_tf32(__uint_as_float(v[1]))};
-          const uint32_t b1[2] = {to_tf32(__uint_as_float(v[2])), to_tf32(__uint_as_float(v[3]))};
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            const uint32_t a0[4] = {to_tf32(__uint_as_float(xw[st][0][2 * j])),
-                                    to_tf32(__uint_as_float(xw[st][0][2 * j + 1])),
-                                    to_tf32(__uint_as_float(xw[st][1][2 * j])),
-                                    to_tf32(__uint_as_float(xw[st][1][2 * j + 1]))};
-            mma_1688_tf32(acc[j], a0, b0);
-            const uint32_t a1[4] = {to_tf32(__uint_as_float(xw[st][2][2 * j])),
-                                    to_tf32(__uint_as_float(xw[st][2][2 * j + 1])),
-                                    to_tf32(__uint_as_float(xw[st][3][2 * j])),
-                                    to_tf32(__uint_as_float(xw[st][3][2 * j + 1]))};
-            mma_1688_tf32(acc[j], a1, b1);
-          }
+      for (int q = 0; q < 4; ++q) {
+        const int k = b + ks[q];
+        col[q] = -1;
+        v[q] = 0u;
+        if (k < it.z) {
+          const int2 e = __ldg(rv.entries + k);
+          col[q] = e.x;
+          if (k >= lo && k < hi) v[q] = load_raw<T>(vh + e.y);
         }
       }
+      uint32_t xw[4][S][NW];
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+          if (col[q] >= 0 && f[s] < p.d) {
+            load_row<T, V>(static_cast<const T*>(row_address(xh, col[q], row_bytes)), f[s], p.d,
+                           p.vec, xw[q][s]);
+          } else {
+#pragma unroll
+            for (int i = 0; i < NW; ++i) xw[q][s][i] = 0u;
+          }
+        }
+      if constexpr (sizeof(T) == 2) {
+        const uint32_t bf[2] = {v[0] | (v[1] << 16), v[2] | (v[3] << 16)};
+#pragma unroll
+        for (int s = 0; s < S; ++s)
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            const uint32_t a[4] = {pack_lo(xw[0][s][j], xw[1][s][j]), pack_hi(xw[0][s][j], xw[1][s][j]),
+                                   pack_lo(xw[2][s][j], xw[3][s][j]), pack_hi(xw[2][s][j], xw[3][s][j])};
+            mma_16816(acc[s][j], a, bf, T{});
+          }
+      } else {
+        const uint32_t b0[2] = {to_tf32(__uint_as_float(v[0])), to_tf32(__uint_as_float(v[1]))};
+        const uint32_t b1[2] = {to_tf32(__uint_as_float(v[2])), to_tf32(__uint_as_float(v[3]))};
+#pragma unroll
+        for (int s = 0; s < S; ++s)
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            const uint32_t a0[4] = {to_tf32(__uint_as_float(xw[0][s][2 * j])),
+                                    to_tf32(__uint_as_float(xw[0][s][2 * j + 1])),
+                                    to_tf32(__uint_as_float(xw[1][s][2 * j])),
+                                    to_tf32(__uint_as_float(xw[1][s][2 * j + 1]))};
+            mma_1688_tf32(acc[s][j], a0, b0);
+            const uint32_t a1[4] = {to_tf32(__uint_as_float(xw[2][s][2 * j])),
+                                    to_tf32(__uint_as_float(xw[2][s][2 * j + 1])),
+                                    to_tf32(__uint_as_float(xw[3][s][2 * j])),
+                                    to_tf32(__uint_as_float(xw[3][s][2 * j + 1]))};
+            mma_1688_tf32(acc[s][j], a1, b1);
+          }
+      }
     }
-    if (it.y >= it.z) e = window_chunk(rv, nit.y, nit.z, lane);  // an empty window
 
     // C fragment -> window rows 2t, 2t+1: features V*g + 2j (c0, c1) and + 2j + 1 (c2, c3).
-    float o[2][V];
+    float o[2][S][V];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      o[0][2 * j] = acc[j][0];
-      o[0][2 * j + 1] = acc[j][2];
-      o[1][2 * j] = acc[j][1];
-      o[1][2 * j + 1] = acc[j][3];
-    }
+    for (int s = 0; s < S; ++s)
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        o[0][s][2 * j] = acc[s][j][0];
+        o[0][s][2 * j + 1] = acc[s][j][2];
+        o[1][s][2 * j] = acc[s][j][1];
+        o[1][s][2 * j + 1] = acc[s][j][3];
+      }
     const int64_t row0 = int64_t(it.x) * kWindowRows + 2 * t;
     if (it.w < 0) {
 #pragma unroll
       for (int r = 0; r < 2; ++r)
-        if (row0 + r < p.m && active) store_row<T, V>(oh + (row0 + r) * p.d, f, p.d, p.vec, o[r]);
-    } else {
-      // A split window: add into its slot; the item that completes the window's entry count
-      // writes the rows (the fences order the sums before the count, the reads after it).
-      float* ws = sp.ws + (int64_t(it.w) * p.heads + h) * kWindowRows * p.d;
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int i = 0; i < V; ++i)
-          if (f + i < p.d) atomicAdd(ws + (2 * t + r) * p.d + f + i, o[r][i]);
-      __threadfence();
-      __syncwarp();
-      int old = 0;
-      if (lane == 0)
-        old = atomicAdd(sp.done + (int64_t(it.w) * p.heads + h) * p.nslab + slab, it.z - it.y);
-      old = __shfl_sync(0xffffffffu, old, 0);
-      const int64_t wend = min(int64_t(it.x + 1) * kWindowRows, p.m);
-      const int total = __ldg(rv.row_ptr + wend) - __ldg(rv.row_ptr + int64_t(it.x) * kWindowRows);
-      if (old + (it.z - it.y) == total) {
-        __threadfence();
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float sum[V];
-#pragma unroll
-          for (int i = 0; i < V; ++i)
-            sum[i] = f + i < p.d ? __ldcg(ws + (2 * t + r) * p.d + f + i) : 0.f;
-          if (row0 + r < p.m && active) store_row<T, V>(oh + (row0 + r) * p.d, f, p.d, p.vec, sum);
-        }
-      }
+        for (int s = 0; s < S; ++s)
+          if (row0 + r < p.m && f[s] < p.d) store_row<T, V>(oh + (row0 + r) * p.d, f[s], p.d, p.vec, o[r][s]);
+      continue;
     }
-    it = nit;
+    // A split window: add into its slot; the item that completes the window's entry count
+    // writes the rows (the fences order the sums before the count, the reads after it).
+    float* ws = sp.ws + (int64_t(it.w) * p.heads + h) * kWindowRows * p.d;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int s = 0; s < S; ++s)
+#pragma unroll
+        for (int e = 0; e < V; ++e)
+          if (f[s] + e < p.d) atomicAdd(ws + (2 * t + r) * p.d + f[s] + e, o[r][s][e]);
+    __threadfence();
+    __syncwarp();
+    int old = 0;
+    if (lane == 0)
+      old = atomicAdd(sp.done + (int64_t(it.w) * p.heads + h) * p.nslab + slab, it.z - it.y);
+    old = __shfl_sync(0xffffffffu, old, 0);
+    const int64_t wend = min(int64_t(it.x + 1) * kWindowRows, p.m);
+    const int total = __ldg(rv.row_ptr + wend) - __ldg(rv.row_ptr + int64_t(it.x) * kWindowRows);
+    if (old + (it.z - it.y) != total) continue;
+    __threadfence();
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int s = 0; s < S; ++s) {
+        float sum[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e)
+          sum[e] = f[s] + e < p.d ? __ldcg(ws + (2 * t + r) * p.d + f[s] + e) : 0.f;
+        if (row0 + r < p.m && f[s] < p.d) store_row<T, V>(oh + (row0 + r) * p.d, f[s], p.d, p.vec, sum);
+      }
   }
 }
 
-template <class T, int MINB>
-void launch_windows_b(const SpmmParams& p, const RowView& rv, const WindowSplit& sp,
+// Segments per slab: 16-bit 64 features each, up to 2 (128 features); fp32 32 each, up to 2.
+template <class T, int S>
+void launch_windows_s(const SpmmParams& p, const RowView& rv, const WindowSplit& sp,
                       cudaStream_t stream) {
   int64_t grid = (rv.num_window_items + kWindowThreads / 32 - 1) / (kWindowThreads / 32);
-  const int ctas = resident_ctas<spmm_windows<T, MINB>>(kWindowThreads);
+  const int ctas = resident_ctas<spmm_windows<T, S>>(kWindowThreads);
   if (ctas > 0) grid = std::min<int64_t>(grid, ctas);
-  spmm_windows<T, MINB><<<dim3(unsigned(grid), unsigned(p.nslab), unsigned(p.heads)),
-                          kWindowThreads, 0, stream>>>(p, rv, sp);
+  spmm_windows<T, S><<<dim3(unsigned(grid), unsigned(p.nslab), unsigned(p.heads)),
+                       kWindowThreads, 0, stream>>>(p, rv, sp);
 }
 
-// JAXSPARSE_TC_WINDOWS_CTAS=4|5 (benchmarks): the register budget.
 template <class T>
-void launch_windows(const SpmmParams& p, const RowView& rv, const WindowSplit& sp,
+void launch_windows(const SpmmParams& p, const RowView& rv, const WindowSplit& sp, int segs,
                     cudaStream_t stream) {
-  if (env_int("JAXSPARSE_TC_WINDOWS_CTAS", 5) == 4) launch_windows_b<T, 4>(p, rv, sp, stream);
-  else launch_windows_b<T, 5>(p, rv, sp, stream);
+  if (segs == 1) launch_windows_s<T, 1>(p, rv, sp, stream);
+  else launch_windows_s<T, 2>(p, rv, sp, stream);
 }
 
 template <class T, int MT>
@@ -1288,9 +1288,10 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
   const bool sparse = sparse_blocks(p.nnz, num_blocks);
   const bool width_ok = p.d * int64_t(esize) <= INT32_MAX;
 
-  // Window kernel: slabs of 8 x 16 bytes of features, and the workspace of split windows
-  // (slots <= window items - windows: every split window adds at least one item).
-  const int64_t win_slab = 8 * (16 / int64_t(esize));
+  // Window kernel: segments per slab, slabs, and the workspace of split windows (slots <= window
+  // items - windows: every split window adds at least one item).
+  const int segs = p.d <= 8 * 16 / int64_t(esize) ? 1 : 2;
+  const int64_t win_slab = int64_t(segs) * 8 * (16 / int64_t(esize));
   const int win_nslab = int((p.d + win_slab - 1) / win_slab);
   const int64_t win_slots = std::max<int64_t>(rv.num_window_items - num_windows, 0);
   const size_t win_ws_bytes = size_t(win_slots * heads * kWindowRows * p.d) * 4;
@@ -1309,9 +1310,9 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
       if (cudaMemsetAsync(*mem, 0, win_ws_bytes + win_done_bytes, stream) != cudaSuccess)
         return ffi::Error::Internal("spmm: workspace memset failed");
     }
-    if (dtype == ffi::DataType::F32) launch_windows<float>(p, rv, sp, stream);
-    else if (dtype == ffi::DataType::F16) launch_windows<__half>(p, rv, sp, stream);
-    else launch_windows<__nv_bfloat16>(p, rv, sp, stream);
+    if (dtype == ffi::DataType::F32) launch_windows<float>(p, rv, sp, segs, stream);
+    else if (dtype == ffi::DataType::F16) launch_windows<__half>(p, rv, sp, segs, stream);
+    else launch_windows<__nv_bfloat16>(p, rv, sp, segs, stream);
     return launch_status("spmm");
   }
 

@@ -288,7 +288,6 @@ def test_repeatable(rng):
                             for k, v in (("JAXSPARSE_TC_SPMM_PERSIST", "0"),
                                          ("JAXSPARSE_TC_SPMM_SLAB", "64"),
                                          ("JAXSPARSE_TC_SPMM_L1", "0"))]
-                         + [{"JAXSPARSE_TC_SPMM_VARIANT": "windows", "JAXSPARSE_TC_WINDOWS_CTAS": "4"}]
                          + [{"JAXSPARSE_TC_SPMM_VARIANT": "cuda_core", k: v}
                             for k, v in (("JAXSPARSE_TC_ROWS_UNROLL", "8"),
                                          ("JAXSPARSE_TC_ROWS_PERSIST", "0"))])
@@ -332,8 +331,6 @@ def test_windows_kernels(rng, monkeypatch, kind, dt, d):
   gpu = _gpu()
   Ag = _on(gpu, A)
   spmm = jax.jit(lambda A, x: jst.spmm(A, x))
-  if d * np.dtype(dtype).itemsize > 512:  # past the SDDMM window kernel's width
-    monkeypatch.delenv("JAXSPARSE_TC_SDDMM_VARIANT")
   for A_, x_, ref in _head_cases(rng, Ag, _dense64(A, dtype), n, d, dtype):
     out = spmm(A_, _on(gpu, x_))
     assert rel_err(out, ref) < tol, f"spmm {kind} {dt} d={d}: {rel_err(out, ref):.3g}"

@@ -54,12 +54,6 @@ inline RowView row_view(I32 entries, I32 schedule, I32 row_ptr, I32 window_items
       .Arg<::jaxsparse_tc::I32>() /* row_ptr [m+1] */         \
       .Arg<::jaxsparse_tc::I32>() /* window_items [S, 4] */
 
-// Entry b + lane of the row view if below `end`, else column -1: the window kernels read their
-// entries 32 at a time, one per lane, a chunk ahead, and hand them out with shuffles.
-__device__ __forceinline__ int2 window_chunk(const RowView& rv, int b, int end, int lane) {
-  return b + lane < end ? __ldg(rv.entries + b + lane) : make_int2(-1, 0);
-}
-
 // Where the row kernels are the default: blocks this sparse (fill = nnz / (64 blocks) <= 1/4;
 // Cora and R-MAT graphs ~1/8) leave the tensor cores little useful work (docs/NOTES.md).
 inline bool sparse_blocks(int64_t nnz, int64_t num_blocks) {
