@@ -30,12 +30,9 @@ import numpy as np  # noqa: E402
 
 import common  # noqa: E402
 
-# Other kernel families, forced on the same inputs (the default picks the window kernels for
-# sparse blocks): the bitmap-block tensor-core kernels and the CUDA-core row kernels.
-SPMM_FORCED = {"tc": {"JAXSPARSE_TC_SPMM_VARIANT": "async"},
-               "rows": {"JAXSPARSE_TC_SPMM_VARIANT": "cuda_core"}}
-SDDMM_FORCED = {"tc": {"JAXSPARSE_TC_SDDMM_VARIANT": "tc"},
-                "rows": {"JAXSPARSE_TC_SDDMM_VARIANT": "cuda_core"}}
+# The tensor-core kernels, forced (the default picks the CUDA-core row kernels for sparse blocks).
+SPMM_TC = {"JAXSPARSE_TC_SPMM_VARIANT": "async"}
+SDDMM_TC = {"JAXSPARSE_TC_SDDMM_VARIANT": "tc"}
 # Kernel experiments: BENCH_CHAINED_SPMM_VARIANTS="name=VAR:VALUE;VAR:VALUE,..." adds SpMM rows
 # "ours-<dtype>-<name>" with those environment variables set.
 SPMM_VARIANTS = {
@@ -148,7 +145,7 @@ def run(quick: bool = False) -> list[dict]:
       for name, dt in (("fp16", jnp.float16), ("tf32", jnp.float32)):
         Ad = A_n.with_values(A_n.values.astype(dt))
         add("spmm", f"ours-{name}", _time_jax(_chain(jst.spmm, k), (Ad, x32.astype(dt)), k))
-        for vname, env in {**SPMM_FORCED, **SPMM_VARIANTS}.items():  # same inputs, forced
+        for vname, env in {"tc": SPMM_TC, **SPMM_VARIANTS}.items():  # same inputs, forced
           with common.environ(env):
             add("spmm", f"ours-{name}-{vname}",
                 _time_jax(_chain(jst.spmm, k), (Ad, x32.astype(dt)), k))
@@ -178,10 +175,8 @@ def run(quick: bool = False) -> list[dict]:
       ys = tuple(jnp.asarray(rng.standard_normal((n, d)), jnp.float16) for _ in range(ks))
       ours = jax.jit(lambda A, qs, ys: tuple(jst.sddmm(A, q, y).values for q, y in zip(qs, ys)))
       add("sddmm", "ours-fp16", _time_jax(ours, (A, qs, ys), ks), how="jit fan", kk=ks)
-      for vname, env in SDDMM_FORCED.items():
-        with common.environ(env):
-          add("sddmm", f"ours-fp16-{vname}", _time_jax(ours, (A, qs, ys), ks), how="jit fan",
-              kk=ks)
+      with common.environ(SDDMM_TC):
+        add("sddmm", "ours-fp16-tc", _time_jax(ours, (A, qs, ys), ks), how="jit fan", kk=ks)
       gather = jax.jit(lambda qs, ys: tuple(
           jnp.sum(q[r_idx].astype(jnp.float32) * y[c_idx].astype(jnp.float32), -1).astype(q.dtype)
           for q, y in zip(qs, ys)))
@@ -222,10 +217,7 @@ def summary(rows: list[dict]) -> list[dict]:
            ("SpMM ours-fp16 vs cusparse-fp16", "spmm", "ours-fp16", "cusparse-fp16", 128),
            ("SpMM ours-tf32 vs cusparse-fp32", "spmm", "ours-tf32", "cusparse-fp32", 128),
            ("SpMM ours-fp16 vs ours-fp16-tc", "spmm", "ours-fp16", "ours-fp16-tc", 128),
-           ("SpMM ours-fp16 vs ours-fp16-rows", "spmm", "ours-fp16", "ours-fp16-rows", 128),
-           ("SpMM ours-tf32 vs ours-tf32-rows (exact)", "spmm", "ours-tf32", "ours-tf32-rows", 128),
            ("SDDMM ours-fp16 vs ours-fp16-tc", "sddmm", "ours-fp16", "ours-fp16-tc", 128),
-           ("SDDMM ours-fp16 vs ours-fp16-rows", "sddmm", "ours-fp16", "ours-fp16-rows", 128),
            ("SpMM ours-tf32 vs xla-segment_sum-fp32", "spmm", "ours-tf32",
             "xla-segment_sum-fp32", 128),
            ("SDDMM ours-fp16 vs xla-gather-fp16", "sddmm", "ours-fp16", "xla-gather-fp16", 128),

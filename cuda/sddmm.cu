@@ -21,7 +21,6 @@
 #include <string>
 
 #include "jaxsparse_tc/ffi_cuda.cuh"
-#include "jaxsparse_tc/async_copy.cuh"
 #include "jaxsparse_tc/bitmap.cuh"
 #include "jaxsparse_tc/cuda_common.cuh"
 #include "jaxsparse_tc/format.h"
@@ -290,124 +289,14 @@ void launch_rows(const SddmmParams& p, const RowView& rv, cudaStream_t stream) {
   }
 }
 
-// ---- Tensor-core SDDMM on the row view's windows (the default for sparse blocks) ------------
-// Per step of 16 CSR-order entries of a window, S (16 entries x 8 window rows) = Y_cols (16 x d)
-// . X_w^T (d x 8): the m=16 operand is one gathered Y row per entry (not per condensed column, as
-// in sddmm_tc: where columns hold ~1 nonzero per window, as on Cora and R-MAT, the same rows),
-// the n=8 operand the window's X rows, held in registers for the whole item, k the features with
-// sddmm_tc's remap (thread t holds features V*t .. V*t+V-1 of each group of 4V: one 16-byte load
-// per row and group). Of the 16 x 8 result each entry keeps its own row's value, which lies with
-// the thread whose t is row / 2: entry g in c0/c1, entry g+8 in c2/c3. Values need no combining,
-// so a split window's items run independently (slots unused).
-
-// NG groups of 4V features (V = 16 bytes of T): d <= 4 V NG.
-template <class T, class O, int NG>
-__global__ void __launch_bounds__(kWindowThreads, 4)
-    sddmm_windows(const SddmmParams p, const RowView rv) {
-  constexpr int V = 16 / int(sizeof(T)), NW = Words<T, V>::N;
-  constexpr bool kTf32 = sizeof(T) == 4;
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int h = blockIdx.y;
-  const T* xh = static_cast<const T*>(p.x) + h * p.x_head_stride;
-  const T* yh = static_cast<const T*>(p.y) + h * p.y_head_stride;
-  O* oh = static_cast<O*>(p.out) + int64_t(h) * p.nnz;
-  const int row_bytes = int(p.d * int64_t(sizeof(T)));
-  const int64_t warps = int64_t(gridDim.x) * (kWindowThreads / 32);
-  for (int64_t item = int64_t(blockIdx.x) * (kWindowThreads / 32) + threadIdx.x / 32;
-       item < rv.num_window_items; item += warps) {
-    const int4 it = __ldg(rv.windows + item);
-    const int64_t w0 = int64_t(it.x) * kWindowRows;
-    // Window row g's features (the B operand), tf32-rounded once for fp32.
-    uint32_t xr[NG][NW];
-#pragma unroll
-    for (int G = 0; G < NG; ++G) {
-      const int64_t f = int64_t(G) * 4 * V + t * V;
-#pragma unroll
-      for (int i = 0; i < NW; ++i) xr[G][i] = 0u;
-      if (w0 + g < p.m && f < p.d) load_row<T, V>(xh + (w0 + g) * p.d, f, p.d, p.vec, xr[G]);
-      if constexpr (kTf32) {
-#pragma unroll
-        for (int i = 0; i < NW; ++i) xr[G][i] = to_tf32(__uint_as_float(xr[G][i]));
-      }
-    }
-    // Entries of window rows 2t and 2t+1: [r0, r2), row 2t + (k >= r1).
-    const int r0 = __ldg(rv.row_ptr + min(w0 + 2 * t, p.m));
-    const int r1 = __ldg(rv.row_ptr + min(w0 + 2 * t + 1, p.m));
-    const int r2 = __ldg(rv.row_ptr + min(w0 + 2 * t + 2, p.m));
-    for (int b = it.y; b < it.z; b += 16) {
-      int2 e[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int k = b + g + 8 * i;
-        e[i] = k < it.z ? __ldg(rv.entries + k) : make_int2(-1, -1);
-      }
-      float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int G = 0; G < NG; ++G) {
-        const int64_t f = int64_t(G) * 4 * V + t * V;
-        uint32_t yw[2][NW];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          if (e[i].x >= 0 && f < p.d) {
-            load_row<T, V>(static_cast<const T*>(row_address(yh, e[i].x, row_bytes)), f, p.d,
-                           p.vec, yw[i]);
-          } else {
-#pragma unroll
-            for (int w = 0; w < NW; ++w) yw[i][w] = 0u;
-          }
-        }
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          uint32_t a[4] = {yw[0][2 * hh], yw[1][2 * hh], yw[0][2 * hh + 1], yw[1][2 * hh + 1]};
-          const uint32_t bf[2] = {xr[G][2 * hh], xr[G][2 * hh + 1]};
-          if constexpr (kTf32) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) a[i] = to_tf32(__uint_as_float(a[i]));
-            mma_1688_tf32(c, a, bf);
-          } else {
-            mma_16816(c, a, bf, T{});
-          }
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int k = b + g + 8 * i;
-        if (k < it.z && k >= r0 && k < r2) oh[e[i].y] = from_f32<O>(k >= r1 ? c[2 * i + 1] : c[2 * i]);
-      }
-    }
-  }
-}
-
-template <class T, class O, int NG>
-void launch_windows_g(const SddmmParams& p, const RowView& rv, cudaStream_t stream) {
-  int64_t grid = (rv.num_window_items + kWindowThreads / 32 - 1) / (kWindowThreads / 32);
-  const int ctas = resident_ctas<sddmm_windows<T, O, NG>>(kWindowThreads);
-  if (ctas > 0) grid = std::min<int64_t>(grid, ctas);
-  sddmm_windows<T, O, NG><<<dim3(unsigned(grid), unsigned(p.heads)), kWindowThreads, 0, stream>>>(p, rv);
-}
-
-// The window kernel holds X rows of up to 8 groups of 4V features: d * sizeof(T) <= 512 bytes.
-constexpr int64_t kWindowMaxRowBytes = 512;
-
-template <class T, class O>
-void launch_windows(const SddmmParams& p, const RowView& rv, cudaStream_t stream) {
-  const int64_t groups = (p.d + 4 * kRowVec<T> - 1) / (4 * kRowVec<T>);
-  if (groups <= 1) launch_windows_g<T, O, 1>(p, rv, stream);
-  else if (groups <= 2) launch_windows_g<T, O, 2>(p, rv, stream);
-  else if (groups <= 4) launch_windows_g<T, O, 4>(p, rv, stream);
-  else launch_windows_g<T, O, 8>(p, rv, stream);
-}
-
-// Kernel family: where blocks are sparse (sparse_blocks) the window kernel within its width
-// (else the row kernels within theirs), exact fp32 on the row kernels, the bitmap-block kernels
-// otherwise. JAXSPARSE_TC_SDDMM_VARIANT (read per launch; tests, benchmarks): unset or auto, this
-// choice; windows forces the window kernel, cuda_core the row kernels (each an error past its
-// width; exact fp32 stays on CUDA cores), tc the bitmap-block kernels.
+// Kernel family: the row kernels where blocks are sparse (sparse_blocks) or for exact fp32,
+// within their width limit; the tensor-core kernel otherwise. JAXSPARSE_TC_SDDMM_VARIANT (read
+// per launch; tests, benchmarks): unset or auto, this choice; cuda_core forces the row kernels
+// (an error past their width), tc the window kernels.
 
 ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I32 wcp, I32 wc,
                       I32 wbp, U32 bitmap, I32 bvp, I32 schedule, I32 row_entries,
-                      I32 row_schedule, I32 row_ptr, I32 window_items,
-                      ffi::Result<ffi::AnyBuffer> out, int32_t precision) {
+                      I32 row_schedule, ffi::Result<ffi::AnyBuffer> out, int32_t precision) {
   const auto xd = x.dimensions(), yd = y.dimensions(), od = out->dimensions();
   if (xd.size() != 3 || yd.size() != 3 || od.size() != 2)
     return ffi::Error::InvalidArgument("sddmm: expected x [Hx,m,d], y [Hy,n,d], out [H,nnz]");
@@ -439,37 +328,23 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
     return ffi::Error::Success();
   }
   if (heads > 65535) return ffi::Error::InvalidArgument("sddmm: at most 65535 heads");
-  const RowView rv = row_view(row_entries, row_schedule, row_ptr, window_items);
+  const RowView rv = row_view(row_entries, row_schedule);
   const int64_t esize = dtype == ffi::DataType::F32 ? 4 : 2;
   const bool exact = dtype == ffi::DataType::F32 && precision == 1;
   const char* venv = std::getenv("JAXSPARSE_TC_SDDMM_VARIANT");
   const std::string variant = venv ? venv : "";
-  const bool automatic = variant.empty() || variant == "auto";
-  if (!automatic && variant != "windows" && variant != "cuda_core" && variant != "tc")
+  if (!variant.empty() && variant != "auto" && variant != "cuda_core" && variant != "tc")
     return ffi::Error::InvalidArgument("sddmm: JAXSPARSE_TC_SDDMM_VARIANT must be unset, auto, "
-                                       "windows, cuda_core or tc; got " + variant);
+                                       "cuda_core or tc; got " + variant);
   const bool rows_fit = p.d * esize <= 1024;
-  const bool windows_fit = p.d * esize <= kWindowMaxRowBytes;
   const int64_t num_blocks = int64_t(bitmap.element_count()) / 2;
   const bool sparse = sparse_blocks(p.nnz, num_blocks);
   if (variant == "cuda_core" && !rows_fit)
     return ffi::Error::InvalidArgument(
         "sddmm: d * itemsize is past the row kernels' width (1024 bytes)");
-  if (variant == "windows" && !exact && !windows_fit)
-    return ffi::Error::InvalidArgument(
-        "sddmm: d * itemsize is past the window kernel's width (512 bytes)");
-  p.vec = (p.d * esize) % 16 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
-          reinterpret_cast<uintptr_t>(p.y) % 16 == 0;
-  if (!exact && windows_fit && (variant == "windows" || (automatic && sparse))) {
-    if (dtype == ffi::DataType::F32) launch_windows<float, float>(p, rv, stream);
-    else if (dtype == ffi::DataType::F16 && f32_out) launch_windows<__half, float>(p, rv, stream);
-    else if (dtype == ffi::DataType::F16) launch_windows<__half, __half>(p, rv, stream);
-    else if (f32_out) launch_windows<__nv_bfloat16, float>(p, rv, stream);
-    else launch_windows<__nv_bfloat16, __nv_bfloat16>(p, rv, stream);
-    return launch_status("sddmm");
-  }
-  if (rows_fit && (variant == "cuda_core" || variant == "windows" ||
-                   (automatic && (exact || sparse)))) {
+  if (rows_fit && (variant == "cuda_core" || (variant != "tc" && (exact || sparse)))) {
+    p.vec = (p.d * esize) % 16 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
+            reinterpret_cast<uintptr_t>(p.y) % 16 == 0;
     if (dtype == ffi::DataType::F32) launch_rows<float, float>(p, rv, stream);
     else if (dtype == ffi::DataType::F16 && f32_out) launch_rows<__half, float>(p, rv, stream);
     else if (dtype == ffi::DataType::F16) launch_rows<__half, __half>(p, rv, stream);
@@ -503,7 +378,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SddmmCuda, sddmm_cuda,
                                   .Arg<ffi::AnyBuffer>()  // x [Hx, m, d]
                                   .Arg<ffi::AnyBuffer>()  // y [Hy, n, d]
                                   JAXSPARSE_TC_PATTERN_ARGS
-                                  JAXSPARSE_TC_ROW_VIEW_ARGS
+                                  .Arg<I32>()  // row_entries [nnz, 2]
+                                  .Arg<I32>()  // row_schedule [R, 4]
                                   .Ret<ffi::AnyBuffer>()  // out [H, nnz]
                                   .Attr<int32_t>("precision"));
 

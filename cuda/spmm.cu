@@ -915,197 +915,6 @@ __global__ void __launch_bounds__(kRowThreads, UNROLL <= 4 ? 4 : 1)
   }
 }
 
-// ---- Tensor-core SpMM on the row view's windows (the default for sparse blocks) -------------
-// Swap-and-transpose as FlashSparse (C^T = X^T A^T, the 8-row window is the MMA's n=8 operand),
-// but the MMA's k runs over the window's nonzeros in CSR order, not over its condensed columns:
-// each k is one gathered X row, and B holds its value in the column of its row (zero in the
-// other 7). Where condensed columns hold ~1 nonzero per window (Cora, R-MAT) that gathers the
-// same rows as the bitmap blocks with no bitmap decode and no shared memory, and the tensor
-// cores do the conversions and multiply-adds that cost the CUDA-core row kernels ~39
-// instructions per nonzero (NOTES, session 6). Each thread gathers exactly the 16 bytes of X it
-// feeds the MMA: with the feature remapping of the other tensor-core kernels (MMA row g of tile
-// j is feature V*g + 2j of the segment, row g+8 feature V*g + 2j + 1), thread (g, t) needs
-// features V*g .. V*g+V-1 of the rows at its k slots, one 16-byte load each, and its C fragment
-// holds those same features of window rows 2t and 2t+1 (16-byte stores).
-// A step takes 16 entries. k slots of thread (g, t): 16-bit m16n8k16 {2t, 2t+1, 2t+8, 2t+9};
-// tf32 m16n8k8, two MMAs: {t, t+4} then {t+8, t+12}.
-
-struct WindowSplit {
-  float* ws;   // [slots, heads, 8, d] fp32 partial sums of split windows
-  int* done;   // [slots, heads, nslab] entries added so far
-};
-
-template <class T>
-__device__ __forceinline__ int window_kslot(int t, int q) {
-  return sizeof(T) == 2 ? 2 * t + (q & 1) + 8 * (q >> 1) : t + 4 * q;
-}
-
-// S segments of 8 * V features (V = 16 bytes of T) per slab.
-template <class T, int S>
-__global__ void __launch_bounds__(kWindowThreads, 4)
-    spmm_windows(const SpmmParams p, const RowView rv, const WindowSplit sp) {
-  constexpr int V = 16 / int(sizeof(T)), NT = V / 2, F = S * 8 * V;
-  constexpr int NW = Words<T, V>::N;  // 4
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int slab = blockIdx.y, h = blockIdx.z;
-  const T* xh = static_cast<const T*>(p.x) + h * p.x_head_stride;
-  const T* vh = static_cast<const T*>(p.values) + h * p.v_head_stride;
-  T* oh = static_cast<T*>(p.out) + int64_t(h) * p.m * p.d;
-  const int row_bytes = int(p.d * int64_t(sizeof(T)));
-  int64_t f[S];
-#pragma unroll
-  for (int s = 0; s < S; ++s) f[s] = int64_t(slab) * F + s * 8 * V + g * V;
-  int ks[4];
-#pragma unroll
-  for (int q = 0; q < 4; ++q) ks[q] = window_kslot<T>(t, q);
-
-  const int64_t warps = int64_t(gridDim.x) * (kWindowThreads / 32);
-  for (int64_t item = int64_t(blockIdx.x) * (kWindowThreads / 32) + threadIdx.x / 32;
-       item < rv.num_window_items; item += warps) {
-    const int4 it = __ldg(rv.windows + item);
-    const int64_t row = int64_t(it.x) * kWindowRows + g;
-    int lo = it.y, hi = it.y;  // row g's entries inside the item
-    if (row < p.m) {
-      lo = max(__ldg(rv.row_ptr + row), it.y);
-      hi = min(__ldg(rv.row_ptr + row + 1), it.z);
-    }
-    float acc[S][NT][4];
-#pragma unroll
-    for (int s = 0; s < S; ++s)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[s][j][c] = 0.f;
-
-    for (int b = it.y; b < it.z; b += 16) {
-      int col[4];
-      uint32_t v[4];  // raw value bits where the entry is in row g, else 0
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int k = b + ks[q];
-        col[q] = -1;
-        v[q] = 0u;
-        if (k < it.z) {
-          const int2 e = __ldg(rv.entries + k);
-          col[q] = e.x;
-          if (k >= lo && k < hi) v[q] = load_raw<T>(vh + e.y);
-        }
-      }
-      uint32_t xw[4][S][NW];
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-#pragma unroll
-        for (int s = 0; s < S; ++s) {
-          if (col[q] >= 0 && f[s] < p.d) {
-            load_row<T, V>(static_cast<const T*>(row_address(xh, col[q], row_bytes)), f[s], p.d,
-                           p.vec, xw[q][s]);
-          } else {
-#pragma unroll
-            for (int i = 0; i < NW; ++i) xw[q][s][i] = 0u;
-          }
-        }
-      if constexpr (sizeof(T) == 2) {
-        const uint32_t bf[2] = {v[0] | (v[1] << 16), v[2] | (v[3] << 16)};
-#pragma unroll
-        for (int s = 0; s < S; ++s)
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            const uint32_t a[4] = {pack_lo(xw[0][s][j], xw[1][s][j]), pack_hi(xw[0][s][j], xw[1][s][j]),
-                                   pack_lo(xw[2][s][j], xw[3][s][j]), pack_hi(xw[2][s][j], xw[3][s][j])};
-            mma_16816(acc[s][j], a, bf, T{});
-          }
-      } else {
-        const uint32_t b0[2] = {to_tf32(__uint_as_float(v[0])), to_tf32(__uint_as_float(v[1]))};
-        const uint32_t b1[2] = {to_tf32(__uint_as_float(v[2])), to_tf32(__uint_as_float(v[3]))};
-#pragma unroll
-        for (int s = 0; s < S; ++s)
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            const uint32_t a0[4] = {to_tf32(__uint_as_float(xw[0][s][2 * j])),
-                                    to_tf32(__uint_as_float(xw[0][s][2 * j + 1])),
-                                    to_tf32(__uint_as_float(xw[1][s][2 * j])),
-                                    to_tf32(__uint_as_float(xw[1][s][2 * j + 1]))};
-            mma_1688_tf32(acc[s][j], a0, b0);
-            const uint32_t a1[4] = {to_tf32(__uint_as_float(xw[2][s][2 * j])),
-                                    to_tf32(__uint_as_float(xw[2][s][2 * j + 1])),
-                                    to_tf32(__uint_as_float(xw[3][s][2 * j])),
-                                    to_tf32(__uint_as_float(xw[3][s][2 * j + 1]))};
-            mma_1688_tf32(acc[s][j], a1, b1);
-          }
-      }
-    }
-
-    // C fragment -> window rows 2t, 2t+1: features V*g + 2j (c0, c1) and + 2j + 1 (c2, c3).
-    float o[2][S][V];
-#pragma unroll
-    for (int s = 0; s < S; ++s)
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        o[0][s][2 * j] = acc[s][j][0];
-        o[0][s][2 * j + 1] = acc[s][j][2];
-        o[1][s][2 * j] = acc[s][j][1];
-        o[1][s][2 * j + 1] = acc[s][j][3];
-      }
-    const int64_t row0 = int64_t(it.x) * kWindowRows + 2 * t;
-    if (it.w < 0) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int s = 0; s < S; ++s)
-          if (row0 + r < p.m && f[s] < p.d) store_row<T, V>(oh + (row0 + r) * p.d, f[s], p.d, p.vec, o[r][s]);
-      continue;
-    }
-    // A split window: add into its slot; the item that completes the window's entry count
-    // writes the rows (the fences order the sums before the count, the reads after it).
-    float* ws = sp.ws + (int64_t(it.w) * p.heads + h) * kWindowRows * p.d;
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-      for (int s = 0; s < S; ++s)
-#pragma unroll
-        for (int e = 0; e < V; ++e)
-          if (f[s] + e < p.d) atomicAdd(ws + (2 * t + r) * p.d + f[s] + e, o[r][s][e]);
-    __threadfence();
-    __syncwarp();
-    int old = 0;
-    if (lane == 0)
-      old = atomicAdd(sp.done + (int64_t(it.w) * p.heads + h) * p.nslab + slab, it.z - it.y);
-    old = __shfl_sync(0xffffffffu, old, 0);
-    const int64_t wend = min(int64_t(it.x + 1) * kWindowRows, p.m);
-    const int total = __ldg(rv.row_ptr + wend) - __ldg(rv.row_ptr + int64_t(it.x) * kWindowRows);
-    if (old + (it.z - it.y) != total) continue;
-    __threadfence();
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-      for (int s = 0; s < S; ++s) {
-        float sum[V];
-#pragma unroll
-        for (int e = 0; e < V; ++e)
-          sum[e] = f[s] + e < p.d ? __ldcg(ws + (2 * t + r) * p.d + f[s] + e) : 0.f;
-        if (row0 + r < p.m && f[s] < p.d) store_row<T, V>(oh + (row0 + r) * p.d, f[s], p.d, p.vec, sum);
-      }
-  }
-}
-
-// Segments per slab: 16-bit 64 features each, up to 2 (128 features); fp32 32 each, up to 2.
-template <class T, int S>
-void launch_windows_s(const SpmmParams& p, const RowView& rv, const WindowSplit& sp,
-                      cudaStream_t stream) {
-  int64_t grid = (rv.num_window_items + kWindowThreads / 32 - 1) / (kWindowThreads / 32);
-  const int ctas = resident_ctas<spmm_windows<T, S>>(kWindowThreads);
-  if (ctas > 0) grid = std::min<int64_t>(grid, ctas);
-  spmm_windows<T, S><<<dim3(unsigned(grid), unsigned(p.nslab), unsigned(p.heads)),
-                       kWindowThreads, 0, stream>>>(p, rv, sp);
-}
-
-template <class T>
-void launch_windows(const SpmmParams& p, const RowView& rv, const WindowSplit& sp, int segs,
-                    cudaStream_t stream) {
-  if (segs == 1) launch_windows_s<T, 1>(p, rv, sp, stream);
-  else launch_windows_s<T, 2>(p, rv, sp, stream);
-}
-
 template <class T, int MT>
 void launch_tc(const SpmmParams& p, dim3 grid, cudaStream_t stream) {
   spmm_tc<T, MT, sizeof(T) == 2 ? 4 : 1><<<grid, kWarps * 32, 0, stream>>>(p);
@@ -1136,6 +945,14 @@ AsyncConfig async_config(int64_t d) {
   if (env_int("JAXSPARSE_TC_SPMM_SLAB", 128) == 64 && slab > 64) slab = 64;
   return {slab, env_int("JAXSPARSE_TC_SPMM_L1", 1) != 0,
           env_int("JAXSPARSE_TC_SPMM_PERSIST", 1) != 0};
+}
+
+// Per-device facts, cached: kernel attributes and device properties belong to each device's
+// context, so a process driving several GPUs asks (and sets) them once per device.
+constexpr int kMaxDevices = 64;
+int current_device() {
+  int dev = -1;
+  return cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < kMaxDevices ? dev : -1;
 }
 
 // The pipelined kernel is built and tuned for sm_90+.
@@ -1205,7 +1022,19 @@ void launch_rows_l(const SpmmParams& p, const RowView& rv, const RowSplit& rs,
   auto kernel = spmm_rows<T, L, U>;
   constexpr int64_t groups_per_cta = kRowThreads / L;
   int64_t grid = (rv.num_items + groups_per_cta - 1) / groups_per_cta;
-  const int ctas = resident_ctas<spmm_rows<T, L, U>>(kRowThreads);
+  static std::atomic<int> resident[kMaxDevices] = {};
+  const int dev = current_device();
+  int ctas = dev >= 0 ? resident[dev].load(std::memory_order_relaxed) : 0;
+  if (ctas == 0 && dev >= 0) {
+    int per_sm = 0, sms = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kRowThreads, 0) ==
+            cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+        per_sm > 0) {
+      ctas = per_sm * sms;
+      resident[dev].store(ctas, std::memory_order_relaxed);
+    }
+  }
   if (ctas > 0 && env_int("JAXSPARSE_TC_ROWS_PERSIST", 1) != 0) grid = std::min<int64_t>(grid, ctas);
   kernel<<<dim3(unsigned(grid), unsigned(p.nslab), unsigned(p.heads)), kRowThreads, 0, stream>>>(
       p, rv, rs);
@@ -1231,17 +1060,20 @@ void launch_rows(const SpmmParams& p, const RowView& rv, const RowSplit& rs, int
   else launch_rows_u<T, 4>(p, rv, rs, lanes, stream);
 }
 
-// Kernel family for a launch. Where blocks are sparse (sparse_blocks) the window kernel gathers
-// one X row per nonzero, as many as the bitmap-block kernels (one per condensed column, ~1 nonzero
-// each), but pays nothing for the blocks' empty entries; exact fp32 runs on the CUDA-core row
-// kernels. Workspace caps: past them the window kernel yields to the row kernels and those
-// report an error.
-constexpr int64_t kRowWorkspaceBytes = 256 << 20;  // cap on a split-row or split-window workspace
+// Kernel family for a launch. The CUDA-core row kernels gather the same dense rows as the
+// tensor-core ones (one per condensed column) but pay only for the nonzeros, with many more
+// warps per SM; the tensor-core kernels pay for all 64 entries of a block. So the row kernels
+// serve where blocks are sparse (sparse_blocks), and exact fp32 (CUDA-core FMAs either way).
+constexpr int64_t kRowWorkspaceBytes = 256 << 20;  // row kernels: cap on the slotted rows' workspace
+
+bool prefer_rows(bool exact_f32, int64_t nnz, int64_t num_blocks) {
+  return exact_f32 || sparse_blocks(nnz, num_blocks);
+}
 
 ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer values,
                      ffi::AnyBuffer x, I32 wcp, I32 wc, I32 wbp, U32 bitmap, I32 bvp,
-                     I32 schedule, I32 row_entries, I32 row_schedule, I32 row_ptr,
-                     I32 window_items, ffi::Result<ffi::AnyBuffer> out, int32_t precision) {
+                     I32 schedule, I32 row_entries, I32 row_schedule,
+                     ffi::Result<ffi::AnyBuffer> out, int32_t precision) {
   const auto vd = values.dimensions(), xd = x.dimensions(), od = out->dimensions();
   if (vd.size() != 2 || xd.size() != 3 || od.size() != 3)
     return ffi::Error::InvalidArgument("spmm: expected values [Hv,nnz], x [Hx,n,d], out [H,m,d]");
@@ -1255,7 +1087,7 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
   p.x = x.untyped_data();
   p.out = out->untyped_data();
   static_cast<KernelPattern&>(p) = kernel_pattern(wcp, wc, wbp, bitmap, bvp, schedule);
-  const RowView rv = row_view(row_entries, row_schedule, row_ptr, window_items);
+  const RowView rv = row_view(row_entries, row_schedule);
   p.nnz = vd[1];
   p.n = xd[1];
   p.d = xd[2];
@@ -1273,48 +1105,16 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
   const bool aligned16 = (p.d * esize) % 16 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
                          reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
   // Kernel family (JAXSPARSE_TC_SPMM_VARIANT, read per launch; for tests and benchmarks): unset
-  // or auto, by block fill and precision (above); windows forces the window kernel (exact fp32:
-  // the row kernels); cuda_core forces the row kernels; async forces the pipelined bitmap-block
-  // kernel (where it applies; exact fp32: spmm_f32_exact); tc forces the register-gather
-  // bitmap-block kernel (spmm_tc; exact fp32: spmm_f32_exact).
+  // or auto, prefer_rows picks; cuda_core forces the row kernels; async forces the pipelined
+  // tensor-core kernel (where it applies; exact fp32: spmm_f32_exact); tc forces the
+  // register-gather tensor-core kernel (spmm_tc; exact fp32: spmm_f32_exact).
   const char* venv = std::getenv("JAXSPARSE_TC_SPMM_VARIANT");
   const std::string variant = venv ? venv : "";
-  const bool automatic = variant.empty() || variant == "auto";
-  if (!automatic && variant != "windows" && variant != "tc" && variant != "async" &&
-      variant != "cuda_core")
+  if (!variant.empty() && variant != "tc" && variant != "async" && variant != "cuda_core" &&
+      variant != "auto")
     return ffi::Error::InvalidArgument("spmm: JAXSPARSE_TC_SPMM_VARIANT must be unset, auto, "
-                                       "windows, cuda_core, async or tc; got " + variant);
+                                       "cuda_core, async or tc; got " + variant);
   const int64_t num_blocks = int64_t(bitmap.element_count()) / 2;
-  const bool sparse = sparse_blocks(p.nnz, num_blocks);
-  const bool width_ok = p.d * int64_t(esize) <= INT32_MAX;
-
-  // Window kernel: segments per slab, slabs, and the workspace of split windows (slots <= window
-  // items - windows: every split window adds at least one item).
-  const int segs = p.d <= 8 * 16 / int64_t(esize) ? 1 : 2;
-  const int64_t win_slab = int64_t(segs) * 8 * (16 / int64_t(esize));
-  const int win_nslab = int((p.d + win_slab - 1) / win_slab);
-  const int64_t win_slots = std::max<int64_t>(rv.num_window_items - num_windows, 0);
-  const size_t win_ws_bytes = size_t(win_slots * heads * kWindowRows * p.d) * 4;
-  const size_t win_done_bytes = size_t(win_slots * heads * win_nslab) * 4;
-  const bool windows_fit = win_ws_bytes + win_done_bytes <= size_t(kRowWorkspaceBytes) && width_ok;
-  if (!exact && windows_fit && (variant == "windows" || (automatic && sparse))) {
-    p.nslab = win_nslab;
-    p.vec = aligned16;
-    WindowSplit sp{};
-    if (win_slots > 0) {
-      auto mem = scratch.Allocate(win_ws_bytes + win_done_bytes, 16);
-      if (!mem)
-        return ffi::Error(ffi::ErrorCode::kResourceExhausted, "spmm: workspace allocation failed");
-      sp.ws = static_cast<float*>(*mem);
-      sp.done = reinterpret_cast<int*>(static_cast<char*>(*mem) + win_ws_bytes);
-      if (cudaMemsetAsync(*mem, 0, win_ws_bytes + win_done_bytes, stream) != cudaSuccess)
-        return ffi::Error::Internal("spmm: workspace memset failed");
-    }
-    if (dtype == ffi::DataType::F32) launch_windows<float>(p, rv, sp, segs, stream);
-    else if (dtype == ffi::DataType::F16) launch_windows<__half>(p, rv, sp, segs, stream);
-    else launch_windows<__nv_bfloat16>(p, rv, sp, segs, stream);
-    return launch_status("spmm");
-  }
 
   // Row kernels: lanes per group, slabs, and the workspace of rows cut into several CTA items
   // (slots <= items - rows: every such row adds at least one item; none: no workspace, one launch).
@@ -1324,12 +1124,14 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
   const int64_t row_slots = std::max<int64_t>(rv.num_items - p.m, 0);
   const size_t row_ws_bytes = size_t(row_slots * heads * p.d) * 4;
   const size_t row_count_bytes = size_t(row_slots * heads * row_nslab) * 4;
-  const bool rows_fit = row_ws_bytes + row_count_bytes <= size_t(kRowWorkspaceBytes) && width_ok;
-  const bool use_rows = rows_fit && (variant == "cuda_core" || variant == "windows" ||
-                                     (automatic && (exact || sparse)));
-  if ((variant == "cuda_core" || variant == "windows") && !rows_fit)
+  const bool rows_fit = row_ws_bytes + row_count_bytes <= size_t(kRowWorkspaceBytes) &&
+                        p.d * int64_t(esize) <= INT32_MAX;
+  const bool use_rows =
+      rows_fit && (variant == "cuda_core" ||
+                   ((variant.empty() || variant == "auto") && prefer_rows(exact, p.nnz, num_blocks)));
+  if (variant == "cuda_core" && !rows_fit)
     return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                      "spmm: the workspace for very long rows would exceed its cap");
+                      "spmm: the row kernels' workspace for very long rows would exceed its cap");
   if (use_rows) {
     p.nslab = row_nslab;
     p.vec = aligned16;
@@ -1408,7 +1210,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpmmCuda, spmm_cuda,
                                   .Arg<ffi::AnyBuffer>()  // values [Hv, nnz]
                                   .Arg<ffi::AnyBuffer>()  // x [Hx, n, d]
                                   JAXSPARSE_TC_PATTERN_ARGS
-                                  JAXSPARSE_TC_ROW_VIEW_ARGS
+                                  .Arg<I32>()  // row_entries [nnz, 2]
+                                  .Arg<I32>()  // row_schedule [R, 4]
                                   .Ret<ffi::AnyBuffer>()  // out [H, m, d]
                                   .Attr<int32_t>("precision"));
 

@@ -283,7 +283,7 @@ def test_repeatable(rng):
 
 
 @pytest.mark.parametrize("env", [{"JAXSPARSE_TC_SPMM_VARIANT": v}
-                                 for v in ("windows", "tc", "async", "cuda_core", "auto")]
+                                 for v in ("tc", "async", "cuda_core", "auto")]
                          + [{"JAXSPARSE_TC_SPMM_VARIANT": "async", k: v}
                             for k, v in (("JAXSPARSE_TC_SPMM_PERSIST", "0"),
                                          ("JAXSPARSE_TC_SPMM_SLAB", "64"),
@@ -314,48 +314,6 @@ def test_spmm_unknown_variant_is_an_error(rng, monkeypatch):
   x = jnp.asarray(rng.standard_normal((A.shape[1], 32)), jnp.float16)
   with pytest.raises(Exception, match="JAXSPARSE_TC_SPMM_VARIANT"):
     jax.block_until_ready(jax.jit(jst.spmm)(_on(_gpu(), A), _on(_gpu(), x)))
-
-
-@pytest.mark.parametrize("d", DS)
-@pytest.mark.parametrize("dt", ["f32", "f16", "bf16"])
-@pytest.mark.parametrize("kind", ["random", "heavy", "cora"])
-def test_windows_kernels(rng, monkeypatch, kind, dt, d):
-  """The window kernels forced (the default for sparse blocks): SpMM and SDDMM, every 16-bit
-  type and tf32, every d (one or two segments, several slabs, scalar tails), heads x heads and
-  broadcast, split windows (heavy), empty rows written as zeros."""
-  monkeypatch.setenv("JAXSPARSE_TC_SPMM_VARIANT", "windows")
-  monkeypatch.setenv("JAXSPARSE_TC_SDDMM_VARIANT", "windows")
-  dtype, _, tol = DTYPES[dt]
-  A, empty = _matrix(rng, kind, heads=2)
-  m, n = A.shape
-  gpu = _gpu()
-  Ag = _on(gpu, A)
-  spmm = jax.jit(lambda A, x: jst.spmm(A, x))
-  for A_, x_, ref in _head_cases(rng, Ag, _dense64(A, dtype), n, d, dtype):
-    out = spmm(A_, _on(gpu, x_))
-    assert rel_err(out, ref) < tol, f"spmm {kind} {dt} d={d}: {rel_err(out, ref):.3g}"
-    np.testing.assert_array_equal(np.asarray(out, np.float64)[:, empty], 0.0)
-  x = jnp.asarray(rng.standard_normal((2, m, d)), dtype)
-  y = jnp.asarray(rng.standard_normal((n, d)), dtype)
-  out = jax.jit(lambda A, x, y: jst.sddmm(A, x, y).values)(*_on(gpu, (A, x, y)))
-  r, c = np.asarray(A.rows), np.asarray(A.cols)
-  ref = np.einsum("hkd,kd->hk", np.asarray(x, np.float64)[:, r], np.asarray(y, np.float64)[c])
-  assert rel_err(out, ref) < tol, f"sddmm {kind} {dt} d={d}: {rel_err(out, ref):.3g}"
-
-
-def test_sddmm_windows_too_wide_is_an_error(rng, monkeypatch):
-  """Forcing the SDDMM window kernel past its width fails loudly; unforced, the launch falls
-  back to another kernel."""
-  A, _ = _matrix(rng, "random")
-  x = jnp.asarray(rng.standard_normal((A.shape[0], 300)), jnp.float16)
-  y = jnp.asarray(rng.standard_normal((A.shape[1], 300)), jnp.float16)
-  f = jax.jit(lambda A, x, y: jst.sddmm(A, x, y).values)
-  ref = np.einsum("kd,kd->k", np.asarray(x, np.float64)[np.asarray(A.rows)],
-                  np.asarray(y, np.float64)[np.asarray(A.cols)])
-  assert rel_err(f(*_on(_gpu(), (A, x, y))), ref) < 1e-2
-  monkeypatch.setenv("JAXSPARSE_TC_SDDMM_VARIANT", "windows")
-  with pytest.raises(Exception, match="width"):
-    jax.block_until_ready(f(*_on(_gpu(), (A, x, y))))
 
 
 CUDA_CORE = {"JAXSPARSE_TC_SPMM_VARIANT": "cuda_core"}
@@ -462,7 +420,7 @@ def test_sddmm_cuda_core_too_wide_is_an_error(rng, monkeypatch):
         *_on(_gpu(), (A, x, y))))
 
 
-@pytest.mark.parametrize("variant", ["windows", "tc", "cuda_core"])
+@pytest.mark.parametrize("variant", ["tc", "cuda_core"])
 @pytest.mark.parametrize("dt", ["f32", "f16"])
 def test_sddmm_variants_agree(rng, monkeypatch, variant, dt):
   """Both SDDMM kernel families compute the same function (the default picks one of them)."""

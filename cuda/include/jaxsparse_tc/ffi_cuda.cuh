@@ -5,7 +5,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <string>
 
 #include "cpu/ffi_common.h"
@@ -49,33 +48,6 @@ inline KernelPattern kernel_pattern(I32 wcp, I32 wc, I32 wbp, U32 bitmap, I32 bv
   const PatternView v = make_view(wcp, wc, wbp, bitmap, bvp, schedule);
   return {v.window_col_ptr, v.window_cols, v.window_block_ptr, v.block_bitmap,
           v.block_value_ptr, reinterpret_cast<const int4*>(v.schedule), v.num_items};
-}
-
-// Per-device facts are cached per device: kernel attributes and device properties belong to
-// each device's context, so a process driving several GPUs asks once per device.
-constexpr int kMaxDevices = 64;
-inline int current_device() {
-  int dev = -1;
-  return cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < kMaxDevices ? dev : -1;
-}
-
-// CTAs of `Kernel` (with `threads` threads and no dynamic shared memory) the current device holds
-// at once, asked once per device; 0 where unknown. Persistent kernels launch that many.
-template <auto Kernel>
-int resident_ctas(int threads) {
-  static std::atomic<int> cached[kMaxDevices] = {};
-  const int dev = current_device();
-  if (dev < 0) return 0;
-  int ctas = cached[dev].load(std::memory_order_relaxed);
-  if (ctas == 0) {
-    int per_sm = 0, sms = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, threads, 0) == cudaSuccess &&
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess) {
-      ctas = per_sm * sms;
-      cached[dev].store(ctas, std::memory_order_relaxed);
-    }
-  }
-  return ctas;
 }
 
 }  // namespace jaxsparse_tc
