@@ -259,8 +259,8 @@ __global__ void __launch_bounds__(kRowThreads, NS == 1 ? 4 : 3)
   for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
     const int4 it = rv.sched[c];
     if (it.w == kWholeRow) break;
-    const int per = max((it.z - it.y + NG - 1) / NG, kMinShare);
-    const int b = min(it.z, it.y + g * per), e = min(it.z, b + per);
+    const int2 share = cta_share(it.y, it.z, NG, g, kMinShare);
+    const int b = share.x, e = share.y;
     if (b < e) row_dots<T, O, L, NS, (U > 1 ? U / 2 : 1)>(p, rv, h, it.x, b, e, gmask, li);
   }
   const int64_t item = int64_t(blockIdx.x) * NG + g;
@@ -331,11 +331,10 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
   const RowView rv = row_view(row_entries, row_schedule);
   const int64_t esize = dtype == ffi::DataType::F32 ? 4 : 2;
   const bool exact = dtype == ffi::DataType::F32 && precision == 1;
-  const char* venv = std::getenv("JAXSPARSE_TC_SDDMM_VARIANT");
-  const std::string variant = venv ? venv : "";
-  if (!variant.empty() && variant != "auto" && variant != "cuda_core" && variant != "tc")
-    return ffi::Error::InvalidArgument("sddmm: JAXSPARSE_TC_SDDMM_VARIANT must be unset, auto, "
-                                       "cuda_core or tc; got " + variant);
+  std::string variant;
+  if (auto err = kernel_variant("sddmm", "JAXSPARSE_TC_SDDMM_VARIANT", {"cuda_core", "tc"}, variant);
+      err.failure())
+    return err;
   const bool rows_fit = p.d * esize <= 1024;
   const int64_t num_blocks = int64_t(bitmap.element_count()) / 2;
   const bool sparse = sparse_blocks(p.nnz, num_blocks);

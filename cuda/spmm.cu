@@ -843,8 +843,8 @@ __global__ void __launch_bounds__(kRowThreads, UNROLL <= 4 ? 4 : 1)
   for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
     const int4 it = rv.sched[c];
     if (it.w == kWholeRow) break;
-    const int per = (it.z - it.y + NG - 1) / NG;
-    const int b = min(it.z, it.y + g * per), e = min(it.z, b + per);
+    const int2 share = cta_share(it.y, it.z, NG, g, 1);
+    const int b = share.x, e = share.y;
     int col;
     uint32_t vraw;
     load_entry<T>(rv, vh, b, min(L, e - b), li, col, vraw);
@@ -947,14 +947,6 @@ AsyncConfig async_config(int64_t d) {
           env_int("JAXSPARSE_TC_SPMM_PERSIST", 1) != 0};
 }
 
-// Per-device facts, cached: kernel attributes and device properties belong to each device's
-// context, so a process driving several GPUs asks (and sets) them once per device.
-constexpr int kMaxDevices = 64;
-int current_device() {
-  int dev = -1;
-  return cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < kMaxDevices ? dev : -1;
-}
-
 // The pipelined kernel is built and tuned for sm_90+.
 bool device_is_sm90_or_later() {
   static std::atomic<int> major[kMaxDevices] = {};  // 0: not asked yet
@@ -975,26 +967,9 @@ template <class T, int SLAB, bool L1>
 void launch_async_shape(const SpmmParams& p, bool persist, cudaStream_t stream) {
   using Sh = AsyncShape<T, SLAB, kAsyncWarps>;
   auto kernel = spmm_async<T, SLAB, kAsyncWarps, L1>;
-  // CTAs the device holds at once (0: not asked yet). Asking raises the kernel's shared-memory
-  // limit first (over 48 KB needs an opt-in, per kernel and device); a failure there shows up
-  // as the launch's error.
-  static std::atomic<int> resident[kMaxDevices] = {};
-  const int dev = current_device();
-  int ctas = dev >= 0 ? resident[dev].load(std::memory_order_relaxed) : 0;
-  if (ctas == 0) {
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Sh::kCtaBytes);
-    int per_sm = 0, sms = 0;
-    if (dev >= 0 &&
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kAsyncWarps * 32,
-                                                      Sh::kCtaBytes) == cudaSuccess &&
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-        per_sm > 0) {
-      ctas = per_sm * sms;
-      resident[dev].store(ctas, std::memory_order_relaxed);
-    } else {
-      persist = false;
-    }
-  }
+  const int ctas = resident_ctas<spmm_async<T, SLAB, kAsyncWarps, L1>>(kAsyncWarps * 32,
+                                                                       Sh::kCtaBytes);
+  if (ctas == 0) persist = false;
   const int64_t units = int64_t(p.heads) * p.num_items * p.nslab;
   int64_t grid = (units + kAsyncWarps - 1) / kAsyncWarps;
   grid = std::min<int64_t>(grid, persist ? ctas : 0x7fffffff);
@@ -1022,19 +997,7 @@ void launch_rows_l(const SpmmParams& p, const RowView& rv, const RowSplit& rs,
   auto kernel = spmm_rows<T, L, U>;
   constexpr int64_t groups_per_cta = kRowThreads / L;
   int64_t grid = (rv.num_items + groups_per_cta - 1) / groups_per_cta;
-  static std::atomic<int> resident[kMaxDevices] = {};
-  const int dev = current_device();
-  int ctas = dev >= 0 ? resident[dev].load(std::memory_order_relaxed) : 0;
-  if (ctas == 0 && dev >= 0) {
-    int per_sm = 0, sms = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kRowThreads, 0) ==
-            cudaSuccess &&
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-        per_sm > 0) {
-      ctas = per_sm * sms;
-      resident[dev].store(ctas, std::memory_order_relaxed);
-    }
-  }
+  const int ctas = resident_ctas<spmm_rows<T, L, U>>(kRowThreads, 0);
   if (ctas > 0 && env_int("JAXSPARSE_TC_ROWS_PERSIST", 1) != 0) grid = std::min<int64_t>(grid, ctas);
   kernel<<<dim3(unsigned(grid), unsigned(p.nslab), unsigned(p.heads)), kRowThreads, 0, stream>>>(
       p, rv, rs);
@@ -1108,12 +1071,11 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
   // or auto, prefer_rows picks; cuda_core forces the row kernels; async forces the pipelined
   // tensor-core kernel (where it applies; exact fp32: spmm_f32_exact); tc forces the
   // register-gather tensor-core kernel (spmm_tc; exact fp32: spmm_f32_exact).
-  const char* venv = std::getenv("JAXSPARSE_TC_SPMM_VARIANT");
-  const std::string variant = venv ? venv : "";
-  if (!variant.empty() && variant != "tc" && variant != "async" && variant != "cuda_core" &&
-      variant != "auto")
-    return ffi::Error::InvalidArgument("spmm: JAXSPARSE_TC_SPMM_VARIANT must be unset, auto, "
-                                       "cuda_core, async or tc; got " + variant);
+  std::string variant;
+  if (auto err = kernel_variant("spmm", "JAXSPARSE_TC_SPMM_VARIANT", {"cuda_core", "async", "tc"},
+                                variant);
+      err.failure())
+    return err;
   const int64_t num_blocks = int64_t(bitmap.element_count()) / 2;
 
   // Row kernels: lanes per group, slabs, and the workspace of rows cut into several CTA items
@@ -1128,7 +1090,7 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
                         p.d * int64_t(esize) <= INT32_MAX;
   const bool use_rows =
       rows_fit && (variant == "cuda_core" ||
-                   ((variant.empty() || variant == "auto") && prefer_rows(exact, p.nnz, num_blocks)));
+                   (variant.empty() && prefer_rows(exact, p.nnz, num_blocks)));
   if (variant == "cuda_core" && !rows_fit)
     return ffi::Error(ffi::ErrorCode::kResourceExhausted,
                       "spmm: the row kernels' workspace for very long rows would exceed its cap");

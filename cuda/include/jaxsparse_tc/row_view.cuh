@@ -38,6 +38,16 @@ inline RowView row_view(I32 entries, I32 schedule) {
           int64_t(schedule.element_count()) / 4};
 }
 
+// Share g of `groups` equal shares (at least min_share entries each) of a CTA item's entries
+// [begin, end), as [x, y); empty for groups past the entries. Offsets are clamped to the item
+// before they are added, so no position passes `end`.
+__device__ __forceinline__ int2 cta_share(int begin, int end, int groups, int g, int min_share) {
+  const int len = end - begin;
+  const int per = max((len + groups - 1) / groups, min_share);
+  const int off = min(g * per, len);
+  return make_int2(begin + off, begin + min(per, len - off) + off);
+}
+
 // Where the row kernels are the default: blocks this sparse (fill = nnz / (64 blocks) <= 1/4;
 // Cora and R-MAT graphs ~1/8) leave the tensor cores little useful work (docs/NOTES.md).
 inline bool sparse_blocks(int64_t nnz, int64_t num_blocks) {
