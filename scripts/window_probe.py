@@ -5,7 +5,11 @@ MMA's k over a window's CSR-order entries, entries a chunk ahead one per lane, h
 shuffles) on rmat17-d16's CSR, in shapes that switch its parts on and off:
   MMA=1 the tensor-core sums (values, B fragments, PRMT, mma.sync); MMA=0 xor of the gathered rows;
   P   16-entry steps per chunk (gathers issued together: 8 x P 16-byte loads per lane);
-  MINB CTAs of 4 warps per SM the register budget aims at (8: 64 registers, 32 warps/SM).
+  MINB CTAs of 4 warps per SM the register budget aims at (8: 64 registers, 32 warps/SM);
+  POS=1 each value read at its position in the format's order, as the library's row view does
+       (POS=0: at its CSR index); both read (column, position) pairs, 8 bytes per entry (the
+       first table in NOTES, session 7, was taken with 4-byte columns: commit 89b4af3);
+  PING=1 each call reads the previous call's output as X (the chained benchmark's data flow).
 Windows longer than 512 entries are cut into items (their sums are not combined: a timing model).
 Prints us per call and the occupancy, with the device name; gather_probe.py gives the floor.
 
@@ -28,7 +32,7 @@ __device__ __forceinline__ unsigned word(const uint4& v, int j) {
 
 extern "C" __global__ void __launch_bounds__(128, MINB)
 win(const int4* __restrict__ items, long long nitems, const int* __restrict__ row_ptr,
-    const int* __restrict__ cols, const unsigned short* __restrict__ vals,
+    const int2* __restrict__ cols, const unsigned short* __restrict__ vals,
     const uint4* __restrict__ x, int row_vecs, int m, uint4* __restrict__ out) {
   const unsigned full = 0xffffffffu;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -40,7 +44,7 @@ win(const int4* __restrict__ items, long long nitems, const int* __restrict__ ro
   long long item = blockIdx.x * 4LL + (threadIdx.x >> 5);
   if (item >= nitems) return;
   int4 it = items[item];
-  int ce = it.y + lane < it.z && lane < 16 * P ? cols[it.y + lane] : -1;
+  int2 ce = it.y + lane < it.z && lane < 16 * P ? cols[it.y + lane] : make_int2(-1, 0);
   for (; item < nitems; item += warps) {
     const long long next = item + warps;
     const int4 nit = next < nitems ? items[next] : make_int4(0, 0, 0, 0);
@@ -55,18 +59,23 @@ win(const int4* __restrict__ items, long long nitems, const int* __restrict__ ro
     for (int j = 0; j < 4; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     unsigned xacc = 0;
     for (int b = it.y; b < it.z; b += 16 * P) {
+#if POS
+      const unsigned vraw = ce.x >= 0 ? vals[ce.y] : 0u;
+#else
       const unsigned vraw = b + lane < it.z && lane < 16 * P ? vals[b + lane] : 0u;
+#endif
       uint4 xw[P][4];
 #pragma unroll
       for (int st = 0; st < P; ++st)
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          const int c = __shfl_sync(full, ce, 16 * st + ks[q]);
+          const int c = __shfl_sync(full, ce.x, 16 * st + ks[q]);
           xw[st][q] = c >= 0 ? __ldg(x + (long long)c * row_vecs + fv) : make_uint4(0, 0, 0, 0);
         }
       const int nb = b + 16 * P;
-      ce = nb < it.z ? (nb + lane < it.z && lane < 16 * P ? cols[nb + lane] : -1)
-                     : (nit.y + lane < nit.z && lane < 16 * P ? cols[nit.y + lane] : -1);
+      const int2 none = make_int2(-1, 0);
+      ce = nb < it.z ? (nb + lane < it.z && lane < 16 * P ? cols[nb + lane] : none)
+                     : (nit.y + lane < nit.z && lane < 16 * P ? cols[nit.y + lane] : none);
 #pragma unroll
       for (int st = 0; st < P; ++st) {
 #if MMA
@@ -98,7 +107,8 @@ win(const int4* __restrict__ items, long long nitems, const int* __restrict__ ro
 #endif
       }
     }
-    if (it.y >= it.z) ce = nit.y + lane < nit.z && lane < 16 * P ? cols[nit.y + lane] : -1;
+    if (it.y >= it.z)
+      ce = nit.y + lane < nit.z && lane < 16 * P ? cols[nit.y + lane] : make_int2(-1, 0);
     const int r0 = it.x * 8 + 2 * t;
     uint4 o0, o1;
 #if MMA
@@ -120,8 +130,11 @@ win(const int4* __restrict__ items, long long nitems, const int* __restrict__ ro
 }
 """
 
-SHAPES = [  # (MMA, P, MINB)
-    (1, 2, 5), (0, 2, 5), (1, 2, 4), (1, 1, 8), (0, 1, 8), (1, 1, 6), (1, 2, 8)]
+SHAPES = [  # (MMA, P, MINB, POS, PING)
+    (1, 2, 5, 0, 0), (0, 2, 5, 0, 0), (1, 2, 4, 0, 0), (1, 1, 8, 0, 0), (0, 1, 8, 0, 0),
+    (1, 1, 6, 0, 0), (1, 2, 8, 0, 0),
+    # the library's parts, one at a time and together (v3 measured 158 us in the library)
+    (1, 1, 8, 1, 0), (1, 1, 8, 0, 1), (1, 1, 8, 1, 1), (0, 1, 8, 1, 0)]
 PIECE = 512
 
 
@@ -136,6 +149,15 @@ def window_items(indptr: np.ndarray) -> np.ndarray:
   return items[np.argsort(-(items[:, 2] - items[:, 1]), kind="stable")]
 
 
+def format_positions(csr) -> np.ndarray:
+  """Each CSR entry's position in the format's value order (window, then column, then row)."""
+  coo = csr.tocoo()
+  order = np.lexsort((coo.row, coo.col, coo.row // 8))
+  pos = np.empty(csr.nnz, np.int64)
+  pos[order] = np.arange(csr.nnz)
+  return pos  # coo of a canonical CSR lists entries in CSR order
+
+
 def main() -> None:
   import cupy as cp
 
@@ -148,30 +170,41 @@ def main() -> None:
   m, n = csr.shape
   items = cp.asarray(window_items(csr.indptr))
   row_ptr = cp.asarray(csr.indptr.astype(np.int32))
-  cols = cp.asarray(csr.indices.astype(np.int32))
+  csr.sort_indices()
+  csr_pairs = np.stack([csr.indices, np.arange(csr.nnz)], 1).astype(np.int32)
+  pos_pairs = np.stack([csr.indices, format_positions(csr)], 1).astype(np.int32)
   vals = cp.asarray(np.random.default_rng(0).standard_normal(csr.nnz).astype(np.float16).view(np.uint16))
   x = cp.asarray(np.random.default_rng(1).standard_normal((n, 128)).astype(np.float16))
-  out = cp.empty((m, 128), cp.float16)
+  out = cp.asarray(np.random.default_rng(2).standard_normal((m, 128)).astype(np.float16))
   print(f"rmat17-d16: {m} rows, {csr.nnz} nnz, {items.shape[0]} items; d=128 fp16, 2 slabs of 64")
-  print("| MMA | P | MINB | registers | warps/SM | us |")
-  print("|---|---|---|---|---|---|")
-  for mma, p, minb in SHAPES:
-    kern = cp.RawKernel(f"#define MMA {mma}\n#define P {p}\n#define MINB {minb}\n" + SOURCE, "win")
+  print("| MMA | P | MINB | POS | PING | registers | warps/SM | us |")
+  print("|---|---|---|---|---|---|---|---|")
+  for mma, p, minb, pos, ping in SHAPES:
+    defs = f"#define MMA {mma}\n#define P {p}\n#define MINB {minb}\n#define POS {pos}\n"
+    kern = cp.RawKernel(defs + SOURCE, "win")
     regs = kern.num_regs
     per_sm = min(16, 65536 // (128 * (-(-regs // 8) * 8)))
     grid = (per_sm * sms, 2)
-    args = (items, np.int64(items.shape[0]), row_ptr, cols, vals, x, np.int32(16), np.int32(m), out)
-    for _ in range(3):
-      kern(grid, (128,), args)
+    pairs = cp.asarray(pos_pairs if pos else csr_pairs)
+    bufs = [x, out]  # square graph: the output can be the next call's X
+
+    def call(i):
+      src, dst = (bufs[i % 2], bufs[1 - i % 2]) if ping else (x, out)
+      kern(grid, (128,), (items, np.int64(items.shape[0]), row_ptr, pairs, vals, src,
+                          np.int32(16), np.int32(m), dst))
+
+    for i in range(3):
+      call(i)
     start, stop = cp.cuda.Event(), cp.cuda.Event()
     start.record()
     reps = 20
-    for _ in range(reps):
-      kern(grid, (128,), args)
+    for i in range(reps):
+      call(i)
     stop.record()
     stop.synchronize()
     us = cp.cuda.get_elapsed_time(start, stop) * 1e3 / reps
-    print(f"| {mma} | {p} | {minb} | {regs} | {per_sm * 4} | {us:.1f} |", flush=True)
+    print(f"| {mma} | {p} | {minb} | {pos} | {ping} | {regs} | {per_sm * 4} | {us:.1f} |",
+          flush=True)
 
 
 if __name__ == "__main__":
