@@ -165,6 +165,22 @@ def time_torch(fn, warmup: int = 5, repeat: int = 50) -> float:
   return float(np.median(times))
 
 
+def time_cupy(call, warmup: int = 3, repeat: int = 20) -> float:
+  """Microseconds per call of `call(i)` (i: the call's index), `repeat` launches back to back
+  between two CUDA events on cupy's current stream, after `warmup` calls."""
+  import cupy as cp
+
+  for i in range(warmup):
+    call(i)
+  start, stop = cp.cuda.Event(), cp.cuda.Event()
+  start.record()
+  for i in range(repeat):
+    call(warmup + i)
+  stop.record()
+  stop.synchronize()
+  return cp.cuda.get_elapsed_time(start, stop) * 1e3 / repeat
+
+
 def device_name() -> str:
   import jax
 

@@ -94,17 +94,8 @@ def main() -> None:
         if smem > 48 * 1024:
           kern.max_dynamic_shared_size_bytes = smem
         args = (x, idx, np.int64(m), np.int32(row_bytes), np.int32(per_group), out)
-        launch = lambda: kern((blocks,), (THREADS,), args, shared_mem=max(smem, 0))  # noqa: E731
-        for _ in range(3):
-          launch()
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        reps = 20
-        for _ in range(reps):
-          launch()
-        stop.record()
-        stop.synchronize()
-        us = cp.cuda.get_elapsed_time(start, stop) * 1e3 / reps
+        us = common.time_cupy(
+            lambda i: kern((blocks,), (THREADS,), args, shared_mem=max(smem, 0)))
         print(f"| {iname} | {row_bytes} | {lanes} x {vb} | {u} | {warps} | {us:.1f} | "
               f"{m / us / 1e3:.2f} | {m * row_bytes / us / 1e6:.2f} |", flush=True)
 

@@ -193,16 +193,7 @@ def main() -> None:
       kern(grid, (128,), (items, np.int64(items.shape[0]), row_ptr, pairs, vals, src,
                           np.int32(16), np.int32(m), dst))
 
-    for i in range(3):
-      call(i)
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    reps = 20
-    for i in range(reps):
-      call(i)
-    stop.record()
-    stop.synchronize()
-    us = cp.cuda.get_elapsed_time(start, stop) * 1e3 / reps
+    us = common.time_cupy(call)
     print(f"| {mma} | {p} | {minb} | {pos} | {ping} | {regs} | {per_sm * 4} | {us:.1f} |",
           flush=True)
 
