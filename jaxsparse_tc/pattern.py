@@ -25,14 +25,16 @@ class Pattern(NamedTuple):
   cols: np.ndarray  # int32 [nnz]
   row_entries: np.ndarray  # int32 [nnz, 2]: the row view, (column, format position) in CSR order
   row_schedule: np.ndarray  # int32 [R, 4]: row-view items (row, begin, end, slot)
+  row_ptr: np.ndarray  # int32 [m+1]: the row view's CSR offsets
+  window_items: np.ndarray  # int32 [S, 4]: row-view window items (window, begin, end, slot)
 
   def kernel_arrays(self) -> tuple:
     """The arrays every kernel reads, in the order of its FFI operands."""
     return tuple(self[:6])
 
   def row_arrays(self) -> tuple:
-    """The row view's arrays (read by the CUDA-core SpMM/SDDMM kernels)."""
-    return (self.row_entries, self.row_schedule)
+    """The row view's arrays (read by the CUDA SpMM/SDDMM kernels for sparse blocks)."""
+    return (self.row_entries, self.row_schedule, self.row_ptr, self.window_items)
 
   @property
   def num_blocks(self) -> int:
@@ -92,6 +94,33 @@ def row_schedule(row_ptr: np.ndarray, piece: int) -> np.ndarray:
   return np.ascontiguousarray(np.stack([row, begin, end, slot], axis=1), dtype=np.int32)
 
 
+def window_piece(nnz: int) -> int:
+  """Most entries one warp takes of a window before the window is split (8 rows' pieces)."""
+  return min(1024, WINDOW_ROWS * row_piece(nnz))
+
+
+def window_items(row_ptr: np.ndarray, piece: int) -> np.ndarray:
+  """Work items (window, begin, end, slot) over the row view's entries, one per 8-row window
+  (empty windows too, so kernels write their zero rows), most entries first. A window of more
+  than `piece` entries is cut into items of `piece` entries that add their sums in workspace
+  slot `slot` (numbering such windows in order; -1 for whole windows). So split items form the
+  schedule's prefix and a window's items are contiguous."""
+  ptr = np.asarray(row_ptr, dtype=np.int64)
+  m = ptr.size - 1
+  wptr = ptr[np.minimum(np.arange(0, -(-m // WINDOW_ROWS) * WINDOW_ROWS + 1, WINDOW_ROWS), m)]
+  counts = np.diff(wptr)
+  pieces = np.maximum(1, -(-counts // piece))
+  order = np.argsort(-counts, kind="stable")
+  window = np.repeat(order, pieces[order])
+  first = np.cumsum(pieces[order]) - pieces[order]
+  p = np.arange(window.size, dtype=np.int64) - np.repeat(first, pieces[order])
+  begin = wptr[window] + p * piece
+  end = np.minimum(begin + piece, wptr[window + 1])
+  split = pieces[window] > 1
+  slot = np.where(split, np.cumsum(split & (p == 0)) - 1, -1)
+  return np.ascontiguousarray(np.stack([window, begin, end, slot], axis=1), dtype=np.int32)
+
+
 def build(rows: np.ndarray, cols: np.ndarray, m: int, n: int) -> tuple[Pattern, np.ndarray]:
   """Builds the pattern of validated int64 COO indices; returns it and input_to_format."""
   raw = _cpu.build_pattern(rows, cols, m, n)
@@ -106,21 +135,31 @@ def build(rows: np.ndarray, cols: np.ndarray, m: int, n: int) -> tuple[Pattern, 
       cols=raw["cols"],
       row_entries=raw["row_entries"],
       row_schedule=row_schedule(raw["row_ptr"], row_piece(raw["rows"].shape[0])),
+      row_ptr=raw["row_ptr"],
+      window_items=window_items(raw["row_ptr"], window_piece(raw["rows"].shape[0])),
   )
   return pattern, raw["input_to_format"]
 
 
 # A primitive's pattern operands, in order: A's kernel arrays (6), A^T's (6), perm_t, perm_t_inv,
 # A's and A^T's per-value rows (for rules that gather per-row quantities onto nonzeros), then
-# A's row view (2) and A^T's (2).
-NUM_PATTERN_OPERANDS = 20
+# A's row view (4) and A^T's (4).
+NUM_ROW_ARRAYS = 4
+NUM_PATTERN_OPERANDS = 24
 PERM_T = 12
 ROWS = 14
 ROW_VIEW = 16
 
 
+def row_view_operands(leading: int) -> tuple[int, ...]:
+  """Indices of A's row view among a primitive's operands that has `leading` operands before
+  its pattern operands (the CUDA lowering appends them to the kernel's operands)."""
+  return tuple(range(leading + ROW_VIEW, leading + ROW_VIEW + NUM_ROW_ARRAYS))
+
+
 def transpose_operands(operands: tuple) -> tuple:
   """The pattern operands of A^T, given those of A."""
   assert len(operands) == NUM_PATTERN_OPERANDS
+  rv, rv_t = ROW_VIEW, ROW_VIEW + NUM_ROW_ARRAYS
   return (*operands[6:12], *operands[:6], operands[13], operands[12], operands[15], operands[14],
-          *operands[18:20], *operands[16:18])
+          *operands[rv_t:rv_t + NUM_ROW_ARRAYS], *operands[rv:rv_t])

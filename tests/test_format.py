@@ -154,6 +154,43 @@ def test_row_view_is_csr_of_the_format(rng):
       assert split.any() and (cta & ~split).any(), "the test covers every kind of item"
 
 
+def test_window_items_cover_each_window_once(rng):
+  """Window items: every 8-row window (empty ones too) has an item, items cover each window's
+  CSR entries exactly once, split windows' items are the prefix with one slot per window, and
+  windows come most entries first; the built pattern carries them with its row pointers."""
+  from jaxsparse_tc.pattern import WINDOW_ROWS, window_items, window_piece
+
+  m, n = 45, 300
+  per_row = rng.integers(0, 80, m)
+  per_row[8:16] = 0  # an empty window
+  rows = np.repeat(np.arange(m), per_row)
+  A = SparseMatrix.from_coo(rows, rng.integers(0, n, rows.size), shape=(m, n))
+  counts = np.bincount(np.asarray(A.rows), minlength=m)
+  ptr = np.concatenate([[0], np.cumsum(counts)])
+  np.testing.assert_array_equal(np.asarray(A.pattern.row_ptr), ptr)
+  W = -(-m // WINDOW_ROWS)
+  wptr = ptr[np.minimum(np.arange(W + 1) * WINDOW_ROWS, m)]
+  for piece in (1, 16, 100, 10_000):
+    items = window_items(ptr, piece)
+    assert set(items[:, 0]) == set(range(W))
+    seen = np.zeros(ptr[-1], np.int64)
+    for w, b, e, slot in items:
+      assert wptr[w] <= b <= e <= wptr[w + 1] and e - b <= piece
+      assert (slot >= 0) == (wptr[w + 1] - wptr[w] > piece)
+      seen[b:e] += 1
+    assert np.all(seen == 1)
+    split = items[:, 3] >= 0
+    assert split[:split.sum()].all(), "split items are the prefix"
+    slots = items[split, 3]
+    assert np.all(np.diff(slots) >= 0) and (slots.size == 0 or slots.max() + 1 == len(set(slots)))
+    assert all(len(set(items[items[:, 3] == s, 0])) == 1 for s in set(slots)), "a slot per window"
+    assert np.all(np.diff(np.diff(wptr)[items[:, 0]]) <= 0), "most entries first"
+    if piece == 16:
+      assert split.any() and (~split).any()
+  np.testing.assert_array_equal(np.asarray(A.pattern.window_items),
+                                window_items(ptr, window_piece(A.nnz)))
+
+
 def test_split_blocks_matches_the_kernels():
   """The CUDA kernels find a piece's first sibling with their own copy of SPLIT_BLOCKS."""
   import re

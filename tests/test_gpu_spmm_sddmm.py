@@ -283,7 +283,8 @@ def test_repeatable(rng):
 
 
 @pytest.mark.parametrize("env", [{"JAXSPARSE_TC_SPMM_VARIANT": v}
-                                 for v in ("tc", "async", "cuda_core", "auto")]
+                                 for v in ("windows", "tc", "async", "cuda_core", "auto")]
+                         + [{"JAXSPARSE_TC_SPMM_VARIANT": "windows", "JAXSPARSE_TC_WINDOWS_CTAS": "7"}]
                          + [{"JAXSPARSE_TC_SPMM_VARIANT": "async", k: v}
                             for k, v in (("JAXSPARSE_TC_SPMM_PERSIST", "0"),
                                          ("JAXSPARSE_TC_SPMM_SLAB", "64"),
@@ -314,6 +315,24 @@ def test_spmm_unknown_variant_is_an_error(rng, monkeypatch):
   x = jnp.asarray(rng.standard_normal((A.shape[1], 32)), jnp.float16)
   with pytest.raises(Exception, match="JAXSPARSE_TC_SPMM_VARIANT"):
     jax.block_until_ready(jax.jit(jst.spmm)(_on(_gpu(), A), _on(_gpu(), x)))
+
+
+@pytest.mark.parametrize("d", DS + [320])
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+@pytest.mark.parametrize("kind", ["random", "heavy", "cora"])
+def test_spmm_windows(rng, monkeypatch, kind, dt, d):
+  """The window kernel forced (the 16-bit default for sparse blocks): every d (one slab, several,
+  a partial last slab; d * 2 not a multiple of 16 falls back to the row kernels), heads x heads
+  and broadcast, split windows (heavy), empty rows written as zeros."""
+  monkeypatch.setenv("JAXSPARSE_TC_SPMM_VARIANT", "windows")
+  dtype, _, tol = DTYPES[dt]
+  A, empty = _matrix(rng, kind, heads=2)
+  gpu = _gpu()
+  spmm = jax.jit(lambda A, x: jst.spmm(A, x))
+  for A_, x_, ref in _head_cases(rng, _on(gpu, A), _dense64(A, dtype), A.shape[1], d, dtype):
+    out = spmm(A_, _on(gpu, x_))
+    assert rel_err(out, ref) < tol, f"{kind} {dt} d={d}: {rel_err(out, ref):.3g}"
+    np.testing.assert_array_equal(np.asarray(out, np.float64)[:, empty], 0.0)
 
 
 CUDA_CORE = {"JAXSPARSE_TC_SPMM_VARIANT": "cuda_core"}
