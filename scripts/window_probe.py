@@ -18,6 +18,7 @@ Prints us per call and the occupancy, with the device name; gather_probe.py give
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -136,6 +137,8 @@ SHAPES = [  # (MMA, P, MINB, POS, PING)
     # the library's parts, one at a time and together (v3 measured 158 us in the library)
     (1, 1, 8, 1, 0), (1, 1, 8, 0, 1), (1, 1, 8, 1, 1), (0, 1, 8, 1, 0)]
 PIECE = 512
+if os.environ.get("WINDOW_PROBE_SHAPES"):  # e.g. "1,1,8,1,1;0,1,8,0,0" (for ncu: one shape)
+  SHAPES = [tuple(int(v) for v in s.split(",")) for s in os.environ["WINDOW_PROBE_SHAPES"].split(";")]
 
 
 def window_items(indptr: np.ndarray) -> np.ndarray:
