@@ -935,18 +935,99 @@ __global__ void __launch_bounds__(kRowThreads, UNROLL <= 4 ? 4 : 1)
 // (scripts/gather_probe.py: 16 warps/SM gather 1.3-1.5x slower; window_probe.py: this shape).
 
 struct WindowSplit {
-  float* ws;   // [slots, heads, 8, d] fp32 partial sums of split windows
+  float* ws;   // [slots, heads, 8, d] fp32 partial sums of windows cut into several CTA items
   int* done;   // [slots, heads, nslab] entries added so far
 };
 
-constexpr int kWindowSlab = 64;  // features per warp
+constexpr int kWindowSlab = 64;                       // features per warp
+constexpr int kWindowWarps = kWindowThreads / 32;      // pattern.py WINDOW_CTA_PIECES
+constexpr int kFragment = 16;                         // C-fragment values per thread (2 rows x 8)
 
+// Row g of window w's entries inside [b, e), as [x, y).
+__device__ __forceinline__ int2 window_row_bounds(const RowView& rv, int64_t m, int w, int g,
+                                                  int b, int e) {
+  const int64_t row = int64_t(w) * kWindowRows + g;
+  if (row >= m) return make_int2(b, b);
+  return make_int2(max(__ldg(rv.row_ptr + row), b), min(__ldg(rv.row_ptr + row + 1), e));
+}
+
+// A warp's tensor-core sums over entries [b, end) of one window (row g's are [lo, hi)) into acc.
+// `e` holds the chunk at b on entry; the chunk after the last is [nb, nend)'s first (the next
+// item's, for the persistent loop), which `e` holds on exit.
+template <class T>
+__device__ __forceinline__ void window_sums(const RowView& rv, const T* xh, const T* vh,
+                                            int row_bytes, int64_t f, bool active, int lane,
+                                            int b, int end, int lo, int hi, int nb, int nend,
+                                            int2& e, float (&acc)[4][4]) {
+  const unsigned full = 0xffffffffu;
+  const int t = lane & 3;
+  int ks[4];  // k slots
+#pragma unroll
+  for (int q = 0; q < 4; ++q) ks[q] = 2 * t + (q & 1) + 8 * (q >> 1);
+  if (b >= end) e = window_chunk(rv, nb, nend, lane);
+  for (; b < end; b += kWindowChunk) {
+    const uint32_t vraw = e.x >= 0 ? load_raw<T>(vh + e.y) : 0u;  // this lane's entry's value
+    uint32_t xw[4][4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int c = __shfl_sync(full, e.x, ks[q]);
+      uint4 r = make_uint4(0u, 0u, 0u, 0u);
+      if (c >= 0 && active) r = __ldg(static_cast<const uint4*>(row_address(xh + f, c, row_bytes)));
+      xw[q][0] = r.x;
+      xw[q][1] = r.y;
+      xw[q][2] = r.z;
+      xw[q][3] = r.w;
+    }
+    e = b + kWindowChunk < end ? window_chunk(rv, b + kWindowChunk, end, lane)
+                               : window_chunk(rv, nb, nend, lane);
+    uint32_t v[4];  // value bits where the entry is in row g, else 0
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint32_t raw = __shfl_sync(full, vraw, ks[q]);
+      v[q] = b + ks[q] >= lo && b + ks[q] < hi ? raw : 0u;
+    }
+    const uint32_t bf[2] = {v[0] | (v[1] << 16), v[2] | (v[3] << 16)};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t a[4] = {pack_lo(xw[0][j], xw[1][j]), pack_hi(xw[0][j], xw[1][j]),
+                             pack_lo(xw[2][j], xw[3][j]), pack_hi(xw[2][j], xw[3][j])};
+      mma_16816(acc[j], a, bf, T{});
+    }
+  }
+}
+
+// C fragment -> o[r][i]: window row 2t + r, feature 8g + i (c0, c1: feature 8g + 2j; c2, c3:
+// 8g + 2j + 1).
+__device__ __forceinline__ void fragment_rows(const float (&acc)[4][4], float (&o)[2][8]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    o[0][2 * j] = acc[j][0];
+    o[0][2 * j + 1] = acc[j][2];
+    o[1][2 * j] = acc[j][1];
+    o[1][2 * j + 1] = acc[j][3];
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void store_window(const SpmmParams& p, T* oh, int w, int t, int64_t f,
+                                             bool active, const float (&o)[2][8]) {
+  const int64_t row0 = int64_t(w) * kWindowRows + 2 * t;
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    if (row0 + r < p.m && active) store_row<T, 8>(oh + (row0 + r) * p.d, f, p.d, true, o[r]);
+}
+
+// Windows of more than a warp's piece are CTA items (the list's prefix): the 4 warps take equal
+// shares and add their fragments in shared memory; a window cut into several CTA items (slot
+// >= 0) adds them in its workspace slot, and the item that completes the window's entry count
+// writes the rows. Then warps stride over the whole windows, persistent, a chunk ahead.
 template <class T, int MINB>
 __global__ void __launch_bounds__(kWindowThreads, MINB)
     spmm_windows(const SpmmParams p, const RowView rv, const WindowSplit sp) {
   static_assert(sizeof(T) == 2, "16-bit types");
+  __shared__ float part[kWindowWarps - 1][kFragment][32];  // warps 1..3's fragments
   const unsigned full = 0xffffffffu;
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x / 32;
   const int slab = blockIdx.y, h = blockIdx.z;
   const T* xh = static_cast<const T*>(p.x) + h * p.x_head_stride;
   const T* vh = static_cast<const T*>(p.values) + h * p.v_head_stride;
@@ -954,103 +1035,79 @@ __global__ void __launch_bounds__(kWindowThreads, MINB)
   const int row_bytes = int(p.d * int64_t(sizeof(T)));
   const int64_t f = int64_t(slab) * kWindowSlab + g * 8;
   const bool active = f < p.d;
-  int ks[4];  // k slots
-#pragma unroll
-  for (int q = 0; q < 4; ++q) ks[q] = 2 * t + (q & 1) + 8 * (q >> 1);
+  const int64_t n = rv.num_window_items;
 
-  const int64_t warps = int64_t(gridDim.x) * (kWindowThreads / 32);
-  int64_t item = int64_t(blockIdx.x) * (kWindowThreads / 32) + threadIdx.x / 32;
-  if (item >= rv.num_window_items) return;
-  int4 it = __ldg(rv.windows + item);
-  int2 e = window_chunk(rv, it.y, it.z, lane);
-  for (; item < rv.num_window_items; item += warps) {
-    const int64_t next = item + warps;
-    const int4 nit = next < rv.num_window_items ? __ldg(rv.windows + next) : make_int4(0, 0, 0, -1);
-    const int64_t row = int64_t(it.x) * kWindowRows + g;
-    int lo = it.y, hi = it.y;  // row g's entries inside the item
-    if (row < p.m) {
-      lo = max(__ldg(rv.row_ptr + row), it.y);
-      hi = min(__ldg(rv.row_ptr + row + 1), it.z);
-    }
-    float acc[4][4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-
-    for (int b = it.y; b < it.z; b += kWindowChunk) {
-      const uint32_t vraw = e.x >= 0 ? load_raw<T>(vh + e.y) : 0u;  // this lane's entry's value
-      uint32_t xw[4][4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int c = __shfl_sync(full, e.x, ks[q]);
-        uint4 r = make_uint4(0u, 0u, 0u, 0u);
-        if (c >= 0 && active) r = __ldg(static_cast<const uint4*>(row_address(xh + f, c, row_bytes)));
-        xw[q][0] = r.x;
-        xw[q][1] = r.y;
-        xw[q][2] = r.z;
-        xw[q][3] = r.w;
-      }
-      // The following chunk: this item's next, or the next item's first.
-      e = b + kWindowChunk < it.z ? window_chunk(rv, b + kWindowChunk, it.z, lane)
-                                  : window_chunk(rv, nit.y, nit.z, lane);
-      uint32_t v[4];  // value bits where the entry is in row g, else 0
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const uint32_t raw = __shfl_sync(full, vraw, ks[q]);
-        v[q] = b + ks[q] >= lo && b + ks[q] < hi ? raw : 0u;
-      }
-      const uint32_t bf[2] = {v[0] | (v[1] << 16), v[2] | (v[3] << 16)};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t a[4] = {pack_lo(xw[0][j], xw[1][j]), pack_hi(xw[0][j], xw[1][j]),
-                               pack_lo(xw[2][j], xw[3][j]), pack_hi(xw[2][j], xw[3][j])};
-        mma_16816(acc[j], a, bf, T{});
-      }
-    }
-    if (it.y >= it.z) e = window_chunk(rv, nit.y, nit.z, lane);  // an empty window
-
-    // C fragment -> window rows 2t, 2t+1: features 8g + 2j (c0, c1) and 8g + 2j + 1 (c2, c3).
+  for (int64_t c = blockIdx.x; c < n; c += gridDim.x) {  // CTA items, CTA-strided
+    const int4 it = __ldg(rv.windows + c);
+    if (it.w == kWholeRow) break;
+    const int2 sh = cta_share(it.y, it.z, kWindowWarps, warp, kWindowChunk);
+    const int2 rb = window_row_bounds(rv, p.m, it.x, g, sh.x, sh.y);
+    int2 e = window_chunk(rv, sh.x, sh.y, lane);
+    float acc[4][4] = {};
+    window_sums<T>(rv, xh, vh, row_bytes, f, active, lane, sh.x, sh.y, rb.x, rb.y, 0, 0, e, acc);
     float o[2][8];
+    fragment_rows(acc, o);
+    if (warp > 0) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      o[0][2 * j] = acc[j][0];
-      o[0][2 * j + 1] = acc[j][2];
-      o[1][2 * j] = acc[j][1];
-      o[1][2 * j + 1] = acc[j][3];
+      for (int k = 0; k < kFragment; ++k) part[warp - 1][k][lane] = o[k / 8][k % 8];
     }
-    const int64_t row0 = int64_t(it.x) * kWindowRows + 2 * t;
-    if (it.w < 0) {
+    __syncthreads();
+    if (warp == 0) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
-        if (row0 + r < p.m && active) store_row<T, 8>(oh + (row0 + r) * p.d, f, p.d, true, o[r]);
-    } else {
-      // A split window: add into its slot; the item that completes the window's entry count
-      // writes the rows (the fences order the sums before the count, the reads after it).
-      float* ws = sp.ws + (int64_t(it.w) * p.heads + h) * kWindowRows * p.d;
+      for (int q = 0; q < kWindowWarps - 1; ++q)
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
+        for (int k = 0; k < kFragment; ++k) o[k / 8][k % 8] += part[q][k][lane];
+      if (it.w < 0) {
+        store_window<T>(p, oh, it.x, t, f, active, o);
+      } else {  // the fences order these sums before the count, the last item's reads after it
+        float* ws = sp.ws + (int64_t(it.w) * p.heads + h) * kWindowRows * p.d;
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
-          if (f + i < p.d) atomicAdd(ws + (2 * t + r) * p.d + f + i, o[r][i]);
-      __threadfence();
-      __syncwarp();
-      int old = 0;
-      if (lane == 0)
-        old = atomicAdd(sp.done + (int64_t(it.w) * p.heads + h) * p.nslab + slab, it.z - it.y);
-      old = __shfl_sync(full, old, 0);
-      const int64_t wend = min(int64_t(it.x + 1) * kWindowRows, p.m);
-      const int total = __ldg(rv.row_ptr + wend) - __ldg(rv.row_ptr + int64_t(it.x) * kWindowRows);
-      if (old + (it.z - it.y) == total) {
-        __threadfence();
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float sum[8];
+        for (int r = 0; r < 2; ++r)
 #pragma unroll
           for (int i = 0; i < 8; ++i)
-            sum[i] = f + i < p.d ? __ldcg(ws + (2 * t + r) * p.d + f + i) : 0.f;
-          if (row0 + r < p.m && active) store_row<T, 8>(oh + (row0 + r) * p.d, f, p.d, true, sum);
+            if (f + i < p.d) atomicAdd(ws + (2 * t + r) * p.d + f + i, o[r][i]);
+        __threadfence();
+        __syncwarp();
+        int old = 0;
+        if (lane == 0)
+          old = atomicAdd(sp.done + (int64_t(it.w) * p.heads + h) * p.nslab + slab, it.z - it.y);
+        old = __shfl_sync(full, old, 0);
+        const int64_t wend = min(int64_t(it.x + 1) * kWindowRows, p.m);
+        const int total = __ldg(rv.row_ptr + wend) - __ldg(rv.row_ptr + int64_t(it.x) * kWindowRows);
+        if (old + (it.z - it.y) == total) {
+          __threadfence();
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+              o[r][i] = f + i < p.d ? __ldcg(ws + (2 * t + r) * p.d + f + i) : 0.f;
+          store_window<T>(p, oh, it.x, t, f, active, o);
         }
       }
     }
+    __syncthreads();  // part is reused
+  }
+
+  // Whole windows: warps stride over the items after the prefix.
+  const int64_t warps = int64_t(gridDim.x) * kWindowWarps;
+  int64_t item = int64_t(blockIdx.x) * kWindowWarps + warp;
+  int4 it = item < n ? __ldg(rv.windows + item) : make_int4(0, 0, 0, kWholeRow);
+  while (item < n && it.w != kWholeRow) {
+    item += warps;
+    if (item < n) it = __ldg(rv.windows + item);
+  }
+  if (item >= n) return;
+  int2 e = window_chunk(rv, it.y, it.z, lane);
+  for (; item < n; item += warps) {
+    const int64_t next = item + warps;
+    const int4 nit = next < n ? __ldg(rv.windows + next) : make_int4(0, 0, 0, kWholeRow);
+    const int2 rb = window_row_bounds(rv, p.m, it.x, g, it.y, it.z);
+    float acc[4][4] = {};
+    window_sums<T>(rv, xh, vh, row_bytes, f, active, lane, it.y, it.z, rb.x, rb.y, nit.y, nit.z, e,
+                   acc);
+    float o[2][8];
+    fragment_rows(acc, o);
+    store_window<T>(p, oh, it.x, t, f, active, o);
     it = nit;
   }
 }

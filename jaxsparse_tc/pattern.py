@@ -67,58 +67,53 @@ def row_piece(nnz: int) -> int:
 
 # A CTA's lane groups share one long row: up to ROW_CTA_PIECES row pieces' worth of entries.
 ROW_CTA_PIECES = 16
-WHOLE_ROW = -1  # row_schedule slot: one lane group walks the row
-CTA_ROW = -2  # row_schedule slot: one CTA walks the row, its groups' sums meet in shared memory
+# The window kernel's CTA (4 warps) shares one long window: up to WINDOW_CTA_PIECES pieces.
+WINDOW_CTA_PIECES = 4
+WHOLE_ROW = -1  # item slot: one lane group (rows) or one warp (windows) walks the segment
+CTA_ROW = -2  # item slot: one CTA walks the segment, its groups' sums meet in shared memory
+
+
+def segment_items(ptr: np.ndarray, piece: int, cta_pieces: int) -> np.ndarray:
+  """Work items (segment, begin, end, slot) over the entries of the segments ptr describes (rows,
+  or 8-row windows), longest first. A segment of at most `piece` entries is one item with slot
+  WHOLE_ROW (empty ones included, so kernels write their zero rows). A longer one is one item
+  per cta_pieces * piece entries, each walked by a whole CTA: a single such item has slot
+  CTA_ROW; the items of a segment with several (slot >= 0, numbering those segments in order)
+  add their CTAs' sums in a workspace slot. So CTA items form the list's prefix, slotted items
+  the prefix of that, and a segment's items are contiguous."""
+  ptr = np.asarray(ptr, dtype=np.int64)
+  counts = np.diff(ptr)
+  cap = cta_pieces * piece
+  pieces = np.maximum(1, -(-counts // cap))
+  order = np.argsort(-counts, kind="stable")
+  seg = np.repeat(order, pieces[order])
+  first = np.cumsum(pieces[order]) - pieces[order]
+  p = np.arange(seg.size, dtype=np.int64) - np.repeat(first, pieces[order])
+  begin = ptr[seg] + p * cap
+  end = np.minimum(begin + cap, ptr[seg + 1])
+  split = pieces[seg] > 1
+  slot = np.where(split, np.cumsum(split & (p == 0)) - 1,
+                  np.where(counts[seg] > piece, CTA_ROW, WHOLE_ROW))
+  return np.ascontiguousarray(np.stack([seg, begin, end, slot], axis=1), dtype=np.int32)
 
 
 def row_schedule(row_ptr: np.ndarray, piece: int) -> np.ndarray:
-  """Work items of the row view (row, begin, end, slot), longest rows first. A row of at most
-  `piece` entries is one item with slot WHOLE_ROW (empty rows included). A longer row is one
-  item per ROW_CTA_PIECES * piece entries, each walked by a whole CTA: a single such item has
-  slot CTA_ROW; the items of a row with several (slot >= 0, numbering those rows in order) add
-  their CTAs' sums in a workspace slot. So CTA items form the schedule's prefix, slotted items
-  the prefix of that, and a row's items are contiguous."""
-  ptr = np.asarray(row_ptr, dtype=np.int64)
-  counts = np.diff(ptr)
-  cap = ROW_CTA_PIECES * piece
-  pieces = np.maximum(1, -(-counts // cap))
-  order = np.argsort(-counts, kind="stable")
-  row = np.repeat(order, pieces[order])
-  first = np.cumsum(pieces[order]) - pieces[order]
-  p = np.arange(row.size, dtype=np.int64) - np.repeat(first, pieces[order])
-  begin = ptr[row] + p * cap
-  end = np.minimum(begin + cap, ptr[row + 1])
-  split = pieces[row] > 1
-  slot = np.where(split, np.cumsum(split & (p == 0)) - 1,
-                  np.where(counts[row] > piece, CTA_ROW, WHOLE_ROW))
-  return np.ascontiguousarray(np.stack([row, begin, end, slot], axis=1), dtype=np.int32)
+  """Work items (row, begin, end, slot) of the row kernels (segment_items over rows)."""
+  return segment_items(row_ptr, piece, ROW_CTA_PIECES)
 
 
 def window_piece(nnz: int) -> int:
-  """Most entries one warp takes of a window before the window is split (8 rows' pieces)."""
+  """Most entries one warp takes of a window (8 rows' pieces); a CTA takes 4 such pieces."""
   return min(1024, WINDOW_ROWS * row_piece(nnz))
 
 
 def window_items(row_ptr: np.ndarray, piece: int) -> np.ndarray:
-  """Work items (window, begin, end, slot) over the row view's entries, one per 8-row window
-  (empty windows too, so kernels write their zero rows), most entries first. A window of more
-  than `piece` entries is cut into items of `piece` entries that add their sums in workspace
-  slot `slot` (numbering such windows in order; -1 for whole windows). So split items form the
-  schedule's prefix and a window's items are contiguous."""
+  """Work items (window, begin, end, slot) of the window kernel: segment_items over the 8-row
+  windows of the row view (CSR order keeps a window's entries contiguous)."""
   ptr = np.asarray(row_ptr, dtype=np.int64)
   m = ptr.size - 1
   wptr = ptr[np.minimum(np.arange(0, -(-m // WINDOW_ROWS) * WINDOW_ROWS + 1, WINDOW_ROWS), m)]
-  counts = np.diff(wptr)
-  pieces = np.maximum(1, -(-counts // piece))
-  order = np.argsort(-counts, kind="stable")
-  window = np.repeat(order, pieces[order])
-  first = np.cumsum(pieces[order]) - pieces[order]
-  p = np.arange(window.size, dtype=np.int64) - np.repeat(first, pieces[order])
-  begin = wptr[window] + p * piece
-  end = np.minimum(begin + piece, wptr[window + 1])
-  split = pieces[window] > 1
-  slot = np.where(split, np.cumsum(split & (p == 0)) - 1, -1)
-  return np.ascontiguousarray(np.stack([window, begin, end, slot], axis=1), dtype=np.int32)
+  return segment_items(wptr, piece, WINDOW_CTA_PIECES)
 
 
 def build(rows: np.ndarray, cols: np.ndarray, m: int, n: int) -> tuple[Pattern, np.ndarray]:

@@ -56,7 +56,7 @@ def _pattern(rng, kind: str):
     m, n = 29, 30011
     hub = np.repeat(np.arange(8), 4000)  # rows 0..7: ~4000 columns each
     hub_cols = rng.integers(0, n, hub.size)
-    mid = np.repeat(np.arange(16, 21), 300)  # a window with a few hundred columns
+    mid = np.repeat(np.arange(16, 21), 120)  # a window of 600 entries: one CTA item of windows
     mid_cols = rng.integers(0, n, mid.size)
     tail = rng.integers(21, m, 50)  # the last (partial) window, light
     tail_cols = rng.integers(0, n, tail.size)

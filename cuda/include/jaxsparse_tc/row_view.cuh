@@ -25,8 +25,8 @@ namespace jaxsparse_tc {
 // very long row, whose sums meet in workspace slot `slot`. CTA items form the schedule's prefix,
 // slotted ones the prefix of that.
 // Window items (pattern.py window_items): (window, begin, end, slot) over the entries of the 8
-// rows 8*window.. (CSR order keeps them contiguous); slot >= 0: one of several items of a window
-// whose sums meet in workspace slot `slot` (split items are the prefix), -1: the whole window.
+// rows 8*window.. (CSR order keeps them contiguous), slots as for rows (a warp walks a
+// kWholeRow window, a CTA of kWindowThreads the others).
 struct RowView {
   const int2* entries;  // [nnz] (column, format position), CSR order
   const int4* sched;    // [R] row items
