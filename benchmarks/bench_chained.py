@@ -30,11 +30,8 @@ import numpy as np  # noqa: E402
 
 import common  # noqa: E402
 
-# Other kernel families forced on the same inputs (the default picks the window kernel for 16-bit
-# SpMM and the CUDA-core row kernels otherwise where blocks are sparse): the bitmap-block
-# tensor-core kernels, and the row kernels.
-SPMM_FORCED = {"tc": {"JAXSPARSE_TC_SPMM_VARIANT": "async"},
-               "rows": {"JAXSPARSE_TC_SPMM_VARIANT": "cuda_core"}}
+# The tensor-core kernels, forced (the default picks the CUDA-core row kernels for sparse blocks).
+SPMM_TC = {"JAXSPARSE_TC_SPMM_VARIANT": "async"}
 SDDMM_TC = {"JAXSPARSE_TC_SDDMM_VARIANT": "tc"}
 # Kernel experiments: BENCH_CHAINED_SPMM_VARIANTS="name=VAR:VALUE;VAR:VALUE,..." adds SpMM rows
 # "ours-<dtype>-<name>" with those environment variables set.
@@ -148,7 +145,7 @@ def run(quick: bool = False) -> list[dict]:
       for name, dt in (("fp16", jnp.float16), ("tf32", jnp.float32)):
         Ad = A_n.with_values(A_n.values.astype(dt))
         add("spmm", f"ours-{name}", _time_jax(_chain(jst.spmm, k), (Ad, x32.astype(dt)), k))
-        for vname, env in {**SPMM_FORCED, **SPMM_VARIANTS}.items():  # same inputs, forced
+        for vname, env in {"tc": SPMM_TC, **SPMM_VARIANTS}.items():  # same inputs, forced
           with common.environ(env):
             add("spmm", f"ours-{name}-{vname}",
                 _time_jax(_chain(jst.spmm, k), (Ad, x32.astype(dt)), k))
@@ -220,7 +217,6 @@ def summary(rows: list[dict]) -> list[dict]:
            ("SpMM ours-fp16 vs cusparse-fp16", "spmm", "ours-fp16", "cusparse-fp16", 128),
            ("SpMM ours-tf32 vs cusparse-fp32", "spmm", "ours-tf32", "cusparse-fp32", 128),
            ("SpMM ours-fp16 vs ours-fp16-tc", "spmm", "ours-fp16", "ours-fp16-tc", 128),
-           ("SpMM ours-fp16 vs ours-fp16-rows", "spmm", "ours-fp16", "ours-fp16-rows", 128),
            ("SDDMM ours-fp16 vs ours-fp16-tc", "sddmm", "ours-fp16", "ours-fp16-tc", 128),
            ("SpMM ours-tf32 vs xla-segment_sum-fp32", "spmm", "ours-tf32",
             "xla-segment_sum-fp32", 128),

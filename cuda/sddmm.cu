@@ -296,8 +296,7 @@ void launch_rows(const SddmmParams& p, const RowView& rv, cudaStream_t stream) {
 
 ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I32 wcp, I32 wc,
                       I32 wbp, U32 bitmap, I32 bvp, I32 schedule, I32 row_entries,
-                      I32 row_schedule, I32 row_ptr, I32 window_items,
-                      ffi::Result<ffi::AnyBuffer> out, int32_t precision) {
+                      I32 row_schedule, ffi::Result<ffi::AnyBuffer> out, int32_t precision) {
   const auto xd = x.dimensions(), yd = y.dimensions(), od = out->dimensions();
   if (xd.size() != 3 || yd.size() != 3 || od.size() != 2)
     return ffi::Error::InvalidArgument("sddmm: expected x [Hx,m,d], y [Hy,n,d], out [H,nnz]");
@@ -329,7 +328,7 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
     return ffi::Error::Success();
   }
   if (heads > 65535) return ffi::Error::InvalidArgument("sddmm: at most 65535 heads");
-  const RowView rv = row_view(row_entries, row_schedule, row_ptr, window_items);
+  const RowView rv = row_view(row_entries, row_schedule);
   const int64_t esize = dtype == ffi::DataType::F32 ? 4 : 2;
   const bool exact = dtype == ffi::DataType::F32 && precision == 1;
   std::string variant;
@@ -378,7 +377,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SddmmCuda, sddmm_cuda,
                                   .Arg<ffi::AnyBuffer>()  // x [Hx, m, d]
                                   .Arg<ffi::AnyBuffer>()  // y [Hy, n, d]
                                   JAXSPARSE_TC_PATTERN_ARGS
-                                  JAXSPARSE_TC_ROW_VIEW_ARGS
+                                  .Arg<I32>()  // row_entries [nnz, 2]
+                                  .Arg<I32>()  // row_schedule [R, 4]
                                   .Ret<ffi::AnyBuffer>()  // out [H, nnz]
                                   .Attr<int32_t>("precision"));
 

@@ -12,10 +12,8 @@
 // On sm_90 the tensor-core default is spmm_async, the same fragments fed from a cp.async gather
 // ring in shared memory (rows need 16-byte alignment; spmm_tc otherwise and on older GPUs).
 //
-// Window path (spmm_windows, on the pattern's row view): tensor cores over each 8-row window's
-// nonzeros in CSR order; the default for 16-bit types where blocks are sparse (prefer_windows).
-// CUDA-core path (spmm_rows, on the row view): the default for float32 where blocks are sparse
-// and for exact fp32 (prefer_rows); one FMA per nonzero, many warps per SM.
+// CUDA-core path (spmm_rows, on the pattern's row view): the default where blocks are sparse
+// (prefer_rows) and for exact fp32; one FMA per nonzero, many warps per SM.
 // spmm_f32_exact (exact fp32 on the window format) serves where the row kernels are forced off.
 //
 // Split windows (schedule items with split=1): each piece adds its fp32 partial into a
@@ -917,220 +915,6 @@ __global__ void __launch_bounds__(kRowThreads, UNROLL <= 4 ? 4 : 1)
   }
 }
 
-// ---- Tensor-core SpMM on the row view's windows (16-bit, the default for sparse blocks) -----
-// Swap-and-transpose as FlashSparse (C^T = X^T A^T, the 8-row window is the MMA's n=8 operand),
-// but the MMA's k runs over the window's nonzeros in CSR order, not over its condensed columns:
-// each k is one gathered X row, and B holds its value in the column of its row (zero in the
-// other 7). Where condensed columns hold ~1 nonzero per window (Cora, R-MAT) that gathers the
-// same rows as the bitmap blocks with no bitmap decode and no shared memory, and the tensor
-// cores do the conversions and multiply-adds that cost the row kernels ~39 instructions per
-// nonzero (NOTES, sessions 6-7). With the feature remapping of the other tensor-core kernels (MMA
-// row g of tile j is feature 8g + 2j of the slab, row g+8 feature 8g + 2j + 1) thread (g, t)
-// gathers exactly the 16 bytes it feeds the MMA, features 8g..8g+7 of the rows at its k slots
-// {2t, 2t+1, 2t+8, 2t+9}, and its C fragment holds those features of window rows 2t, 2t+1
-// (16-byte loads and stores: rows of a multiple of 16 bytes, 16-byte aligned; others take the
-// row kernels). A warp owns a 64-feature slab of an item; entries come 16 at a time, one per
-// lane, a chunk ahead (the next item's first during the last), so a step waits on one round trip
-// (its gathers and values). 64 registers: 32 warps per SM, which the gathers need
-// (scripts/gather_probe.py: 16 warps/SM gather 1.3-1.5x slower; window_probe.py: this shape).
-
-struct WindowSplit {
-  float* ws;   // [slots, heads, 8, d] fp32 partial sums of windows cut into several CTA items
-  int* done;   // [slots, heads, nslab] entries added so far
-};
-
-constexpr int kWindowSlab = 64;                       // features per warp
-constexpr int kWindowWarps = kWindowThreads / 32;      // pattern.py WINDOW_CTA_PIECES
-constexpr int kFragment = 16;                         // C-fragment values per thread (2 rows x 8)
-
-// Row g of window w's entries inside [b, e), as [x, y).
-__device__ __forceinline__ int2 window_row_bounds(const RowView& rv, int64_t m, int w, int g,
-                                                  int b, int e) {
-  const int64_t row = int64_t(w) * kWindowRows + g;
-  if (row >= m) return make_int2(b, b);
-  return make_int2(max(__ldg(rv.row_ptr + row), b), min(__ldg(rv.row_ptr + row + 1), e));
-}
-
-// A warp's tensor-core sums over entries [b, end) of one window (row g's are [lo, hi)) into acc.
-// `e` holds the chunk at b on entry; the chunk after the last is [nb, nend)'s first (the next
-// item's, for the persistent loop), which `e` holds on exit.
-template <class T>
-__device__ __forceinline__ void window_sums(const RowView& rv, const T* xh, const T* vh,
-                                            int row_bytes, int64_t f, bool active, int lane,
-                                            int b, int end, int lo, int hi, int nb, int nend,
-                                            int2& e, float (&acc)[4][4]) {
-  const unsigned full = 0xffffffffu;
-  const int t = lane & 3;
-  int ks[4];  // k slots
-#pragma unroll
-  for (int q = 0; q < 4; ++q) ks[q] = 2 * t + (q & 1) + 8 * (q >> 1);
-  if (b >= end) e = window_chunk(rv, nb, nend, lane);
-  for (; b < end; b += kWindowChunk) {
-    const uint32_t vraw = e.x >= 0 ? load_raw<T>(vh + e.y) : 0u;  // this lane's entry's value
-    uint32_t xw[4][4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int c = __shfl_sync(full, e.x, ks[q]);
-      uint4 r = make_uint4(0u, 0u, 0u, 0u);
-      if (c >= 0 && active) r = __ldg(static_cast<const uint4*>(row_address(xh + f, c, row_bytes)));
-      xw[q][0] = r.x;
-      xw[q][1] = r.y;
-      xw[q][2] = r.z;
-      xw[q][3] = r.w;
-    }
-    e = b + kWindowChunk < end ? window_chunk(rv, b + kWindowChunk, end, lane)
-                               : window_chunk(rv, nb, nend, lane);
-    uint32_t v[4];  // value bits where the entry is in row g, else 0
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const uint32_t raw = __shfl_sync(full, vraw, ks[q]);
-      v[q] = b + ks[q] >= lo && b + ks[q] < hi ? raw : 0u;
-    }
-    const uint32_t bf[2] = {v[0] | (v[1] << 16), v[2] | (v[3] << 16)};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t a[4] = {pack_lo(xw[0][j], xw[1][j]), pack_hi(xw[0][j], xw[1][j]),
-                             pack_lo(xw[2][j], xw[3][j]), pack_hi(xw[2][j], xw[3][j])};
-      mma_16816(acc[j], a, bf, T{});
-    }
-  }
-}
-
-// C fragment -> o[r][i]: window row 2t + r, feature 8g + i (c0, c1: feature 8g + 2j; c2, c3:
-// 8g + 2j + 1).
-__device__ __forceinline__ void fragment_rows(const float (&acc)[4][4], float (&o)[2][8]) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    o[0][2 * j] = acc[j][0];
-    o[0][2 * j + 1] = acc[j][2];
-    o[1][2 * j] = acc[j][1];
-    o[1][2 * j + 1] = acc[j][3];
-  }
-}
-
-template <class T>
-__device__ __forceinline__ void store_window(const SpmmParams& p, T* oh, int w, int t, int64_t f,
-                                             bool active, const float (&o)[2][8]) {
-  const int64_t row0 = int64_t(w) * kWindowRows + 2 * t;
-#pragma unroll
-  for (int r = 0; r < 2; ++r)
-    if (row0 + r < p.m && active) store_row<T, 8>(oh + (row0 + r) * p.d, f, p.d, true, o[r]);
-}
-
-// Windows of more than a warp's piece are CTA items (the list's prefix): the 4 warps take equal
-// shares and add their fragments in shared memory; a window cut into several CTA items (slot
-// >= 0) adds them in its workspace slot, and the item that completes the window's entry count
-// writes the rows. Then warps stride over the whole windows, persistent, a chunk ahead.
-template <class T, int MINB>
-__global__ void __launch_bounds__(kWindowThreads, MINB)
-    spmm_windows(const SpmmParams p, const RowView rv, const WindowSplit sp) {
-  static_assert(sizeof(T) == 2, "16-bit types");
-  __shared__ float part[kWindowWarps - 1][kFragment][32];  // warps 1..3's fragments
-  const unsigned full = 0xffffffffu;
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x / 32;
-  const int slab = blockIdx.y, h = blockIdx.z;
-  const T* xh = static_cast<const T*>(p.x) + h * p.x_head_stride;
-  const T* vh = static_cast<const T*>(p.values) + h * p.v_head_stride;
-  T* oh = static_cast<T*>(p.out) + int64_t(h) * p.m * p.d;
-  const int row_bytes = int(p.d * int64_t(sizeof(T)));
-  const int64_t f = int64_t(slab) * kWindowSlab + g * 8;
-  const bool active = f < p.d;
-  const int64_t n = rv.num_window_items;
-
-  for (int64_t c = blockIdx.x; c < n; c += gridDim.x) {  // CTA items, CTA-strided
-    const int4 it = __ldg(rv.windows + c);
-    if (it.w == kWholeRow) break;
-    const int2 sh = cta_share(it.y, it.z, kWindowWarps, warp, kWindowChunk);
-    const int2 rb = window_row_bounds(rv, p.m, it.x, g, sh.x, sh.y);
-    int2 e = window_chunk(rv, sh.x, sh.y, lane);
-    float acc[4][4] = {};
-    window_sums<T>(rv, xh, vh, row_bytes, f, active, lane, sh.x, sh.y, rb.x, rb.y, 0, 0, e, acc);
-    float o[2][8];
-    fragment_rows(acc, o);
-    if (warp > 0) {
-#pragma unroll
-      for (int k = 0; k < kFragment; ++k) part[warp - 1][k][lane] = o[k / 8][k % 8];
-    }
-    __syncthreads();
-    if (warp == 0) {
-#pragma unroll
-      for (int q = 0; q < kWindowWarps - 1; ++q)
-#pragma unroll
-        for (int k = 0; k < kFragment; ++k) o[k / 8][k % 8] += part[q][k][lane];
-      if (it.w < 0) {
-        store_window<T>(p, oh, it.x, t, f, active, o);
-      } else {  // the fences order these sums before the count, the last item's reads after it
-        float* ws = sp.ws + (int64_t(it.w) * p.heads + h) * kWindowRows * p.d;
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-          for (int i = 0; i < 8; ++i)
-            if (f + i < p.d) atomicAdd(ws + (2 * t + r) * p.d + f + i, o[r][i]);
-        __threadfence();
-        __syncwarp();
-        int old = 0;
-        if (lane == 0)
-          old = atomicAdd(sp.done + (int64_t(it.w) * p.heads + h) * p.nslab + slab, it.z - it.y);
-        old = __shfl_sync(full, old, 0);
-        const int64_t wend = min(int64_t(it.x + 1) * kWindowRows, p.m);
-        const int total = __ldg(rv.row_ptr + wend) - __ldg(rv.row_ptr + int64_t(it.x) * kWindowRows);
-        if (old + (it.z - it.y) == total) {
-          __threadfence();
-#pragma unroll
-          for (int r = 0; r < 2; ++r)
-#pragma unroll
-            for (int i = 0; i < 8; ++i)
-              o[r][i] = f + i < p.d ? __ldcg(ws + (2 * t + r) * p.d + f + i) : 0.f;
-          store_window<T>(p, oh, it.x, t, f, active, o);
-        }
-      }
-    }
-    __syncthreads();  // part is reused
-  }
-
-  // Whole windows: warps stride over the items after the prefix.
-  const int64_t warps = int64_t(gridDim.x) * kWindowWarps;
-  int64_t item = int64_t(blockIdx.x) * kWindowWarps + warp;
-  int4 it = item < n ? __ldg(rv.windows + item) : make_int4(0, 0, 0, kWholeRow);
-  while (item < n && it.w != kWholeRow) {
-    item += warps;
-    if (item < n) it = __ldg(rv.windows + item);
-  }
-  if (item >= n) return;
-  int2 e = window_chunk(rv, it.y, it.z, lane);
-  for (; item < n; item += warps) {
-    const int64_t next = item + warps;
-    const int4 nit = next < n ? __ldg(rv.windows + next) : make_int4(0, 0, 0, kWholeRow);
-    const int2 rb = window_row_bounds(rv, p.m, it.x, g, it.y, it.z);
-    float acc[4][4] = {};
-    window_sums<T>(rv, xh, vh, row_bytes, f, active, lane, it.y, it.z, rb.x, rb.y, nit.y, nit.z, e,
-                   acc);
-    float o[2][8];
-    fragment_rows(acc, o);
-    store_window<T>(p, oh, it.x, t, f, active, o);
-    it = nit;
-  }
-}
-
-template <class T, int MINB>
-void launch_windows_b(const SpmmParams& p, const RowView& rv, const WindowSplit& sp,
-                      cudaStream_t stream) {
-  int64_t grid = (rv.num_window_items + kWindowThreads / 32 - 1) / (kWindowThreads / 32);
-  const int ctas = resident_ctas<spmm_windows<T, MINB>>(kWindowThreads, 0);
-  if (ctas > 0) grid = std::min<int64_t>(grid, ctas);
-  spmm_windows<T, MINB><<<dim3(unsigned(grid), unsigned(p.nslab), unsigned(p.heads)),
-                          kWindowThreads, 0, stream>>>(p, rv, sp);
-}
-
-// CTAs per SM the register budget aims at: 8 (64 registers, 32 warps/SM; the default) or 7
-// (72 registers; JAXSPARSE_TC_WINDOWS_CTAS=7, for benchmarks).
-template <class T>
-void launch_windows(const SpmmParams& p, const RowView& rv, const WindowSplit& sp,
-                    cudaStream_t stream) {
-  if (env_int("JAXSPARSE_TC_WINDOWS_CTAS", 8) == 7) launch_windows_b<T, 7>(p, rv, sp, stream);
-  else launch_windows_b<T, 8>(p, rv, sp, stream);
-}
-
 template <class T, int MT>
 void launch_tc(const SpmmParams& p, dim3 grid, cudaStream_t stream) {
   spmm_tc<T, MT, sizeof(T) == 2 ? 4 : 1><<<grid, kWarps * 32, 0, stream>>>(p);
@@ -1243,21 +1027,16 @@ void launch_rows(const SpmmParams& p, const RowView& rv, const RowSplit& rs, int
 // tensor-core ones (one per condensed column) but pay only for the nonzeros, with many more
 // warps per SM; the tensor-core kernels pay for all 64 entries of a block. So the row kernels
 // serve where blocks are sparse (sparse_blocks), and exact fp32 (CUDA-core FMAs either way).
-constexpr int64_t kRowWorkspaceBytes = 256 << 20;  // cap on the split rows' / windows' workspace
+constexpr int64_t kRowWorkspaceBytes = 256 << 20;  // row kernels: cap on the slotted rows' workspace
 
 bool prefer_rows(bool exact_f32, int64_t nnz, int64_t num_blocks) {
   return exact_f32 || sparse_blocks(nnz, num_blocks);
 }
 
-// 16-bit types on sparse blocks: the window kernel (same gathers as the row kernels, a few
-// instructions per nonzero instead of ~39; NOTES, session 7). float32 stays on the row kernels,
-// exact (a tf32 window kernel needs four 32-feature slabs at d=128 and measured 2x slower).
-bool prefer_windows(int64_t nnz, int64_t num_blocks) { return sparse_blocks(nnz, num_blocks); }
-
 ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer values,
                      ffi::AnyBuffer x, I32 wcp, I32 wc, I32 wbp, U32 bitmap, I32 bvp,
-                     I32 schedule, I32 row_entries, I32 row_schedule, I32 row_ptr,
-                     I32 window_items, ffi::Result<ffi::AnyBuffer> out, int32_t precision) {
+                     I32 schedule, I32 row_entries, I32 row_schedule,
+                     ffi::Result<ffi::AnyBuffer> out, int32_t precision) {
   const auto vd = values.dimensions(), xd = x.dimensions(), od = out->dimensions();
   if (vd.size() != 2 || xd.size() != 3 || od.size() != 3)
     return ffi::Error::InvalidArgument("spmm: expected values [Hv,nnz], x [Hx,n,d], out [H,m,d]");
@@ -1271,7 +1050,7 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
   p.x = x.untyped_data();
   p.out = out->untyped_data();
   static_cast<KernelPattern&>(p) = kernel_pattern(wcp, wc, wbp, bitmap, bvp, schedule);
-  const RowView rv = row_view(row_entries, row_schedule, row_ptr, window_items);
+  const RowView rv = row_view(row_entries, row_schedule);
   p.nnz = vd[1];
   p.n = xd[1];
   p.d = xd[2];
@@ -1289,45 +1068,15 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
   const bool aligned16 = (p.d * esize) % 16 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
                          reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
   // Kernel family (JAXSPARSE_TC_SPMM_VARIANT, read per launch; for tests and benchmarks): unset
-  // or auto, prefer_windows / prefer_rows pick; windows forces the window kernel (16-bit types
-  // with 16-byte rows; others run the row kernels); cuda_core forces the row kernels; async forces the pipelined
-  // bitmap-block kernel (where it applies; exact fp32: spmm_f32_exact); tc forces the
-  // register-gather bitmap-block kernel (spmm_tc; exact fp32: spmm_f32_exact).
+  // or auto, prefer_rows picks; cuda_core forces the row kernels; async forces the pipelined
+  // tensor-core kernel (where it applies; exact fp32: spmm_f32_exact); tc forces the
+  // register-gather tensor-core kernel (spmm_tc; exact fp32: spmm_f32_exact).
   std::string variant;
-  if (auto err = kernel_variant("spmm", "JAXSPARSE_TC_SPMM_VARIANT",
-                                {"windows", "cuda_core", "async", "tc"}, variant);
+  if (auto err = kernel_variant("spmm", "JAXSPARSE_TC_SPMM_VARIANT", {"cuda_core", "async", "tc"},
+                                variant);
       err.failure())
     return err;
   const int64_t num_blocks = int64_t(bitmap.element_count()) / 2;
-
-  // Window kernel (16-bit types): slabs, and the workspace of split windows (slots <= window
-  // items - windows: every split window adds at least one item).
-  const int win_nslab = int((p.d + kWindowSlab - 1) / kWindowSlab);
-  const int64_t win_slots = std::max<int64_t>(rv.num_window_items - num_windows, 0);
-  const size_t win_ws_bytes = size_t(win_slots * heads * kWindowRows * p.d) * 4;
-  const size_t win_done_bytes = size_t(win_slots * heads * win_nslab) * 4;
-  const bool windows_fit = win_ws_bytes + win_done_bytes <= size_t(kRowWorkspaceBytes) &&
-                           p.d * int64_t(esize) <= INT32_MAX;
-  const bool auto_windows = variant.empty() && prefer_windows(p.nnz, num_blocks);
-  if (esize == 2 && aligned16 && (variant == "windows" || auto_windows)) {
-    if (!windows_fit)
-      return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                        "spmm: the window kernel's workspace for split windows would exceed its cap");
-    p.nslab = win_nslab;
-    WindowSplit sp{};
-    if (win_slots > 0) {
-      auto mem = scratch.Allocate(win_ws_bytes + win_done_bytes, 16);
-      if (!mem)
-        return ffi::Error(ffi::ErrorCode::kResourceExhausted, "spmm: workspace allocation failed");
-      sp.ws = static_cast<float*>(*mem);
-      sp.done = reinterpret_cast<int*>(static_cast<char*>(*mem) + win_ws_bytes);
-      if (cudaMemsetAsync(*mem, 0, win_ws_bytes + win_done_bytes, stream) != cudaSuccess)
-        return ffi::Error::Internal("spmm: workspace memset failed");
-    }
-    if (dtype == ffi::DataType::F16) launch_windows<__half>(p, rv, sp, stream);
-    else launch_windows<__nv_bfloat16>(p, rv, sp, stream);
-    return launch_status("spmm");
-  }
 
   // Row kernels: lanes per group, slabs, and the workspace of rows cut into several CTA items
   // (slots <= items - rows: every such row adds at least one item; none: no workspace, one launch).
@@ -1340,7 +1089,7 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
   const bool rows_fit = row_ws_bytes + row_count_bytes <= size_t(kRowWorkspaceBytes) &&
                         p.d * int64_t(esize) <= INT32_MAX;
   const bool use_rows =
-      rows_fit && (variant == "cuda_core" || variant == "windows" ||
+      rows_fit && (variant == "cuda_core" ||
                    (variant.empty() && prefer_rows(exact, p.nnz, num_blocks)));
   if (variant == "cuda_core" && !rows_fit)
     return ffi::Error(ffi::ErrorCode::kResourceExhausted,
@@ -1423,7 +1172,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpmmCuda, spmm_cuda,
                                   .Arg<ffi::AnyBuffer>()  // values [Hv, nnz]
                                   .Arg<ffi::AnyBuffer>()  // x [Hx, n, d]
                                   JAXSPARSE_TC_PATTERN_ARGS
-                                  JAXSPARSE_TC_ROW_VIEW_ARGS
+                                  .Arg<I32>()  // row_entries [nnz, 2]
+                                  .Arg<I32>()  // row_schedule [R, 4]
                                   .Ret<ffi::AnyBuffer>()  // out [H, m, d]
                                   .Attr<int32_t>("precision"));
 

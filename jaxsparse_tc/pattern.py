@@ -25,16 +25,14 @@ class Pattern(NamedTuple):
   cols: np.ndarray  # int32 [nnz]
   row_entries: np.ndarray  # int32 [nnz, 2]: the row view, (column, format position) in CSR order
   row_schedule: np.ndarray  # int32 [R, 4]: row-view items (row, begin, end, slot)
-  row_ptr: np.ndarray  # int32 [m+1]: the row view's CSR offsets
-  window_items: np.ndarray  # int32 [S, 4]: row-view window items (window, begin, end, slot)
 
   def kernel_arrays(self) -> tuple:
     """The arrays every kernel reads, in the order of its FFI operands."""
     return tuple(self[:6])
 
   def row_arrays(self) -> tuple:
-    """The row view's arrays (read by the CUDA SpMM/SDDMM kernels for sparse blocks)."""
-    return (self.row_entries, self.row_schedule, self.row_ptr, self.window_items)
+    """The row view's arrays (read by the CUDA-core SpMM/SDDMM kernels)."""
+    return (self.row_entries, self.row_schedule)
 
   @property
   def num_blocks(self) -> int:
@@ -67,53 +65,31 @@ def row_piece(nnz: int) -> int:
 
 # A CTA's lane groups share one long row: up to ROW_CTA_PIECES row pieces' worth of entries.
 ROW_CTA_PIECES = 16
-# The window kernel's CTA (4 warps) shares one long window: up to WINDOW_CTA_PIECES pieces.
-WINDOW_CTA_PIECES = 4
-WHOLE_ROW = -1  # item slot: one lane group (rows) or one warp (windows) walks the segment
-CTA_ROW = -2  # item slot: one CTA walks the segment, its groups' sums meet in shared memory
-
-
-def segment_items(ptr: np.ndarray, piece: int, cta_pieces: int) -> np.ndarray:
-  """Work items (segment, begin, end, slot) over the entries of the segments ptr describes (rows,
-  or 8-row windows), longest first. A segment of at most `piece` entries is one item with slot
-  WHOLE_ROW (empty ones included, so kernels write their zero rows). A longer one is one item
-  per cta_pieces * piece entries, each walked by a whole CTA: a single such item has slot
-  CTA_ROW; the items of a segment with several (slot >= 0, numbering those segments in order)
-  add their CTAs' sums in a workspace slot. So CTA items form the list's prefix, slotted items
-  the prefix of that, and a segment's items are contiguous."""
-  ptr = np.asarray(ptr, dtype=np.int64)
-  counts = np.diff(ptr)
-  cap = cta_pieces * piece
-  pieces = np.maximum(1, -(-counts // cap))
-  order = np.argsort(-counts, kind="stable")
-  seg = np.repeat(order, pieces[order])
-  first = np.cumsum(pieces[order]) - pieces[order]
-  p = np.arange(seg.size, dtype=np.int64) - np.repeat(first, pieces[order])
-  begin = ptr[seg] + p * cap
-  end = np.minimum(begin + cap, ptr[seg + 1])
-  split = pieces[seg] > 1
-  slot = np.where(split, np.cumsum(split & (p == 0)) - 1,
-                  np.where(counts[seg] > piece, CTA_ROW, WHOLE_ROW))
-  return np.ascontiguousarray(np.stack([seg, begin, end, slot], axis=1), dtype=np.int32)
+WHOLE_ROW = -1  # row_schedule slot: one lane group walks the row
+CTA_ROW = -2  # row_schedule slot: one CTA walks the row, its groups' sums meet in shared memory
 
 
 def row_schedule(row_ptr: np.ndarray, piece: int) -> np.ndarray:
-  """Work items (row, begin, end, slot) of the row kernels (segment_items over rows)."""
-  return segment_items(row_ptr, piece, ROW_CTA_PIECES)
-
-
-def window_piece(nnz: int) -> int:
-  """Most entries one warp takes of a window (8 rows' pieces); a CTA takes 4 such pieces."""
-  return min(1024, WINDOW_ROWS * row_piece(nnz))
-
-
-def window_items(row_ptr: np.ndarray, piece: int) -> np.ndarray:
-  """Work items (window, begin, end, slot) of the window kernel: segment_items over the 8-row
-  windows of the row view (CSR order keeps a window's entries contiguous)."""
+  """Work items of the row view (row, begin, end, slot), longest rows first. A row of at most
+  `piece` entries is one item with slot WHOLE_ROW (empty rows included). A longer row is one
+  item per ROW_CTA_PIECES * piece entries, each walked by a whole CTA: a single such item has
+  slot CTA_ROW; the items of a row with several (slot >= 0, numbering those rows in order) add
+  their CTAs' sums in a workspace slot. So CTA items form the schedule's prefix, slotted items
+  the prefix of that, and a row's items are contiguous."""
   ptr = np.asarray(row_ptr, dtype=np.int64)
-  m = ptr.size - 1
-  wptr = ptr[np.minimum(np.arange(0, -(-m // WINDOW_ROWS) * WINDOW_ROWS + 1, WINDOW_ROWS), m)]
-  return segment_items(wptr, piece, WINDOW_CTA_PIECES)
+  counts = np.diff(ptr)
+  cap = ROW_CTA_PIECES * piece
+  pieces = np.maximum(1, -(-counts // cap))
+  order = np.argsort(-counts, kind="stable")
+  row = np.repeat(order, pieces[order])
+  first = np.cumsum(pieces[order]) - pieces[order]
+  p = np.arange(row.size, dtype=np.int64) - np.repeat(first, pieces[order])
+  begin = ptr[row] + p * cap
+  end = np.minimum(begin + cap, ptr[row + 1])
+  split = pieces[row] > 1
+  slot = np.where(split, np.cumsum(split & (p == 0)) - 1,
+                  np.where(counts[row] > piece, CTA_ROW, WHOLE_ROW))
+  return np.ascontiguousarray(np.stack([row, begin, end, slot], axis=1), dtype=np.int32)
 
 
 def build(rows: np.ndarray, cols: np.ndarray, m: int, n: int) -> tuple[Pattern, np.ndarray]:
@@ -130,31 +106,21 @@ def build(rows: np.ndarray, cols: np.ndarray, m: int, n: int) -> tuple[Pattern, 
       cols=raw["cols"],
       row_entries=raw["row_entries"],
       row_schedule=row_schedule(raw["row_ptr"], row_piece(raw["rows"].shape[0])),
-      row_ptr=raw["row_ptr"],
-      window_items=window_items(raw["row_ptr"], window_piece(raw["rows"].shape[0])),
   )
   return pattern, raw["input_to_format"]
 
 
 # A primitive's pattern operands, in order: A's kernel arrays (6), A^T's (6), perm_t, perm_t_inv,
 # A's and A^T's per-value rows (for rules that gather per-row quantities onto nonzeros), then
-# A's row view (4) and A^T's (4).
-NUM_ROW_ARRAYS = 4
-NUM_PATTERN_OPERANDS = 24
+# A's row view (2) and A^T's (2).
+NUM_PATTERN_OPERANDS = 20
 PERM_T = 12
 ROWS = 14
 ROW_VIEW = 16
 
 
-def row_view_operands(leading: int) -> tuple[int, ...]:
-  """Indices of A's row view among a primitive's operands that has `leading` operands before
-  its pattern operands (the CUDA lowering appends them to the kernel's operands)."""
-  return tuple(range(leading + ROW_VIEW, leading + ROW_VIEW + NUM_ROW_ARRAYS))
-
-
 def transpose_operands(operands: tuple) -> tuple:
   """The pattern operands of A^T, given those of A."""
   assert len(operands) == NUM_PATTERN_OPERANDS
-  rv, rv_t = ROW_VIEW, ROW_VIEW + NUM_ROW_ARRAYS
   return (*operands[6:12], *operands[:6], operands[13], operands[12], operands[15], operands[14],
-          *operands[rv_t:rv_t + NUM_ROW_ARRAYS], *operands[rv:rv_t])
+          *operands[18:20], *operands[16:18])

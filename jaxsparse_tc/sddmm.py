@@ -9,8 +9,7 @@ from jax.interpreters import ad, batching
 
 from jaxsparse_tc import checks, heads, precision as precision_lib, rules
 from jaxsparse_tc.lowering import register_ffi_lowering
-from jaxsparse_tc.pattern import (NUM_PATTERN_OPERANDS, PERM_T, row_view_operands,
-                                  transpose_operands)
+from jaxsparse_tc.pattern import NUM_PATTERN_OPERANDS, PERM_T, ROW_VIEW, transpose_operands
 
 sddmm_p = Primitive("jaxsparse_tc_sddmm")
 
@@ -88,4 +87,4 @@ ad.primitive_transposes[sddmm_p] = _transpose
 batching.primitive_batchers[sddmm_p] = _batch
 # On CUDA the kernels also read A's row view (the CUDA-core kernels for sparse blocks).
 register_ffi_lowering(sddmm_p, "jaxsparse_tc_sddmm", 8, precision="precision",
-                      cuda_extra_operands=row_view_operands(2))
+                      cuda_extra_operands=(2 + ROW_VIEW, 3 + ROW_VIEW))

@@ -126,65 +126,32 @@ def test_row_view_is_csr_of_the_format(rng):
     same = np.diff(r) == 0
     assert np.all(np.diff(ent[:, 0])[same] > 0), "columns ascending inside a row"
   ptr = np.concatenate([[0], np.cumsum(np.bincount(np.asarray(A.rows), minlength=m))])
-  from jaxsparse_tc.pattern import ROW_CTA_PIECES
+  from jaxsparse_tc.pattern import CTA_ROW, ROW_CTA_PIECES, WHOLE_ROW
 
   for piece in (1, 2, 7, 32, 1000):
-    check_segment_items(ptr, row_schedule(ptr, piece), piece, ROW_CTA_PIECES, every_kind=piece == 2)
-
-
-def check_segment_items(ptr, items, piece, cta_pieces, every_kind):
-  """Items (segment, begin, end, slot) cover each segment (empty ones too) and each entry once;
-  a segment of at most `piece` entries is one WHOLE_ROW item, one of at most cta_pieces * piece
-  one CTA_ROW item, longer ones slotted CTA items sharing a slot; CTA items are the prefix,
-  slotted ones the prefix of that; longest segments first."""
-  from jaxsparse_tc.pattern import CTA_ROW, WHOLE_ROW
-
-  cap = cta_pieces * piece
-  seen = np.zeros(ptr[-1], np.int64)
-  assert set(items[:, 0]) == set(range(ptr.size - 1)), "every segment (empty ones too) has an item"
-  for seg, b, e, slot in items:
-    length = ptr[seg + 1] - ptr[seg]
-    assert ptr[seg] <= b <= e <= ptr[seg + 1] and e - b <= cap
-    assert (slot == WHOLE_ROW) == (length <= piece)
-    assert (slot == CTA_ROW) == (piece < length <= cap)
-    assert (slot >= 0) == (length > cap)
-    if slot == WHOLE_ROW or slot == CTA_ROW:
-      assert (b, e) == (ptr[seg], ptr[seg + 1])
-    seen[b:e] += 1
-  assert np.all(seen == 1)
-  cta = items[:, 3] != WHOLE_ROW
-  split = items[:, 3] >= 0
-  assert cta[:cta.sum()].all(), "CTA items are the prefix"
-  assert split[:split.sum()].all(), "slotted items are the prefix of those"
-  slots = items[split, 3]
-  assert np.all(np.diff(slots) >= 0) and (slots.size == 0 or slots.max() + 1 == len(set(slots)))
-  assert all(len(set(items[items[:, 3] == s, 0])) == 1 for s in set(slots)), "a slot per segment"
-  assert np.all(np.diff(np.diff(ptr)[items[:, 0]]) <= 0), "longest segments first"
-  if every_kind:
-    assert split.any() and (cta & ~split).any() and (~cta).any(), "every kind of item"
-
-
-def test_window_items_cover_each_window_once(rng):
-  """Window items are segment items over the 8-row windows of the row view (4 pieces per CTA),
-  and the built pattern carries them with its row pointers."""
-  from jaxsparse_tc.pattern import WINDOW_CTA_PIECES, WINDOW_ROWS, window_items, window_piece
-
-  m, n = 45, 300
-  per_row = rng.integers(0, 80, m)
-  per_row[8:16] = 0  # an empty window
-  per_row[24:32] = 12  # a window of 96 entries
-  rows = np.repeat(np.arange(m), per_row)
-  A = SparseMatrix.from_coo(rows, rng.integers(0, n, rows.size), shape=(m, n))
-  counts = np.bincount(np.asarray(A.rows), minlength=m)
-  ptr = np.concatenate([[0], np.cumsum(counts)])
-  np.testing.assert_array_equal(np.asarray(A.pattern.row_ptr), ptr)
-  W = -(-m // WINDOW_ROWS)
-  wptr = ptr[np.minimum(np.arange(W + 1) * WINDOW_ROWS, m)]
-  for piece in (1, 16, 40, 100, 10_000):
-    check_segment_items(wptr, window_items(ptr, piece), piece, WINDOW_CTA_PIECES,
-                        every_kind=piece == 40)
-  np.testing.assert_array_equal(np.asarray(A.pattern.window_items),
-                                window_items(ptr, window_piece(A.nnz)))
+    sched = row_schedule(ptr, piece)
+    cap = ROW_CTA_PIECES * piece
+    seen = np.zeros(ptr[-1], np.int64)
+    assert set(sched[:, 0]) == set(range(m)), "every row (empty ones too) has an item"
+    for row, b, e, slot in sched:
+      length = ptr[row + 1] - ptr[row]
+      assert ptr[row] <= b <= e <= ptr[row + 1] and e - b <= cap
+      assert (slot == WHOLE_ROW) == (length <= piece)
+      assert (slot == CTA_ROW) == (piece < length <= cap)
+      assert (slot >= 0) == (length > cap)
+      if slot == WHOLE_ROW or slot == CTA_ROW:
+        assert (b, e) == (ptr[row], ptr[row + 1])
+      seen[b:e] += 1
+    assert np.all(seen == 1)
+    cta = sched[:, 3] != WHOLE_ROW
+    split = sched[:, 3] >= 0
+    assert cta[:cta.sum()].all(), "CTA items are the schedule's prefix"
+    assert split[:split.sum()].all(), "slotted items are the prefix of those"
+    slots = sched[split, 3]
+    assert np.all(np.diff(slots) >= 0) and (slots.size == 0 or slots.max() + 1 == len(set(slots)))
+    assert np.all(np.diff(np.diff(ptr)[sched[:, 0]]) <= 0), "longest rows first"
+    if piece == 2:
+      assert split.any() and (cta & ~split).any(), "the test covers every kind of item"
 
 
 def test_split_blocks_matches_the_kernels():

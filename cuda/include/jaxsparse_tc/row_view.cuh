@@ -24,43 +24,18 @@ namespace jaxsparse_tc {
 // slot: a CTA item, the CTA's groups share the entries. slot >= 0: one of several CTA items of a
 // very long row, whose sums meet in workspace slot `slot`. CTA items form the schedule's prefix,
 // slotted ones the prefix of that.
-// Window items (pattern.py window_items): (window, begin, end, slot) over the entries of the 8
-// rows 8*window.. (CSR order keeps them contiguous), slots as for rows (a warp walks a
-// kWholeRow window, a CTA of kWindowThreads the others).
 struct RowView {
   const int2* entries;  // [nnz] (column, format position), CSR order
-  const int4* sched;    // [R] row items
+  const int4* sched;    // [R] items
   int64_t num_items;
-  const int32_t* row_ptr;  // [m+1] CSR offsets
-  const int4* windows;     // [S] window items
-  int64_t num_window_items;
 };
 
 constexpr int kWholeRow = -1, kCtaRow = -2;  // pattern.py WHOLE_ROW, CTA_ROW
 
-inline RowView row_view(I32 entries, I32 schedule, I32 row_ptr, I32 window_items) {
+inline RowView row_view(I32 entries, I32 schedule) {
   return {reinterpret_cast<const int2*>(entries.typed_data()),
           reinterpret_cast<const int4*>(schedule.typed_data()),
-          int64_t(schedule.element_count()) / 4,
-          row_ptr.typed_data(),
-          reinterpret_cast<const int4*>(window_items.typed_data()),
-          int64_t(window_items.element_count()) / 4};
-}
-
-// The row view's FFI operands (after the kernel arrays; pattern.py row_arrays()).
-#define JAXSPARSE_TC_ROW_VIEW_ARGS                             \
-  .Arg<::jaxsparse_tc::I32>()     /* row_entries [nnz, 2] */  \
-      .Arg<::jaxsparse_tc::I32>() /* row_schedule [R, 4] */   \
-      .Arg<::jaxsparse_tc::I32>() /* row_ptr [m+1] */         \
-      .Arg<::jaxsparse_tc::I32>() /* window_items [S, 4] */
-
-// Entries per step of the window kernel (the k of one m16n8k16 MMA).
-constexpr int kWindowChunk = 16;
-
-// Entry b + lane of the row view for lanes below kWindowChunk, if below `end`; else column -1.
-// The window kernel reads its entries a chunk ahead, one per lane, and hands them out by shuffles.
-__device__ __forceinline__ int2 window_chunk(const RowView& rv, int b, int end, int lane) {
-  return lane < kWindowChunk && b + lane < end ? __ldg(rv.entries + b + lane) : make_int2(-1, 0);
+          int64_t(schedule.element_count()) / 4};
 }
 
 // Share g of `groups` equal shares (at least min_share entries each) of a CTA item's entries
@@ -79,8 +54,7 @@ inline bool sparse_blocks(int64_t nnz, int64_t num_blocks) {
   return double(nnz) <= 0.25 * 64.0 * double(num_blocks);
 }
 
-constexpr int kRowThreads = 256;     // threads per CTA of the row kernels
-constexpr int kWindowThreads = 128;  // threads per CTA of the window kernel (a warp per item)
+constexpr int kRowThreads = 256;  // threads per CTA of the row kernels
 template <class T> constexpr int kRowVec = 16 / int(sizeof(T));  // features per lane
 
 // Lanes per group for d features of T.
