@@ -290,16 +290,18 @@ def test_repeatable(rng):
                                          ("JAXSPARSE_TC_SPMM_L1", "0"))]
                          + [{"JAXSPARSE_TC_SPMM_VARIANT": "cuda_core", k: v}
                             for k, v in (("JAXSPARSE_TC_ROWS_UNROLL", "8"),
+                                         ("JAXSPARSE_TC_ROWS_UNROLL", "4"),
                                          ("JAXSPARSE_TC_ROWS_PERSIST", "0"))])
 @pytest.mark.parametrize("dt", ["f32", "f16"])
 @pytest.mark.parametrize("kind", ["random", "heavy"])
 def test_spmm_kernel_variants(rng, monkeypatch, kind, dt, env):
-  """Every kernel variant the switches of cuda/spmm.cu select computes the same function."""
+  """Every kernel variant the switches of cuda/spmm.cu select computes the same function (d of
+  every row-kernel group width: 2, 4 (several entries per lane), 8, 16, 32 lanes)."""
   for k, v in env.items():
     monkeypatch.setenv(k, v)
   dtype, precision, tol = DTYPES[dt]
   A, empty = _matrix(rng, kind)
-  for d in (64, 128, 40):
+  for d in (64, 128, 40, 16, 12, 5):
     x = jnp.asarray(rng.standard_normal((A.shape[1], d)), dtype)
     out = jax.jit(jst.spmm)(_on(_gpu(), A), _on(_gpu(), x))
     ref = _dense64(A, dtype) @ np.asarray(x, np.float64)
