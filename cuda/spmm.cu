@@ -764,52 +764,39 @@ __global__ void row_split_prep(const RowView rv, const RowSplit rs, int per_slot
   }
 }
 
-// A lane's M entries of a chunk of L * M: entry k + m * L + li for m < M (if below n), as
-// columns and raw values (zeros otherwise, which add nothing to the shuffled sums).
-template <int M>
-struct LaneEntries {
-  int col[M];
-  uint32_t vraw[M];
-};
-
-template <class T, int L, int M>
-__device__ __forceinline__ void load_entries(const RowView& rv, const T* vh, int k, int n, int li,
-                                             LaneEntries<M>& en) {
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    en.col[m] = 0;
-    en.vraw[m] = 0u;
-    if (m * L + li < n) {
-      const int2 e = __ldg(rv.entries + k + m * L + li);
-      en.col[m] = e.x;
-      en.vraw[m] = load_raw<T>(vh + e.y);
-    }
+// Lane li's entry k + li (if li < n): its column and raw value (zeros otherwise, which add
+// nothing to the shuffled sums).
+template <class T>
+__device__ __forceinline__ void load_entry(const RowView& rv, const T* vh, int k, int n, int li,
+                                           int& col, uint32_t& vraw) {
+  col = 0;
+  vraw = 0u;
+  if (li < n) {
+    const int2 e = __ldg(rv.entries + k + li);
+    col = e.x;
+    vraw = load_raw<T>(vh + e.y);
   }
 }
 
 // Adds a group's products over entries [b, e) (bounds uniform over the group) into lane li's E
-// features at f, U gathers in flight per lane. Entries come in chunks of L * M, M per lane
-// (M > 1 where U > L: small groups, so that a chunk's one round trip feeds U gathers); en
-// holds the first chunk (load_entries(b)). after_issue() runs once, when the first gathers are
-// in flight (the persistent loop prefetches the next item there).
-template <class T, int L, int U, int E, int M, class Hook>
+// features at f. col/vraw hold the first L entries (load_entry(b)); after_issue() runs once,
+// when the first gathers are in flight (the persistent loop prefetches the next item there).
+template <class T, int L, int U, int E, class Hook>
 __device__ __forceinline__ void row_sums(const SpmmParams& p, const RowView& rv, const T* xh,
                                          const T* vh, int b, int e, int64_t f, bool active,
-                                         unsigned gmask, int li, LaneEntries<M> en,
+                                         unsigned gmask, int li, int col, uint32_t vraw,
                                          float (&acc)[E], Hook&& after_issue) {
-  static_assert(M == 1 || U == L * M, "several entries per lane: one batch of U per chunk");
   constexpr int NW = Words<T, E>::N;
   bool issued = false;
-  for (int kc = b; kc < e; kc += L * M) {
-    const int n = min(L * M, e - kc);
-    if (kc != b) load_entries<T, L, M>(rv, vh, kc, n, li, en);
-    for (int j = 0; j < n; j += U) {  // M > 1: one pass (U = L * M), so j = 0
+  for (int kc = b; kc < e; kc += L) {
+    const int n = min(L, e - kc);
+    if (kc != b) load_entry<T>(rv, vh, kc, n, li, col, vraw);
+    for (int j = 0; j < n; j += U) {
       uint32_t xw[U][NW];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int k = M == 1 ? j + u : u;  // entry of the chunk: lane k % L, slot k / L
-        const int c = __shfl_sync(gmask, en.col[M == 1 ? 0 : u / L], k % L, L);
-        if (k < n && active) {
+        const int c = __shfl_sync(gmask, col, j + u, L);
+        if (j + u < n && active) {
           load_row<T, E>(xh + int64_t(c) * p.d, f, p.d, p.vec, xw[u]);
         } else {
 #pragma unroll
@@ -822,28 +809,24 @@ __device__ __forceinline__ void row_sums(const SpmmParams& p, const RowView& rv,
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int k = M == 1 ? j + u : u;
-        const float a = raw_to_f32<T>(__shfl_sync(gmask, en.vraw[M == 1 ? 0 : u / L], k % L, L));
+        const float a = raw_to_f32<T>(__shfl_sync(gmask, vraw, j + u, L));
         float x[E];
         unpack_words<T, E>(xw[u], x);
 #pragma unroll
-        for (int q = 0; q < E; ++q) acc[q] = fmaf(a, x[q], acc[q]);
+        for (int k = 0; k < E; ++k) acc[k] = fmaf(a, x[k], acc[k]);
       }
     }
   }
   if (!issued) after_issue();
 }
 
-// UNROLL: gathers in flight per lane (4: a 64-register cap, 32 warps/SM; 8 in groups of 8-32
-// lanes: ~110 registers, 16 warps/SM). Groups of fewer lanes than UNROLL take M entries per lane
-// per chunk, so one round trip for a chunk's entries feeds UNROLL gathers (80 registers, 24
-// warps/SM).
+// UNROLL: gathers in flight per lane (8: ~105 registers, 16 warps/SM; 4 with a 64-register
+// cap: 32 warps/SM).
 template <class T, int L, int UNROLL>
-__global__ void __launch_bounds__(kRowThreads, UNROLL <= 4 ? 4 : L < UNROLL ? 3 : 1)
+__global__ void __launch_bounds__(kRowThreads, UNROLL <= 4 ? 4 : 1)
     spmm_rows(const SpmmParams p, const RowView rv, const RowSplit rs) {
   constexpr int E = kRowVec<T>, NG = kRowThreads / L, F = L * E;
-  constexpr int M = UNROLL > L ? UNROLL / L : 1;  // entries per lane per chunk
-  constexpr int U = UNROLL < L ? UNROLL : L * M;
+  constexpr int U = UNROLL < L ? UNROLL : L;
   constexpr int U1 = U < 2 ? U : 2;  // CTA items: fewer gathers per lane, no spills (64 registers)
   __shared__ float part[NG * F];  // CTA items: each group's sums over the slab's F features
   __shared__ int last;
@@ -862,12 +845,13 @@ __global__ void __launch_bounds__(kRowThreads, UNROLL <= 4 ? 4 : L < UNROLL ? 3 
     if (it.w == kWholeRow) break;
     const int2 share = cta_share(it.y, it.z, NG, g, 1);
     const int b = share.x, e = share.y;
-    LaneEntries<1> en;
-    load_entries<T, L, 1>(rv, vh, b, min(L, e - b), li, en);
+    int col;
+    uint32_t vraw;
+    load_entry<T>(rv, vh, b, min(L, e - b), li, col, vraw);
     float acc[E];
 #pragma unroll
     for (int k = 0; k < E; ++k) acc[k] = 0.f;
-    row_sums<T, L, U1, E, 1>(p, rv, xh, vh, b, e, f, active, gmask, li, en, acc, [] {});
+    row_sums<T, L, U1, E>(p, rv, xh, vh, b, e, f, active, gmask, li, col, vraw, acc, [] {});
 #pragma unroll
     for (int k = 0; k < E; ++k) part[g * F + li * E + k] = acc[k];
     __syncthreads();
@@ -906,30 +890,24 @@ __global__ void __launch_bounds__(kRowThreads, UNROLL <= 4 ? 4 : L < UNROLL ? 3 
     if (item < rv.num_items) it = rv.sched[item];
   }
   if (item >= rv.num_items) return;
-  LaneEntries<M> en;
-  load_entries<T, L, M>(rv, vh, it.y, min(L * M, it.z - it.y), li, en);
+  int col;
+  uint32_t vraw;
+  load_entry<T>(rv, vh, it.y, min(L, it.z - it.y), li, col, vraw);
   for (; item < rv.num_items; item += stride) {
     const int64_t next = item + stride;
     const int4 nit = next < rv.num_items ? rv.sched[next] : make_int4(0, 0, 0, 0);
-    int2 ne[M];
-#pragma unroll
-    for (int m = 0; m < M; ++m) ne[m] = make_int2(0, -1);
+    int2 ne = make_int2(0, -1);
     float acc[E];
 #pragma unroll
     for (int k = 0; k < E; ++k) acc[k] = 0.f;
-    row_sums<T, L, U, E, M>(p, rv, xh, vh, it.y, it.z, f, active, gmask, li, en, acc, [&] {
-#pragma unroll
-      for (int m = 0; m < M; ++m)
-        if (m * L + li < nit.z - nit.y) ne[m] = __ldg(rv.entries + nit.y + m * L + li);
+    row_sums<T, L, U, E>(p, rv, xh, vh, it.y, it.z, f, active, gmask, li, col, vraw, acc, [&] {
+      if (li < nit.z - nit.y) ne = __ldg(rv.entries + nit.y + li);
     });
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      en.col[m] = 0;
-      en.vraw[m] = 0u;
-      if (ne[m].y >= 0) {
-        en.col[m] = ne[m].x;
-        en.vraw[m] = load_raw<T>(vh + ne[m].y);
-      }
+    col = 0;
+    vraw = 0u;
+    if (ne.y >= 0) {
+      col = ne.x;
+      vraw = load_raw<T>(vh + ne.y);
     }
     if (active)
       store_row<T, E>(static_cast<T*>(p.out) + (int64_t(h) * p.m + it.x) * p.d, f, p.d, p.vec, acc);
@@ -1037,14 +1015,11 @@ void launch_rows_u(const SpmmParams& p, const RowView& rv, const RowSplit& rs, i
   }
 }
 
-// Gathers in flight per lane: 8 for groups of 4 lanes (small d: two entries per lane), else 4
-// (groups of 2 lanes: two entries per lane too); JAXSPARSE_TC_ROWS_UNROLL=4|8 forces one
-// (docs/NOTES.md).
+// JAXSPARSE_TC_ROWS_UNROLL=4|8: gathers in flight per lane (default: docs/NOTES.md).
 template <class T>
 void launch_rows(const SpmmParams& p, const RowView& rv, const RowSplit& rs, int lanes,
                  cudaStream_t stream) {
-  const int forced = env_int("JAXSPARSE_TC_ROWS_UNROLL", 0);
-  if (forced == 8 || (forced != 4 && lanes == 4)) launch_rows_u<T, 8>(p, rv, rs, lanes, stream);
+  if (env_int("JAXSPARSE_TC_ROWS_UNROLL", 4) == 8) launch_rows_u<T, 8>(p, rv, rs, lanes, stream);
   else launch_rows_u<T, 4>(p, rv, rs, lanes, stream);
 }
 

@@ -290,13 +290,12 @@ def test_repeatable(rng):
                                          ("JAXSPARSE_TC_SPMM_L1", "0"))]
                          + [{"JAXSPARSE_TC_SPMM_VARIANT": "cuda_core", k: v}
                             for k, v in (("JAXSPARSE_TC_ROWS_UNROLL", "8"),
-                                         ("JAXSPARSE_TC_ROWS_UNROLL", "4"),
                                          ("JAXSPARSE_TC_ROWS_PERSIST", "0"))])
 @pytest.mark.parametrize("dt", ["f32", "f16"])
 @pytest.mark.parametrize("kind", ["random", "heavy"])
 def test_spmm_kernel_variants(rng, monkeypatch, kind, dt, env):
   """Every kernel variant the switches of cuda/spmm.cu select computes the same function (d of
-  every row-kernel group width: 2, 4 (several entries per lane), 8, 16, 32 lanes)."""
+  every row-kernel group width: 2, 4, 8, 16, 32 lanes)."""
   for k, v in env.items():
     monkeypatch.setenv(k, v)
   dtype, precision, tol = DTYPES[dt]
