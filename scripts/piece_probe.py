@@ -1,9 +1,10 @@
 """Small graphs: does a shorter row piece shorten the row kernels' device time? (NOTES, session 8)
 
 On a small graph every row kernel's device time is its longest chain of dependent loads: a lane
-group walks a whole row of up to `piece` entries (row_piece: 32 on Cora), 4 entries per round
-trip, while longer rows are shared by a CTA's groups. This times the same SpMM with the row
-schedule rebuilt for shorter pieces (the CTA share grown so that no row needs a workspace slot):
+group walks a whole row of up to `piece` entries, 4 entries per round trip, while longer rows
+are shared by a CTA's groups (row_piece: 32 on Cora before session 8, 16 since, after this
+probe). This times the same SpMM with the row schedule rebuilt for shorter pieces (the CTA
+share grown so that no row needs a workspace slot):
 chain (one program of 32 dependent SpMMs, wall / 32) and device (the chain queued behind a
 matmul, latency_probe.py's method), us per SpMM, d=128, fp16 and exact float32.
 
@@ -25,7 +26,7 @@ import jaxsparse_tc as jst  # noqa: E402
 from jaxsparse_tc import pattern as pattern_lib  # noqa: E402
 from latency_probe import chain_and_device_us  # noqa: E402
 
-SHAPES = [(32, 16), (16, 32), (8, 64), (4, 128)]  # (piece, CTA pieces); the first is Cora's default
+SHAPES = [(32, 16), (16, 32), (8, 64), (4, 128)]  # (piece, CTA pieces); (32, 16): Cora's old default
 
 
 def with_piece(p, m, piece, cta_pieces):
