@@ -8,10 +8,13 @@ dynamic shared memory. Indices: the column list of rmat17-d16 in CSR order (what
 uniform random ids. Prints rows/s and bytes/s per shape, with the device name.
 
   python3 scripts/gather_probe.py            (needs cupy and a GPU)
+  GATHER_PROBE_RMAT=20,8 python3 scripts/gather_probe.py   (another R-MAT graph: scale, degree;
+      only its column list, rows of 64/256/512 bytes, 64 warps/SM)
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -69,16 +72,24 @@ def main() -> None:
   props = cp.cuda.runtime.getDeviceProperties(0)
   smem_per_sm = props["sharedMemPerMultiprocessor"]
   print("# device:", props["name"].decode())
-  csr = common.rmat(17, 16)
+  shapes, warps_per_sm = SHAPES, WARPS_PER_SM
+  if os.environ.get("GATHER_PROBE_RMAT"):
+    scale, deg = (int(v) for v in os.environ["GATHER_PROBE_RMAT"].split(","))
+    csr = common.rmat(scale, deg)
+    index_sets = {f"rmat{scale}-d{deg} csr cols": csr.indices.astype(np.int32)}
+    shapes, warps_per_sm = [(4, 16, 4), (16, 16, 4), (32, 16, 4)], [64]
+  else:
+    csr = common.rmat(17, 16)
+    index_sets = {"rmat17 csr cols": csr.indices.astype(np.int32),
+                  "uniform": np.random.default_rng(0).integers(0, csr.shape[1], csr.nnz)
+                  .astype(np.int32)}
   n = csr.shape[1]
-  index_sets = {"rmat17 csr cols": csr.indices.astype(np.int32),
-                "uniform": np.random.default_rng(0).integers(0, n, csr.nnz).astype(np.int32)}
   print(f"| indices | row bytes | lanes x bytes | rows in flight | warps/SM | us | G rows/s | TB/s |")
   print("|---|---|---|---|---|---|---|---|")
   for iname, idx_np in index_sets.items():
     idx = cp.asarray(idx_np)
     m = idx.size
-    for lanes, vb, u in SHAPES:
+    for lanes, vb, u in shapes:
       row_bytes = lanes * vb
       x = cp.asarray(np.random.default_rng(1).integers(0, 2**31, (n, row_bytes // 4)),
                      dtype=cp.uint32)
@@ -88,7 +99,7 @@ def main() -> None:
       groups = -(-m // per_group)
       blocks = -(-groups * lanes // THREADS)
       out = cp.empty(blocks * THREADS, cp.uint32)
-      for warps in WARPS_PER_SM:
+      for warps in warps_per_sm:
         ctas = warps * 32 // THREADS
         smem = smem_per_sm // ctas - 1024  # caps the CTAs per SM
         if smem > 48 * 1024:
