@@ -62,12 +62,12 @@ SMALL_GRAPH_NNZ = 1 << 16  # graphs this small get row pieces of 16 entries (row
 
 def row_piece(nnz: int) -> int:
   """Longest row one lane group walks alone: small graphs get short rows per group (a shorter
-  longest chain of dependent loads: under 64k nonzeros 16 entries, which took Cora's SpMM from
-  ~9-10 to ~5-6 us of device time, scripts/piece_probe.py), large ones longer (fewer rows need
-  a whole CTA)."""
-  floor = 16 if nnz < SMALL_GRAPH_NNZ else 32
-  return int(min(256, max(floor, 1 << max(0, int(nnz // 16384).bit_length() - 1))))
-
+  longest chain of dependent loads: 16 entries under SMALL_GRAPH_NNZ nonzeros, which took
+  Cora's SpMM from ~9-10 to ~5-6 us of device time, scripts/piece_probe.py), large ones longer
+  (fewer rows need a whole CTA)."""
+  if nnz < SMALL_GRAPH_NNZ:
+    return 16
+  return int(min(256, max(32, 1 << (int(nnz // 16384).bit_length() - 1))))
 
 
 # A CTA's lane groups share one long row: up to ROW_CTA_PIECES row pieces' worth of entries.
