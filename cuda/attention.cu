@@ -400,12 +400,34 @@ void launch_tc(cudaStream_t st, unsigned grid, const T* q, const T* k, const T* 
 
 }  // namespace
 
-static ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::ScratchAllocator scratch,
-                                     ffi::AnyBuffer q, ffi::AnyBuffer k,
+// Split windows' workspace of the fused forward (tensor-core path: 16-bit, d == dv in {32, 64,
+// 128}; JAXSPARSE_TC_ATTN_SPLIT=0, for tests and benchmarks: no slots, whole windows per warp):
+// per slot and head, 8 rows of (running max, sum, unnormalised O), and a piece counter. Slots
+// beyond the cap are windows done whole by their first piece.
+static SplitWorkspace attention_split(int esize, int64_t d, int64_t dv, int64_t heads,
+                                      int64_t num_items, size_t* bytes) {
+  const bool tc = esize == 2 && d == dv && (d == 32 || d == 64 || d == 128) && num_items > 0;
+  const int64_t slot_bytes = heads * 8 * (dv + 2) * 4 + heads * 4;
+  SplitWorkspace sw{nullptr, nullptr, 0};
+  if (tc && env_int("JAXSPARSE_TC_ATTN_SPLIT", 1) != 0)
+    sw.cap = std::min<int64_t>(num_items, kSplitWorkspaceBytes / slot_bytes);
+  *bytes = size_t(sw.cap * heads * 8 * (dv + 2)) * 4 + size_t(sw.cap * heads) * 4;
+  return sw;
+}
+
+int64_t attention_workspace_bytes(int esize, int64_t d, int64_t dv, int64_t heads,
+                                  int64_t num_items) {
+  size_t bytes = 0;
+  attention_split(esize, d, dv, heads, num_items, &bytes);
+  return int64_t(bytes);
+}
+
+static ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer k,
                                      ffi::AnyBuffer v, ffi::AnyBuffer bias, I32 wcp, I32 wc,
                                      I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
                                      ffi::Result<ffi::AnyBuffer> o,
-                                     ffi::Result<ffi::Buffer<ffi::F32>> lse, float scale,
+                                     ffi::Result<ffi::Buffer<ffi::F32>> lse,
+                                     ffi::Result<ffi::AnyBuffer> workspace, float scale,
                                      int32_t has_bias) {
   const PatternView p = make_view(wcp, wc, wbp, bitmap, bvp, schedule);
   const int64_t heads = o->dimensions()[0], m = o->dimensions()[1], dv = o->dimensions()[2];
@@ -414,6 +436,20 @@ static ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::ScratchAllocator scra
   if (d > 32 * kMaxPerLane || dv > 32 * kMaxPerLane)
     return ffi::Error::InvalidArgument("sparse_attention (CUDA): d and dv must be <= 256");
   if (heads == 0 || m == 0) return ffi::Error::Success();
+  const int esize = q.element_type() == ffi::DataType::F32 ? 4 : 2;
+  size_t ws_bytes = 0;
+  SplitWorkspace sw = attention_split(esize, d, dv, heads, p.num_items, &ws_bytes);
+  if (workspace->size_bytes() < ws_bytes)
+    return ffi::Error::InvalidArgument(
+        "sparse_attention: workspace smaller than the launch needs (JAXSPARSE_TC_ATTN_SPLIT "
+        "changed after the program was compiled?)");
+  if (sw.cap > 0) {
+    char* const mem = static_cast<char*>(workspace->untyped_data());
+    sw.ws = reinterpret_cast<float*>(mem);
+    sw.done = reinterpret_cast<int*>(mem + size_t(sw.cap * heads * 8 * (dv + 2)) * 4);
+    if (cudaMemsetAsync(sw.done, 0, size_t(sw.cap * heads) * 4, st) != cudaSuccess)
+      return ffi::Error::Internal("sparse_attention: workspace memset failed");
+  }
   ffi::Error e = dispatch_device_float(q.element_type(), "sparse_attention", [&](auto tag) {
     using T = decltype(tag);
     const T* qp = static_cast<const T*>(q.untyped_data());
@@ -424,23 +460,6 @@ static ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::ScratchAllocator scra
     float* lp = lse->typed_data();
     if constexpr (sizeof(T) == 2) {
       if (d == dv && (d == 32 || d == 64 || d == 128) && p.num_items > 0) {
-        // JAXSPARSE_TC_ATTN_SPLIT=0 (tests, benchmarks): no slots, whole windows per warp.
-        const bool split = env_int("JAXSPARSE_TC_ATTN_SPLIT", 1) != 0;
-        const int64_t slot_bytes = heads * 8 * (dv + 2) * 4 + heads * 4;
-        SplitWorkspace sw{nullptr, nullptr,
-                          split ? std::min<int64_t>(p.num_items, kSplitWorkspaceBytes / slot_bytes)
-                                : 0};
-        if (sw.cap > 0) {
-          const size_t ws_bytes = size_t(sw.cap * heads * 8 * (dv + 2)) * 4;
-          auto mem = scratch.Allocate(ws_bytes + size_t(sw.cap * heads) * 4, 16);
-          if (mem) {
-            sw.ws = static_cast<float*>(*mem);
-            sw.done = reinterpret_cast<int*>(static_cast<char*>(*mem) + ws_bytes);
-            cudaMemsetAsync(sw.done, 0, size_t(sw.cap * heads) * 4, st);
-          } else {
-            sw.cap = 0;  // every split window is done whole by its first piece
-          }
-        }
         const unsigned grid = grid_for(p.num_items * heads);
         if (d == 32) launch_tc<T, 32>(st, grid, qp, kp, vp, bp, op, lp, p, heads, hc, m, n, nnz, scale, has_bias, sw);
         if (d == 64) launch_tc<T, 64>(st, grid, qp, kp, vp, bp, op, lp, p, heads, hc, m, n, nnz, scale, has_bias, sw);
@@ -490,7 +509,6 @@ static ffi::Error attention_jvp_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::Any
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionFwdCuda, attention_fwd_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
@@ -498,8 +516,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionFwdCuda, attention_fwd_cuda,
                                   JAXSPARSE_TC_PATTERN_ARGS
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()  // workspace [bytes]
                                   .Attr<float>("scale")
-                                  .Attr<int32_t>("has_bias"));
+                                  .Attr<int32_t>("has_bias"),
+                              JAXSPARSE_TC_CAPTURABLE);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionJvpCuda, attention_jvp_cuda,
                               ffi::Ffi::Bind()
@@ -517,7 +537,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionJvpCuda, attention_jvp_cuda,
                                   JAXSPARSE_TC_PATTERN_ARGS
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<float>("scale")
-                                  .Attr<int32_t>("has_bias"));
+                                  .Attr<int32_t>("has_bias"),
+                              JAXSPARSE_TC_CAPTURABLE);
 
 
 }  // namespace jaxsparse_tc

@@ -1,5 +1,9 @@
 // The CUDA extension: CUDA FFI handlers as capsules for jax.ffi (platform "CUDA").
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <string>
 
 #include "xla/ffi/api/c_api.h"
 
@@ -12,6 +16,12 @@ extern "C" XLA_FFI_Error* EdgeSoftmaxCuda(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* EdgeSoftmaxBwdCuda(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* AttentionFwdCuda(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* AttentionJvpCuda(XLA_FFI_CallFrame*);
+// Workspace result sizes, from the same plans the handlers launch by (spmm.cu, attention.cu).
+int64_t spmm_workspace_bytes(int esize, bool exact, int64_t nnz, int64_t num_blocks,
+                             int64_t num_items, int64_t num_windows, int64_t row_items, int64_t m,
+                             int64_t d, int64_t heads, std::string* error);
+int64_t attention_workspace_bytes(int esize, int64_t d, int64_t dv, int64_t heads,
+                                  int64_t num_items);
 }  // namespace jaxsparse_tc
 
 namespace {
@@ -32,4 +42,15 @@ NB_MODULE(_cuda, m) {
     d["jaxsparse_tc_attention_jvp"] = capsule(jaxsparse_tc::AttentionJvpCuda);
     return d;
   });
+  m.def("spmm_workspace_bytes",
+        [](int esize, bool exact, int64_t nnz, int64_t num_blocks, int64_t num_items,
+           int64_t num_windows, int64_t row_items, int64_t m, int64_t d, int64_t heads) {
+          std::string error;
+          const int64_t bytes = jaxsparse_tc::spmm_workspace_bytes(
+              esize, exact, nnz, num_blocks, num_items, num_windows, row_items, m, d, heads,
+              &error);
+          if (bytes < 0) throw nb::value_error(error.c_str());
+          return bytes;
+        });
+  m.def("attention_workspace_bytes", &jaxsparse_tc::attention_workspace_bytes);
 }

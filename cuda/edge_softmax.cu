@@ -158,7 +158,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EdgeSoftmaxCuda, edge_softmax_cuda,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()  // values [H, nnz]
                                   JAXSPARSE_TC_PATTERN_ARGS
-                                  .Ret<ffi::AnyBuffer>());
+                                  .Ret<ffi::AnyBuffer>(),
+                              JAXSPARSE_TC_CAPTURABLE);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EdgeSoftmaxBwdCuda, edge_softmax_bwd_cuda,
                               ffi::Ffi::Bind()
@@ -166,6 +167,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EdgeSoftmaxBwdCuda, edge_softmax_bwd_cuda,
                                   .Arg<ffi::AnyBuffer>()  // y [Hy, nnz]
                                   .Arg<ffi::AnyBuffer>()  // t [Ht, nnz]
                                   JAXSPARSE_TC_PATTERN_ARGS
-                                  .Ret<ffi::AnyBuffer>());
+                                  .Ret<ffi::AnyBuffer>(),
+                              JAXSPARSE_TC_CAPTURABLE);
 
 }  // namespace jaxsparse_tc

@@ -380,6 +380,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SddmmCuda, sddmm_cuda,
                                   .Arg<I32>()  // row_entries [nnz, 2]
                                   .Arg<I32>()  // row_schedule [R, 4]
                                   .Ret<ffi::AnyBuffer>()  // out [H, nnz]
-                                  .Attr<int32_t>("precision"));
+                                  .Attr<int32_t>("precision"),
+                              JAXSPARSE_TC_CAPTURABLE);
 
 }  // namespace jaxsparse_tc

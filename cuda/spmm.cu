@@ -1033,10 +1033,87 @@ bool prefer_rows(bool exact_f32, int64_t nnz, int64_t num_blocks) {
   return exact_f32 || sparse_blocks(nnz, num_blocks);
 }
 
-ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer values,
-                     ffi::AnyBuffer x, I32 wcp, I32 wc, I32 wbp, U32 bitmap, I32 bvp,
-                     I32 schedule, I32 row_entries, I32 row_schedule,
-                     ffi::Result<ffi::AnyBuffer> out, int32_t precision) {
+// A SpMM launch's shapes (what plan_spmm reads) and its plan.
+struct SpmmShape {
+  int esize;   // bytes per element of X
+  bool exact;  // float32 with precision="highest"
+  int64_t nnz, num_blocks, num_items, num_windows, row_items, m, d, heads;
+};
+
+struct SpmmPlan {
+  std::string variant;  // JAXSPARSE_TC_SPMM_VARIANT ("" for auto)
+  bool rows;            // the CUDA-core row kernels (else the window kernels)
+  int lanes, row_nslab;
+  int64_t row_slots;
+  size_t row_ws_bytes, row_count_bytes;
+  size_t workspace_bytes;  // the workspace result's size
+};
+
+// Window kernels' workspace for `nslab` feature slabs: split windows' fp32 sums (cap slots),
+// their block counters, and each window's slot.
+struct WindowWorkspace {
+  int64_t cap;
+  size_t ws_bytes, done_bytes, slot_bytes;
+  size_t total() const { return ws_bytes + done_bytes + slot_bytes; }
+};
+
+WindowWorkspace window_workspace(const SpmmShape& s, int nslab) {
+  const int64_t per_slot = s.heads * kWindowRows * s.d * 4 + s.heads * nslab * 4;
+  WindowWorkspace w{};
+  w.cap = std::min<int64_t>(s.num_items, std::max<int64_t>(1, kWorkspaceBytes / per_slot));
+  w.ws_bytes = size_t(w.cap * s.heads * kWindowRows * s.d) * 4;
+  w.done_bytes = size_t(w.cap * s.heads * nslab) * 4;
+  w.slot_bytes = size_t(std::max<int64_t>(s.num_windows, 1)) * 4;
+  return w;
+}
+
+// Slabs of the window kernels: exact fp32 128 features, the pipelined kernel its slab, the
+// register-gather kernel 16 * mt.
+int tc_mt(int64_t d) { return d <= 16 ? 1 : d <= 32 ? 2 : 4; }
+int window_nslab(const SpmmShape& s, bool use_async, int async_slab) {
+  const int64_t slab = s.exact ? 128 : use_async ? async_slab : 16 * tc_mt(s.d);
+  return int((s.d + slab - 1) / slab);
+}
+
+// The launch a SpMM makes, from its shapes and the switches alone. The row kernels need a
+// workspace only for rows cut into several CTA items (slots <= items - rows: every such row adds
+// at least one item); the window kernels size theirs for either of their slab widths, since
+// which one runs depends on the operands' alignment, known only at run time.
+ffi::Error plan_spmm(const SpmmShape& s, SpmmPlan& plan) {
+  std::string variant;
+  if (auto err = kernel_variant("spmm", "JAXSPARSE_TC_SPMM_VARIANT", {"cuda_core", "async", "tc"},
+                                variant);
+      err.failure())
+    return err;
+  plan = SpmmPlan{};
+  plan.variant = variant;
+  plan.lanes = s.esize == 4 ? row_lanes<float>(s.d) : row_lanes<__half>(s.d);
+  const int64_t row_slab = int64_t(plan.lanes) * (16 / s.esize);
+  plan.row_nslab = int((s.d + row_slab - 1) / row_slab);
+  plan.row_slots = std::max<int64_t>(s.row_items - s.m, 0);
+  plan.row_ws_bytes = size_t(plan.row_slots * s.heads * s.d) * 4;
+  plan.row_count_bytes = size_t(plan.row_slots * s.heads * plan.row_nslab) * 4;
+  const bool rows_fit = plan.row_ws_bytes + plan.row_count_bytes <= size_t(kRowWorkspaceBytes) &&
+                        s.d * int64_t(s.esize) <= INT32_MAX;
+  if (variant == "cuda_core" && !rows_fit)
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      "spmm: the row kernels' workspace for very long rows would exceed its cap");
+  plan.rows = rows_fit && (variant == "cuda_core" ||
+                           (variant.empty() && prefer_rows(s.exact, s.nnz, s.num_blocks)));
+  if (plan.rows) {
+    plan.workspace_bytes = plan.row_ws_bytes + plan.row_count_bytes;
+  } else {
+    const int slab = s.esize == 4 ? async_config<float>(s.d).slab : async_config<__half>(s.d).slab;
+    plan.workspace_bytes = std::max(window_workspace(s, window_nslab(s, false, slab)).total(),
+                                    window_workspace(s, window_nslab(s, true, slab)).total());
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error spmm_cuda(cudaStream_t stream, ffi::AnyBuffer values, ffi::AnyBuffer x, I32 wcp,
+                     I32 wc, I32 wbp, U32 bitmap, I32 bvp, I32 schedule, I32 row_entries,
+                     I32 row_schedule, ffi::Result<ffi::AnyBuffer> out,
+                     ffi::Result<ffi::AnyBuffer> workspace, int32_t precision) {
   const auto vd = values.dimensions(), xd = x.dimensions(), od = out->dimensions();
   if (vd.size() != 2 || xd.size() != 3 || od.size() != 3)
     return ffi::Error::InvalidArgument("spmm: expected values [Hv,nnz], x [Hx,n,d], out [H,m,d]");
@@ -1059,88 +1136,56 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
   p.heads = int(heads);
   p.v_head_stride = vd[0] == 1 ? 0 : p.nnz;
   p.x_head_stride = xd[0] == 1 ? 0 : p.n * p.d;
-  const int64_t num_windows = int64_t(wcp.element_count()) - 1;
   if (heads == 0 || p.m == 0 || p.d == 0 || p.num_items == 0) return ffi::Error::Success();
   if (heads > 65535) return ffi::Error::InvalidArgument("spmm: at most 65535 heads");
 
   const bool exact = dtype == ffi::DataType::F32 && precision == 1;
-  const size_t esize = dtype == ffi::DataType::F32 ? 4 : 2;
+  const int esize = dtype == ffi::DataType::F32 ? 4 : 2;
+  const SpmmShape shape{esize, exact, p.nnz, int64_t(bitmap.element_count()) / 2, p.num_items,
+                        int64_t(wcp.element_count()) - 1, rv.num_items, p.m, p.d, heads};
+  SpmmPlan plan;
+  if (auto err = plan_spmm(shape, plan); err.failure()) return err;
+  char* const ws = static_cast<char*>(workspace->untyped_data());
+  if (workspace->size_bytes() < plan.workspace_bytes)
+    return ffi::Error::InvalidArgument(
+        "spmm: workspace smaller than the launch needs (a JAXSPARSE_TC_* switch changed after "
+        "the program was compiled?)");
   const bool aligned16 = (p.d * esize) % 16 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
                          reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
-  // Kernel family (JAXSPARSE_TC_SPMM_VARIANT, read per launch; for tests and benchmarks): unset
-  // or auto, prefer_rows picks; cuda_core forces the row kernels; async forces the pipelined
-  // tensor-core kernel (where it applies; exact fp32: spmm_f32_exact); tc forces the
-  // register-gather tensor-core kernel (spmm_tc; exact fp32: spmm_f32_exact).
-  std::string variant;
-  if (auto err = kernel_variant("spmm", "JAXSPARSE_TC_SPMM_VARIANT", {"cuda_core", "async", "tc"},
-                                variant);
-      err.failure())
-    return err;
-  const int64_t num_blocks = int64_t(bitmap.element_count()) / 2;
 
-  // Row kernels: lanes per group, slabs, and the workspace of rows cut into several CTA items
-  // (slots <= items - rows: every such row adds at least one item; none: no workspace, one launch).
-  const int lanes = esize == 4 ? row_lanes<float>(p.d) : row_lanes<__half>(p.d);
-  const int64_t row_slab = int64_t(lanes) * (16 / int64_t(esize));
-  const int row_nslab = int((p.d + row_slab - 1) / row_slab);
-  const int64_t row_slots = std::max<int64_t>(rv.num_items - p.m, 0);
-  const size_t row_ws_bytes = size_t(row_slots * heads * p.d) * 4;
-  const size_t row_count_bytes = size_t(row_slots * heads * row_nslab) * 4;
-  const bool rows_fit = row_ws_bytes + row_count_bytes <= size_t(kRowWorkspaceBytes) &&
-                        p.d * int64_t(esize) <= INT32_MAX;
-  const bool use_rows =
-      rows_fit && (variant == "cuda_core" ||
-                   (variant.empty() && prefer_rows(exact, p.nnz, num_blocks)));
-  if (variant == "cuda_core" && !rows_fit)
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                      "spmm: the row kernels' workspace for very long rows would exceed its cap");
-  if (use_rows) {
-    p.nslab = row_nslab;
+  if (plan.rows) {
+    p.nslab = plan.row_nslab;
     p.vec = aligned16;
     RowSplit rs{};
-    if (row_slots > 0) {
-      auto mem = scratch.Allocate(row_ws_bytes + row_count_bytes, 16);
-      if (!mem)
-        return ffi::Error(ffi::ErrorCode::kResourceExhausted, "spmm: workspace allocation failed");
-      rs.ws = static_cast<float*>(*mem);
-      rs.count = reinterpret_cast<int*>(static_cast<char*>(*mem) + row_ws_bytes);
-      if (cudaMemsetAsync(*mem, 0, row_ws_bytes + row_count_bytes, stream) != cudaSuccess)
+    if (plan.row_slots > 0) {
+      rs.ws = reinterpret_cast<float*>(ws);
+      rs.count = reinterpret_cast<int*>(ws + plan.row_ws_bytes);
+      if (cudaMemsetAsync(ws, 0, plan.workspace_bytes, stream) != cudaSuccess)
         return ffi::Error::Internal("spmm: workspace memset failed");
       const int64_t blocks = std::min<int64_t>((rv.num_items + 255) / 256, 1024);
-      row_split_prep<<<unsigned(blocks), 256, 0, stream>>>(rv, rs, int(heads) * row_nslab);
+      row_split_prep<<<unsigned(blocks), 256, 0, stream>>>(rv, rs, int(heads) * plan.row_nslab);
     }
-    if (dtype == ffi::DataType::F32) launch_rows<float>(p, rv, rs, lanes, stream);
-    else if (dtype == ffi::DataType::F16) launch_rows<__half>(p, rv, rs, lanes, stream);
-    else launch_rows<__nv_bfloat16>(p, rv, rs, lanes, stream);
+    if (dtype == ffi::DataType::F32) launch_rows<float>(p, rv, rs, plan.lanes, stream);
+    else if (dtype == ffi::DataType::F16) launch_rows<__half>(p, rv, rs, plan.lanes, stream);
+    else launch_rows<__nv_bfloat16>(p, rv, rs, plan.lanes, stream);
     return launch_status("spmm");
   }
 
-  const int mt = p.d <= 16 ? 1 : p.d <= 32 ? 2 : 4;
+  const int mt = tc_mt(p.d);
   // The pipelined kernel is the default tensor-core path where its 16-byte copies apply.
-  const bool use_async = !exact && variant != "tc" && device_is_sm90_or_later() &&
+  const bool use_async = !exact && plan.variant != "tc" && device_is_sm90_or_later() &&
                          (p.d * esize) % 16 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
                          p.d * int64_t(esize) <= INT32_MAX;
   AsyncConfig ac{};
   if (use_async)
     ac = dtype == ffi::DataType::F32 ? async_config<float>(p.d) : async_config<__half>(p.d);
-  const int nslab = exact       ? int((p.d + 127) / 128)
-                    : use_async ? int((p.d + ac.slab - 1) / ac.slab)
-                                : int((p.d + 16 * mt - 1) / (16 * mt));
-
+  p.nslab = window_nslab(shape, use_async, ac.slab);
   // Split-window workspace: slot = schedule index of a window's first piece, capped.
-  const int64_t slot_bytes = heads * kWindowRows * p.d * 4 + heads * nslab * 4;
-  p.cap = std::min<int64_t>(p.num_items, std::max<int64_t>(1, kWorkspaceBytes / slot_bytes));
-  p.nslab = nslab;
-  // One scratch allocation (XLA's FFI allocator takes alignments up to 16 bytes).
-  const size_t ws_bytes = size_t(p.cap * heads * kWindowRows * p.d) * 4;
-  const size_t done_bytes = size_t(p.cap * heads * nslab) * 4;
-  const size_t slot_bytes_all = size_t(std::max<int64_t>(num_windows, 1)) * 4;
-  auto mem = scratch.Allocate(ws_bytes + done_bytes + slot_bytes_all, 16);
-  if (!mem)
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted, "spmm: workspace allocation failed");
-  p.ws = static_cast<float*>(*mem);
-  p.done = reinterpret_cast<int*>(static_cast<char*>(*mem) + ws_bytes);
-  p.slot_of = reinterpret_cast<int*>(static_cast<char*>(*mem) + ws_bytes + done_bytes);
+  const WindowWorkspace w = window_workspace(shape, p.nslab);
+  p.cap = w.cap;
+  p.ws = reinterpret_cast<float*>(ws);
+  p.done = reinterpret_cast<int*>(ws + w.ws_bytes);
+  p.slot_of = reinterpret_cast<int*>(ws + w.ws_bytes + w.done_bytes);
   split_prep<<<unsigned(std::min<int64_t>(p.num_items, 264)), 256, 0, stream>>>(p);
 
   if (use_async) {
@@ -1150,7 +1195,7 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
     else launch_async<__nv_bfloat16>(p, ac, stream);
   } else if (exact) {
     p.vec = p.d % 4 == 0;
-    const int64_t warps = p.num_items * nslab;
+    const int64_t warps = p.num_items * p.nslab;
     const dim3 grid(unsigned((warps + kWarps - 1) / kWarps), unsigned(std::min<int64_t>(heads, 65535)));
     spmm_f32_exact<<<grid, kWarps * 32, 0, stream>>>(p);
   } else if (dtype == ffi::DataType::F32) {
@@ -1165,16 +1210,30 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
 
 }  // namespace
 
+int64_t spmm_workspace_bytes(int esize, bool exact, int64_t nnz, int64_t num_blocks,
+                             int64_t num_items, int64_t num_windows, int64_t row_items, int64_t m,
+                             int64_t d, int64_t heads, std::string* error) {
+  SpmmPlan plan;
+  const ffi::Error err = plan_spmm(
+      {esize, exact, nnz, num_blocks, num_items, num_windows, row_items, m, d, heads}, plan);
+  if (err.failure()) {
+    *error = err.message();
+    return -1;
+  }
+  return int64_t(plan.workspace_bytes);
+}
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SpmmCuda, spmm_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
                                   .Arg<ffi::AnyBuffer>()  // values [Hv, nnz]
                                   .Arg<ffi::AnyBuffer>()  // x [Hx, n, d]
                                   JAXSPARSE_TC_PATTERN_ARGS
                                   .Arg<I32>()  // row_entries [nnz, 2]
                                   .Arg<I32>()  // row_schedule [R, 4]
                                   .Ret<ffi::AnyBuffer>()  // out [H, m, d]
-                                  .Attr<int32_t>("precision"));
+                                  .Ret<ffi::AnyBuffer>()  // workspace [bytes] (plan_spmm)
+                                  .Attr<int32_t>("precision"),
+                              JAXSPARSE_TC_CAPTURABLE);
 
 }  // namespace jaxsparse_tc

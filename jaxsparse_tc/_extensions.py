@@ -25,6 +25,11 @@ if _cuda is not None:
     jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
 
 
+def cuda_extension():
+  """The CUDA extension module (None where it was not built)."""
+  return _cuda
+
+
 def has_cuda() -> bool:
   """True when the CUDA extension was built (whether or not a GPU is present)."""
   return _cuda is not None

@@ -32,6 +32,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
 from jaxsparse_tc import checks, heads, precision as precision_lib, rules
+from jaxsparse_tc._extensions import cuda_extension
 from jaxsparse_tc.lowering import register_ffi_lowering
 from jaxsparse_tc.pattern import NUM_PATTERN_OPERANDS, PERM_T, ROWS, transpose_operands
 
@@ -121,7 +122,16 @@ def _fwd_batch(args, dims, **params):
 attention_fwd_p.def_abstract_eval(_fwd_abstract)
 ad.primitive_jvps[attention_fwd_p] = _fwd_jvp
 batching.primitive_batchers[attention_fwd_p] = _fwd_batch
-register_ffi_lowering(attention_fwd_p, "jaxsparse_tc_attention_fwd", 4 + 6, **_ATTRS)
+def _fwd_cuda_workspace(avals_in, avals_out, params):
+  """Bytes of the fused forward's split-window workspace (cuda/attention.cu)."""
+  q, v, schedule = avals_in[0], avals_in[2], avals_in[9]
+  h = avals_out[0].shape[0]
+  return cuda_extension().attention_workspace_bytes(q.dtype.itemsize, q.shape[2], v.shape[2], h,
+                                                    schedule.shape[0])
+
+
+register_ffi_lowering(attention_fwd_p, "jaxsparse_tc_attention_fwd", 4 + 6,
+                      cuda_workspace=_fwd_cuda_workspace, **_ATTRS)
 
 
 # -- jvp (linear in operands 6..9) --------------------------------------------------------------

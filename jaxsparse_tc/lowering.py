@@ -17,7 +17,8 @@ except ImportError:  # pragma: no cover
 
 
 def register_ffi_lowering(prim, target: str, num_kernel_operands: int, *,
-                          cuda_extra_operands: tuple[int, ...] = (), **static_attrs):
+                          cuda_extra_operands: tuple[int, ...] = (), cuda_workspace=None,
+                          **static_attrs):
   """Lowers `prim` to FFI `target` on CPU (always) and CUDA (when built).
 
   Primitives carry both orientations of the pattern for their transpose rules; a kernel reads
@@ -25,14 +26,25 @@ def register_ffi_lowering(prim, target: str, num_kernel_operands: int, *,
   `cuda_extra_operands` (appended in that order). `static_attrs` maps each FFI attribute to
   the param it comes from: a param name (an int32 attribute) or a (param name, numpy scalar
   type) pair.
+
+  `cuda_workspace(avals_in, avals_out, params) -> bytes` (avals_in: the operands the kernel
+  reads): the CUDA handler's workspace, an extra uint8 result that XLA plans with the program's
+  other buffers and that is dropped here. (Not the FFI scratch allocator: its memory is freed
+  when the handler returns, while a CUDA graph captured from the handler keeps the address.)
   """
   attr_types = {attr: src if isinstance(src, tuple) else (src, np.int32)
                 for attr, src in static_attrs.items()}
 
-  def lower(ctx, operands, params, picked):
+  def lower(ctx, operands, params, picked, workspace=None):
     attrs = {attr: typ(params[name]) for attr, (name, typ) in attr_types.items()}
-    sub = ctx.replace(avals_in=[ctx.avals_in[i] for i in picked])
-    return jax.ffi.ffi_lowering(target)(sub, *(operands[i] for i in picked), **attrs)
+    avals_in = [ctx.avals_in[i] for i in picked]
+    if workspace is None:
+      sub = ctx.replace(avals_in=avals_in)
+      return jax.ffi.ffi_lowering(target)(sub, *(operands[i] for i in picked), **attrs)
+    nbytes = max(int(workspace(avals_in, ctx.avals_out, params)), 1)
+    ws = ctx.avals_out[0].update(shape=(nbytes,), dtype=np.dtype(np.uint8))
+    sub = ctx.replace(avals_in=avals_in, avals_out=[*ctx.avals_out, ws])
+    return jax.ffi.ffi_lowering(target)(sub, *(operands[i] for i in picked), **attrs)[:-1]
 
   def rule(ctx, *operands, **params):
     return lower(ctx, operands, params, range(num_kernel_operands))
@@ -41,7 +53,8 @@ def register_ffi_lowering(prim, target: str, num_kernel_operands: int, *,
     if any(getattr(a, "dtype", None) == np.float64 for a in ctx.avals_in):
       raise NotImplementedError(
           f"{prim.name}: float64 runs on the CPU kernels only; cast to float32 on GPU")
-    return lower(ctx, operands, params, [*range(num_kernel_operands), *cuda_extra_operands])
+    return lower(ctx, operands, params, [*range(num_kernel_operands), *cuda_extra_operands],
+                 cuda_workspace)
 
   prim.def_impl(functools.partial(apply_primitive, prim))
   mlir.register_lowering(prim, rule, platform="cpu")

@@ -8,6 +8,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
 from jaxsparse_tc import checks, heads, precision as precision_lib, rules
+from jaxsparse_tc._extensions import cuda_extension
 from jaxsparse_tc.lowering import register_ffi_lowering
 from jaxsparse_tc.pattern import NUM_PATTERN_OPERANDS, PERM_T, ROW_VIEW, transpose_operands
 
@@ -76,6 +77,17 @@ spmm_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[spmm_p] = rules.bilinear_jvp(spmm_p)
 ad.primitive_transposes[spmm_p] = _transpose
 batching.primitive_batchers[spmm_p] = _batch
+def _cuda_workspace(avals_in, avals_out, params):
+  """Bytes of the CUDA launch's workspace (the plan the handler launches by, cuda/spmm.cu)."""
+  values, x, wcp, _, _, bitmap, _, schedule, _, row_schedule = avals_in
+  h, m, d = avals_out[0].shape
+  exact = x.dtype == jnp.float32 and params["precision"] == precision_lib.HIGHEST
+  return cuda_extension().spmm_workspace_bytes(
+      x.dtype.itemsize, exact, values.shape[1], bitmap.size // 2, schedule.shape[0],
+      wcp.shape[0] - 1, row_schedule.shape[0], m, d, h)
+
+
 # On CUDA the kernels also read A's row view (the CUDA-core kernels for sparse blocks).
 register_ffi_lowering(spmm_p, "jaxsparse_tc_spmm", 8, precision="precision",
-                      cuda_extra_operands=(2 + ROW_VIEW, 3 + ROW_VIEW))
+                      cuda_extra_operands=(2 + ROW_VIEW, 3 + ROW_VIEW),
+                      cuda_workspace=_cuda_workspace)

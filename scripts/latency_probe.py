@@ -3,7 +3,7 @@
 Cora, d=128, fp16 SpMM (ours) and float32 segment_sum (XLA), each timed three ways:
   per call  back-to-back jitted calls, one sync at the end (what bench_spmm_sddmm reports);
   chain     one program of K dependent calls, wall time / K (what bench_chained reports);
-  device    the same chain queued behind a ~20 ms matmul, so the host has finished queueing
+  device    the same chain queued behind a ~2 ms matmul, so the host has finished queueing
             before the GPU reaches the chain: (T(matmul + chain) - T(matmul)) / K.
 Plus the dispatch cost of a jitted no-op taking the SparseMatrix pytree against one taking two
 arrays. Usage: python3 scripts/latency_probe.py [graph]   (JAXSPARSE_TC_* switches apply).
@@ -11,7 +11,6 @@ arrays. Usage: python3 scripts/latency_probe.py [graph]   (JAXSPARSE_TC_* switch
 
 import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -34,28 +33,9 @@ def per_call_us(f, *args):
 
 
 def chain_and_device_us(step, consts, x):
-  prog = _chain(step, K)
-  args = (*consts, x)
-  big = jnp.ones((6144, 6144), jnp.float32)
-  mm = jax.jit(lambda a: a @ a)
-  for _ in range(3):
-    jax.block_until_ready(prog(*args))
-    jax.block_until_ready(mm(big))
-  wall, head, both = [], [], []
-  for _ in range(7):
-    t0 = time.perf_counter()
-    jax.block_until_ready(prog(*args))
-    wall.append(time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    jax.block_until_ready(mm(big))
-    head.append(time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    r = mm(big)
-    jax.block_until_ready(prog(*args))
-    both.append(time.perf_counter() - t0)
-    del r
-  return (float(np.median(wall)) / K * 1e6,
-          (float(np.median(both)) - float(np.median(head))) / K * 1e6)
+  """(chain, device) us per call of K dependent calls x <- step(*consts, x) in one program."""
+  device, wall = common.time_jax_device(_chain(step, K), (*consts, x), K)
+  return wall, device
 
 
 def main():

@@ -12,6 +12,14 @@
 
 #include "cpu/ffi_common.h"
 
+// Every CUDA handler may be captured into XLA's command buffers (CUDA graphs), which removes
+// the host's per-call dispatch between kernels. That holds because a handler only launches
+// work on its stream, allocates nothing (workspaces are XLA-planned result buffers, not scratch
+// memory that would be freed after the capture while the graph keeps its address) and does
+// the same thing each time it runs with the same shapes.
+#define JAXSPARSE_TC_CAPTURABLE \
+  { ffi::Traits::kCmdBufferCompatible }
+
 namespace jaxsparse_tc {
 
 // Calls f(T{}) with T the device type of dt (float, __half, __nv_bfloat16).

@@ -1,0 +1,98 @@
+"""The CUDA lowering, checked without a GPU (cross-platform lowering): the handlers' workspace is
+an XLA-planned result of the size their launch plan needs, and a bad kernel switch fails at
+trace time. Skipped where the CUDA extension was not built."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import jaxsparse_tc as jst
+from jaxsparse_tc import pattern as pattern_lib
+from jaxsparse_tc._extensions import has_cuda
+
+pytestmark = pytest.mark.skipif(not has_cuda(), reason="CUDA extension not built")
+
+
+def _results(fn, *args) -> list[tuple[str, tuple[int, ...]]]:
+  """(element type, shape) of each result of the one custom call fn lowers to on CUDA."""
+  text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  calls = [line for line in text.splitlines() if "stablehlo.custom_call" in line]
+  assert len(calls) == 1, calls
+  out = calls[0].rsplit("->", 1)[1]
+  types = re.findall(r"tensor<([^>]*)>", out)
+  parsed = []
+  for t in types:
+    *dims, dt = t.split("x")
+    parsed.append((dt, tuple(int(x) for x in dims)))
+  return parsed
+
+
+def _long_row_graph(m=300, n=4000, long_row=7, seed=0):
+  rng = np.random.default_rng(seed)
+  g = sp.random(m, n, density=0.002, format="lil", random_state=seed, dtype=np.float32)
+  g[long_row, :] = rng.uniform(0.5, 1.5, (1, n)).astype(np.float32)  # one row of n entries
+  return sp.csr_matrix(g)
+
+
+@pytest.mark.parametrize("dtype,d", [(jnp.float16, 64), (jnp.float32, 40)])
+def test_spmm_row_workspace_is_a_result_of_the_planned_size(dtype, d):
+  g = _long_row_graph()
+  A = jst.SparseMatrix.from_scipy(g)
+  A = A.with_values(A.values.astype(dtype))
+  x = jnp.ones((g.shape[1], d), dtype)
+  res = _results(jst.spmm, A, x)
+  assert res[0][1] == (1, g.shape[0], d)
+  assert res[1][0] == "ui8" and len(res) == 2
+  # The row kernels' workspace: per extra CTA item of the long row, d fp32 sums and one
+  # countdown per lane slab (lanes * 16 bytes of features).
+  piece = pattern_lib.row_piece(g.nnz)
+  cap = pattern_lib.ROW_CTA_PIECES * piece
+  slots = -(-g.shape[1] // cap) - 1
+  assert slots > 0
+  itemsize = jnp.dtype(dtype).itemsize
+  lanes = 2
+  while lanes < 32 and lanes * (16 // itemsize) < d:
+    lanes *= 2
+  nslab = -(-d // (lanes * (16 // itemsize)))
+  assert res[1][1] == (slots * d * 4 + slots * nslab * 4,)
+
+
+def test_spmm_without_split_rows_has_a_token_workspace(cora):
+  A = jst.SparseMatrix.from_scipy(cora)  # Cora: no row needs several CTA items
+  x = jnp.ones((cora.shape[1], 16), jnp.float32)
+  assert _results(jst.spmm, A, x)[1] == ("ui8", (1,))
+
+
+def test_spmm_heads_scale_the_workspace():
+  g = _long_row_graph()
+  A = jst.SparseMatrix.from_scipy(g)
+  x1 = jnp.ones((g.shape[1], 32), jnp.float32)
+  x3 = jnp.ones((3, g.shape[1], 32), jnp.float32)
+  one = _results(jst.spmm, A, x1)[1][1][0]
+  three = _results(jst.spmm, A, x3)[1][1][0]
+  assert three == 3 * one
+
+
+def test_attention_forward_workspace_is_a_result():
+  g = _long_row_graph(m=64, n=64 * 40)
+  A = jst.SparseMatrix.from_scipy(g)
+  q = jnp.ones((2, g.shape[0], 64), jnp.float16)
+  k = jnp.ones((2, g.shape[1], 64), jnp.float16)
+  res = _results(lambda A, q, k: jst.sparse_attention(A, q, k, k), A, q, k)
+  assert [r[0] for r in res] == ["f16", "f32", "ui8"]
+  # Split windows' slots: 8 rows x (dv + 2) fp32 and a counter, per head.
+  assert res[2][1][0] > 1 and (res[2][1][0] % (2 * (8 * 66 * 4 + 4))) == 0
+
+
+def test_bad_kernel_switch_fails_at_trace_time(monkeypatch):
+  g = _long_row_graph()
+  A = jst.SparseMatrix.from_scipy(g)
+  monkeypatch.setenv("JAXSPARSE_TC_SPMM_VARIANT", "fastest")
+  with pytest.raises(ValueError, match="JAXSPARSE_TC_SPMM_VARIANT"):
+    _results(jst.spmm, A, jnp.ones((g.shape[1], 8), jnp.float32))
