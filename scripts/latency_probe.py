@@ -25,7 +25,7 @@ import jaxsparse_tc as jst  # noqa: E402
 from bench_chained import _chain  # noqa: E402
 from bench_spmm_sddmm import _time  # noqa: E402
 
-K = 32
+K = int(os.environ.get("LATENCY_PROBE_K", "32"))  # calls per program
 
 
 def per_call_us(f, *args):
