@@ -57,16 +57,18 @@ def window_schedule(window_block_ptr: np.ndarray, split_blocks: int = SPLIT_BLOC
   return np.ascontiguousarray(items[order], dtype=np.int32)
 
 
-SMALL_GRAPH_NNZ = 1 << 16  # graphs this small get row pieces of 16 entries (row_piece)
+SMALL_GRAPH_NNZ = 1 << 16  # graphs this small get row pieces of SMALL_GRAPH_PIECE entries
+SMALL_GRAPH_PIECE = 8
 
 
 def row_piece(nnz: int) -> int:
   """Longest row one lane group walks alone: small graphs get short rows per group (a shorter
-  longest chain of dependent loads: 16 entries under SMALL_GRAPH_NNZ nonzeros, which took
-  Cora's SpMM from ~9-10 to ~5-6 us of device time, scripts/piece_probe.py), large ones longer
-  (fewer rows need a whole CTA)."""
+  longest chain of dependent loads: 8 entries under SMALL_GRAPH_NNZ nonzeros; on Cora, from 32
+  to 16 to 8, fp16 SpMM device time went ~9-10 -> ~6 -> ~4-4.5 us, scripts/piece_probe.py),
+  large ones longer (fewer rows need a whole CTA). The CUDA kernels mirror the small-graph
+  constants (row_view.cuh; a test checks)."""
   if nnz < SMALL_GRAPH_NNZ:
-    return 16
+    return SMALL_GRAPH_PIECE
   return int(min(256, max(32, 1 << (int(nnz // 16384).bit_length() - 1))))
 
 

@@ -6,7 +6,8 @@ are shared by a CTA's groups (row_piece: 32 on Cora before session 8, 16 since, 
 probe). This times the same SpMM with the row schedule rebuilt for shorter pieces (the CTA
 share grown so that no row needs a workspace slot):
 chain (one program of 32 dependent SpMMs, wall / 32) and device (the chain queued behind a
-matmul, latency_probe.py's method), us per SpMM, d=128, fp16 and exact float32.
+matmul, latency_probe.py's method), us per SpMM, d=128, fp16 and exact float32; and SDDMM's
+device time (K independent fp16 calls, d=128). LATENCY_PROBE_K=128 steadies small graphs.
 
   python3 scripts/piece_probe.py [graph]        (needs the CUDA extension and a GPU)
 """
@@ -24,7 +25,7 @@ import numpy as np  # noqa: E402
 import common  # noqa: E402
 import jaxsparse_tc as jst  # noqa: E402
 from jaxsparse_tc import pattern as pattern_lib  # noqa: E402
-from latency_probe import chain_and_device_us  # noqa: E402
+from latency_probe import K, chain_and_device_us  # noqa: E402
 
 SHAPES = [(32, 16), (16, 32), (8, 64), (4, 128)]  # (piece, CTA pieces); (32, 16): Cora's old default
 
@@ -49,8 +50,14 @@ def main():
   print(f"# device: {jax.devices()[0].device_kind}; {name}: {csr.shape[0]} rows, nnz {csr.nnz}, "
         f"default piece {pattern_lib.row_piece(A.nnz)}")
   x = jnp.asarray(np.random.default_rng(0).standard_normal((csr.shape[1], 128)), jnp.float32)
-  print("| piece | CTA pieces | fp16 chain | fp16 device | fp32 chain | fp32 device |")
-  print("|---|---|---|---|---|---|")
+  # SDDMM: K independent calls on distinct operand pairs in one program (bench_chained's fan).
+  rng = np.random.default_rng(1)
+  qs = tuple(jnp.asarray(rng.standard_normal((csr.shape[0], 128)), jnp.float16) for _ in range(K))
+  ys = tuple(jnp.asarray(rng.standard_normal((csr.shape[1], 128)), jnp.float16) for _ in range(K))
+  fan = jax.jit(lambda B, qs, ys: tuple(jst.sddmm(B, q, y).values for q, y in zip(qs, ys)))
+  print("| piece | CTA pieces | fp16 chain | fp16 device | fp32 chain | fp32 device "
+        "| SDDMM fp16 device |")
+  print("|---|---|---|---|---|---|---|")
   for piece, cta in SHAPES:
     pt = with_piece(A.pattern, A.shape[0], piece, cta)
     ptt = with_piece(A.pattern_t, A.shape[1], piece, cta)
@@ -60,6 +67,8 @@ def main():
       Bd = B.with_values(B.values.astype(dt))
       ch, dev = chain_and_device_us(lambda A, x: jst.spmm(A, x), (Bd,), x.astype(dt))
       cells += [f"{ch:.1f}", f"{dev:.1f}"]
+    B16 = B.with_values(B.values.astype(jnp.float16))
+    cells.append(f"{common.time_jax_device(fan, (B16, qs, ys), K)[0]:.1f}")
     print(f"| {piece} | {cta} | " + " | ".join(cells) + " |", flush=True)
 
 

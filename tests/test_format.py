@@ -180,6 +180,24 @@ def test_row_slots_match_the_kernels():
   assert found and (int(found.group(1)), int(found.group(2))) == (WHOLE_ROW, CTA_ROW)
 
 
+def test_small_graph_piece_matches_the_kernels():
+  """The SDDMM row kernel shares a small graph's long rows down to its row piece."""
+  import re
+  from pathlib import Path
+
+  from jaxsparse_tc.pattern import SMALL_GRAPH_NNZ, SMALL_GRAPH_PIECE, row_piece
+
+  header = Path(__file__).parents[1] / "cuda/include/jaxsparse_tc/row_view.cuh"
+  if not header.exists():
+    pytest.skip("kernel sources not in this checkout")
+  text = header.read_text()
+  nnz = re.search(r"constexpr int64_t kSmallGraphNnz = int64_t\(1\) << (\d+);", text)
+  piece = re.search(r"constexpr int kSmallGraphPiece = (\d+);", text)
+  assert nnz and piece
+  assert (1 << int(nnz.group(1)), int(piece.group(1))) == (SMALL_GRAPH_NNZ, SMALL_GRAPH_PIECE)
+  assert row_piece(SMALL_GRAPH_NNZ - 1) == SMALL_GRAPH_PIECE != row_piece(SMALL_GRAPH_NNZ)
+
+
 def test_schedule_includes_empty_windows():
   s = window_schedule(np.array([0, 0, 3, 3, 100]))
   assert sorted(set(s[:, 0].tolist())) == [0, 1, 2, 3]

@@ -55,6 +55,11 @@ inline bool sparse_blocks(int64_t nnz, int64_t num_blocks) {
 }
 
 constexpr int kRowThreads = 256;  // threads per CTA of the row kernels
+
+// Graphs under kSmallGraphNnz nonzeros have row pieces of kSmallGraphPiece entries
+// (jaxsparse_tc/pattern.py SMALL_GRAPH_NNZ, SMALL_GRAPH_PIECE; a test checks they agree).
+constexpr int64_t kSmallGraphNnz = int64_t(1) << 16;
+constexpr int kSmallGraphPiece = 8;
 template <class T> constexpr int kRowVec = 16 / int(sizeof(T));  // features per lane
 
 // Lanes per group for d features of T.
