@@ -74,6 +74,13 @@ def row_piece(nnz: int) -> int:
 
 # A CTA's lane groups share one long row: up to ROW_CTA_PIECES row pieces' worth of entries.
 ROW_CTA_PIECES = 16
+
+
+def row_cta_entries(piece: int) -> int:
+  """Most entries of one CTA item: ROW_CTA_PIECES pieces of at least 16 entries (a small
+  graph's short pieces shorten each group's walk, not a CTA's share: Cora's longest row, 169
+  entries, stays one CTA item and needs no workspace)."""
+  return ROW_CTA_PIECES * max(piece, 16)
 WHOLE_ROW = -1  # row_schedule slot: one lane group walks the row
 CTA_ROW = -2  # row_schedule slot: one CTA walks the row, its groups' sums meet in shared memory
 
@@ -81,13 +88,13 @@ CTA_ROW = -2  # row_schedule slot: one CTA walks the row, its groups' sums meet 
 def row_schedule(row_ptr: np.ndarray, piece: int) -> np.ndarray:
   """Work items of the row view (row, begin, end, slot), longest rows first. A row of at most
   `piece` entries is one item with slot WHOLE_ROW (empty rows included). A longer row is one
-  item per ROW_CTA_PIECES * piece entries, each walked by a whole CTA: a single such item has
+  item per row_cta_entries(piece) entries, each walked by a whole CTA: a single such item has
   slot CTA_ROW; the items of a row with several (slot >= 0, numbering those rows in order) add
   their CTAs' sums in a workspace slot. So CTA items form the schedule's prefix, slotted items
   the prefix of that, and a row's items are contiguous."""
   ptr = np.asarray(row_ptr, dtype=np.int64)
   counts = np.diff(ptr)
-  cap = ROW_CTA_PIECES * piece
+  cap = row_cta_entries(piece)
   pieces = np.maximum(1, -(-counts // cap))
   order = np.argsort(-counts, kind="stable")
   row = np.repeat(order, pieces[order])

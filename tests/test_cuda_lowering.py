@@ -52,7 +52,7 @@ def test_spmm_row_workspace_is_a_result_of_the_planned_size(dtype, d):
   # The row kernels' workspace: per extra CTA item of the long row, d fp32 sums and one
   # countdown per lane slab (lanes * 16 bytes of features).
   piece = pattern_lib.row_piece(g.nnz)
-  cap = pattern_lib.ROW_CTA_PIECES * piece
+  cap = pattern_lib.row_cta_entries(piece)
   slots = -(-g.shape[1] // cap) - 1
   assert slots > 0
   itemsize = jnp.dtype(dtype).itemsize

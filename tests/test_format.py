@@ -109,9 +109,10 @@ def test_row_view_is_csr_of_the_format(rng):
   the format position of each (A and A^T), and its schedule covers each row's entries once."""
   from jaxsparse_tc.pattern import row_schedule
 
-  m, n = 45, 300
+  m, n = 45, 1000
   per_row = rng.integers(0, 80, m)
   per_row[[3, 17]] = 0  # empty rows
+  per_row[5] = 1500  # ~780 distinct columns: several CTA items for short pieces
   rows = np.repeat(np.arange(m), per_row)
   cols = rng.integers(0, n, rows.size)
   A = SparseMatrix.from_coo(rows, cols, shape=(m, n))
@@ -126,11 +127,12 @@ def test_row_view_is_csr_of_the_format(rng):
     same = np.diff(r) == 0
     assert np.all(np.diff(ent[:, 0])[same] > 0), "columns ascending inside a row"
   ptr = np.concatenate([[0], np.cumsum(np.bincount(np.asarray(A.rows), minlength=m))])
-  from jaxsparse_tc.pattern import CTA_ROW, ROW_CTA_PIECES, WHOLE_ROW
+  from jaxsparse_tc.pattern import CTA_ROW, ROW_CTA_PIECES, WHOLE_ROW, row_cta_entries
 
   for piece in (1, 2, 7, 32, 1000):
     sched = row_schedule(ptr, piece)
-    cap = ROW_CTA_PIECES * piece
+    cap = row_cta_entries(piece)
+    assert cap == ROW_CTA_PIECES * max(piece, 16)
     seen = np.zeros(ptr[-1], np.int64)
     assert set(sched[:, 0]) == set(range(m)), "every row (empty ones too) has an item"
     for row, b, e, slot in sched:
