@@ -246,8 +246,9 @@ __device__ __forceinline__ void row_dots(const SddmmParams& p, const RowView& rv
 // equal shares of the entries, at least kMinShare each (a group's fixed cost per share, its X
 // row and first entries, is paid on enough entries; groups left without a share go on to their
 // whole rows; small graphs, whose time is their longest chain, share down to a row piece: on
-// Cora's fp16 d=128 SDDMM 18.7 -> 9.2 us, NOTES session 9), with half the gathers per batch (so the whole-row path, which holds most
-// entries, keeps 64 registers without spills); then one whole row per group.
+// Cora's fp16 d=128 SDDMM 18.7 -> 9.2 us, NOTES session 9), with half the gathers per batch
+// (so the whole-row path, which holds most entries, keeps 64 registers without spills); then
+// one whole row per group.
 constexpr int kMinShare = 32;
 
 template <class T, class O, int L, int NS>
