@@ -7,18 +7,21 @@ run back to back on the device. This benchmark measures that: one program makes 
 the time per call is the GPU's time for the program over K (`us_per_call`: the program queued
 behind a ~2 ms matmul, common.time_jax_device; torch: a CUDA graph of the K calls replayed
 between CUDA events). `wall_us` is the program's wall time over K, which on Cora is the host's
-pace of enqueueing (for XLA's fusions as for our FFI calls), not the GPU's. The calls depend on each other through
-their data, so none can be merged or dropped and nothing is added between them: SpMM
+pace of enqueueing (for XLA's fusions as for our FFI calls), not the GPU's. The calls depend on
+each other through their data, so none can be merged or dropped and nothing is added between
+them: SpMM
 x <- A_norm x (A_norm: rows scaled by 1/degree, so values stay bounded), attention q <- out;
 SDDMM (whose output is not an input) runs on K different operand pairs and returns all K
-outputs (independent calls: XLA may fuse some of its K into one kernel, which favours it). cuSPARSE: the same K-step SpMM chain captured in one CUDA graph and replayed (if
-capture fails, K launches timed with CUDA events; the `how` column says which).
+outputs (independent calls: XLA may fuse some of its K into one kernel, which favours it).
+cuSPARSE: the same K-step SpMM chain captured in one CUDA graph and replayed (if capture fails,
+K launches timed with CUDA events; the `how` column says which).
 
 BENCH_CHAINED_OPS=spmm,sddmm,attention picks the operations; BENCH_CHAIN=K (default 32).
-Rows at d=128 (SpMM fp16 and float32 as tf32, SDDMM fp16) and attention forward (fp16, d=64
-and 128, H=4) on every benchmark graph, against the peers of the per-call benchmarks. On the
-large graphs the per-call and chained times agree (a check of the method); on Cora they differ
-by the dispatch cost.
+Rows at d=128 (SpMM fp16 and float32 as tf32, SDDMM fp16) and attention forward and
+forward+backward (fp16, d=64 and 128, H=4; fwd+bwd: q <- q + 1e-3 (dq + dk + dv) with the
+gradients of sum(out * w), as bench_attention) on every benchmark graph, against the peers of
+the per-call benchmarks. On the large graphs the per-call and chained times agree (a check of
+the method); on Cora they differ by the dispatch cost.
 """
 
 from __future__ import annotations
@@ -188,6 +191,25 @@ def run(quick: bool = False) -> list[dict]:
             dd=da, kk=ka_)
         add("attention fwd", "xla-unfused", _time_jax(_chain(xla, ka_), (edges, ka, va, qa), ka_),
             h=h, dd=da, kk=ka_)
+        if m == n:  # fwd+bwd: q <- q + 1e-3 (dq + dk + dv), every gradient used
+          w = jnp.asarray(rng.standard_normal((h, m, da)), jnp.float32)
+          for impl, graph in (("fused", A), ("xla-unfused", edges)):
+            grad = bench_attention.with_grad(meths["xla" if impl == "xla-unfused" else impl])
+
+            def step(G, k_, v_, w_, q_, grad=grad):
+              dq, dk, dv = grad(G, q_, k_, v_, w_)
+              return (q_ + 1e-3 * (dq + dk + dv)).astype(q_.dtype)
+
+            try:
+              us = _time_jax(_chain(step, ka_), (graph, ka, va, w, qa), ka_)
+            except Exception as e:  # noqa: BLE001 - XLA's unfused backward may not fit
+              if "RESOURCE_EXHAUSTED" not in str(e) and "out of memory" not in str(e).lower():
+                raise
+              us, how = float("nan"), "out of memory"
+            else:
+              how = "jit chain"
+            add("attention fwd+bwd", impl, us, how=how, h=h, dd=da, kk=ka_)
+          del w
         del qa, ka, va
     del A
   return rows
@@ -212,7 +234,11 @@ def summary(rows: list[dict]) -> list[dict]:
             "xla-segment_sum-fp32", 128),
            ("SDDMM ours-fp16 vs xla-gather-fp16", "sddmm", "ours-fp16", "xla-gather-fp16", 128),
            ("attention fwd H=4 d=64: fused vs xla", "attention fwd", "fused", "xla-unfused", 64),
-           ("attention fwd H=4 d=128: fused vs xla", "attention fwd", "fused", "xla-unfused", 128)]
+           ("attention fwd H=4 d=128: fused vs xla", "attention fwd", "fused", "xla-unfused", 128),
+           ("attention fwd+bwd H=4 d=64: fused vs xla", "attention fwd+bwd", "fused",
+            "xla-unfused", 64),
+           ("attention fwd+bwd H=4 d=128: fused vs xla", "attention fwd+bwd", "fused",
+            "xla-unfused", 128)]
   return [common.speedup_row("device time per call (speedup)", label, graphs,
                              lambda g: us(g, op, ours, d), lambda g: us(g, op, peer, d))
           for label, op, ours, peer, d in pairs]
