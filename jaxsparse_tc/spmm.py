@@ -73,10 +73,6 @@ def _batch(args, dims, **params):
   return out.reshape((size, h) + out.shape[1:]), 0
 
 
-spmm_p.def_abstract_eval(_abstract_eval)
-ad.primitive_jvps[spmm_p] = rules.bilinear_jvp(spmm_p)
-ad.primitive_transposes[spmm_p] = _transpose
-batching.primitive_batchers[spmm_p] = _batch
 def _cuda_workspace(avals_in, avals_out, params):
   """Bytes of the CUDA launch's workspace (the plan the handler launches by, cuda/spmm.cu)."""
   values, x, wcp, _, _, bitmap, _, schedule, _, row_schedule = avals_in
@@ -87,6 +83,10 @@ def _cuda_workspace(avals_in, avals_out, params):
       wcp.shape[0] - 1, row_schedule.shape[0], m, d, h)
 
 
+spmm_p.def_abstract_eval(_abstract_eval)
+ad.primitive_jvps[spmm_p] = rules.bilinear_jvp(spmm_p)
+ad.primitive_transposes[spmm_p] = _transpose
+batching.primitive_batchers[spmm_p] = _batch
 # On CUDA the kernels also read A's row view (the CUDA-core kernels for sparse blocks).
 register_ffi_lowering(spmm_p, "jaxsparse_tc_spmm", 8, precision="precision",
                       cuda_extra_operands=(2 + ROW_VIEW, 3 + ROW_VIEW),
