@@ -402,24 +402,28 @@ void launch_tc(cudaStream_t st, unsigned grid, const T* q, const T* k, const T* 
 
 // Split windows' workspace of the fused forward (tensor-core path: 16-bit, d == dv in {32, 64,
 // 128}; JAXSPARSE_TC_ATTN_SPLIT=0, for tests and benchmarks: no slots, whole windows per warp):
-// per slot and head, 8 rows of (running max, sum, unnormalised O), and a piece counter. Slots
-// beyond the cap are windows done whole by their first piece.
-static SplitWorkspace attention_split(int esize, int64_t d, int64_t dv, int64_t heads,
-                                      int64_t num_items, size_t* bytes) {
+// per slot and head, 8 rows of (running max, sum, unnormalised O), then a piece counter per slot
+// and head. Slots beyond the cap are windows done whole by their first piece.
+struct SplitLayout {
+  int64_t cap;
+  size_t sums_bytes, total_bytes;
+};
+
+static SplitLayout attention_split(int esize, int64_t d, int64_t dv, int64_t heads,
+                                   int64_t num_items) {
   const bool tc = esize == 2 && d == dv && (d == 32 || d == 64 || d == 128) && num_items > 0;
   const int64_t slot_bytes = heads * 8 * (dv + 2) * 4 + heads * 4;
-  SplitWorkspace sw{nullptr, nullptr, 0};
+  SplitLayout l{0, 0, 0};
   if (tc && env_int("JAXSPARSE_TC_ATTN_SPLIT", 1) != 0)
-    sw.cap = std::min<int64_t>(num_items, kSplitWorkspaceBytes / slot_bytes);
-  *bytes = size_t(sw.cap * heads * 8 * (dv + 2)) * 4 + size_t(sw.cap * heads) * 4;
-  return sw;
+    l.cap = std::min<int64_t>(num_items, kSplitWorkspaceBytes / slot_bytes);
+  l.sums_bytes = size_t(l.cap * heads * 8 * (dv + 2)) * 4;
+  l.total_bytes = l.sums_bytes + size_t(l.cap * heads) * 4;
+  return l;
 }
 
 int64_t attention_workspace_bytes(int esize, int64_t d, int64_t dv, int64_t heads,
                                   int64_t num_items) {
-  size_t bytes = 0;
-  attention_split(esize, d, dv, heads, num_items, &bytes);
-  return int64_t(bytes);
+  return int64_t(attention_split(esize, d, dv, heads, num_items).total_bytes);
 }
 
 static ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer k,
@@ -437,17 +441,17 @@ static ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::Any
     return ffi::Error::InvalidArgument("sparse_attention (CUDA): d and dv must be <= 256");
   if (heads == 0 || m == 0) return ffi::Error::Success();
   const int esize = q.element_type() == ffi::DataType::F32 ? 4 : 2;
-  size_t ws_bytes = 0;
-  SplitWorkspace sw = attention_split(esize, d, dv, heads, p.num_items, &ws_bytes);
-  if (workspace->size_bytes() < ws_bytes)
+  const SplitLayout layout = attention_split(esize, d, dv, heads, p.num_items);
+  if (workspace->size_bytes() < layout.total_bytes)
     return ffi::Error::InvalidArgument(
         "sparse_attention: workspace smaller than the launch needs (JAXSPARSE_TC_ATTN_SPLIT "
         "changed after the program was compiled?)");
+  SplitWorkspace sw{nullptr, nullptr, layout.cap};
   if (sw.cap > 0) {
     char* const mem = static_cast<char*>(workspace->untyped_data());
     sw.ws = reinterpret_cast<float*>(mem);
-    sw.done = reinterpret_cast<int*>(mem + size_t(sw.cap * heads * 8 * (dv + 2)) * 4);
-    if (cudaMemsetAsync(sw.done, 0, size_t(sw.cap * heads) * 4, st) != cudaSuccess)
+    sw.done = reinterpret_cast<int*>(mem + layout.sums_bytes);
+    if (cudaMemsetAsync(sw.done, 0, layout.total_bytes - layout.sums_bytes, st) != cudaSuccess)
       return ffi::Error::Internal("sparse_attention: workspace memset failed");
   }
   ffi::Error e = dispatch_device_float(q.element_type(), "sparse_attention", [&](auto tag) {

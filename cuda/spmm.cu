@@ -1045,7 +1045,7 @@ struct SpmmPlan {
   bool rows;            // the CUDA-core row kernels (else the window kernels)
   int lanes, row_nslab;
   int64_t row_slots;
-  size_t row_ws_bytes, row_count_bytes;
+  size_t row_ws_bytes;     // row kernels: the slots' fp32 sums, then their countdowns
   size_t workspace_bytes;  // the workspace result's size
 };
 
@@ -1075,10 +1075,14 @@ int window_nslab(const SpmmShape& s, bool use_async, int async_slab) {
   return int((s.d + slab - 1) / slab);
 }
 
-// The launch a SpMM makes, from its shapes and the switches alone. The row kernels need a
-// workspace only for rows cut into several CTA items (slots <= items - rows: every such row adds
-// at least one item); the window kernels size theirs for either of their slab widths, since
-// which one runs depends on the operands' alignment, known only at run time.
+// The launch a SpMM makes, from its shapes and the switches alone. Kernel family
+// (JAXSPARSE_TC_SPMM_VARIANT, for tests and benchmarks): unset or auto, prefer_rows picks;
+// cuda_core forces the row kernels; async forces the pipelined tensor-core kernel (where it
+// applies; exact fp32: spmm_f32_exact); tc forces the register-gather tensor-core kernel
+// (spmm_tc; exact fp32: spmm_f32_exact). The row kernels need a workspace only for rows cut into
+// several CTA items (slots <= items - rows: every such row adds at least one item); the window
+// kernels size theirs for either of their slab widths, since which one runs depends on the
+// operands' alignment, known only at run time.
 ffi::Error plan_spmm(const SpmmShape& s, SpmmPlan& plan) {
   std::string variant;
   if (auto err = kernel_variant("spmm", "JAXSPARSE_TC_SPMM_VARIANT", {"cuda_core", "async", "tc"},
@@ -1092,16 +1096,17 @@ ffi::Error plan_spmm(const SpmmShape& s, SpmmPlan& plan) {
   plan.row_nslab = int((s.d + row_slab - 1) / row_slab);
   plan.row_slots = std::max<int64_t>(s.row_items - s.m, 0);
   plan.row_ws_bytes = size_t(plan.row_slots * s.heads * s.d) * 4;
-  plan.row_count_bytes = size_t(plan.row_slots * s.heads * plan.row_nslab) * 4;
-  const bool rows_fit = plan.row_ws_bytes + plan.row_count_bytes <= size_t(kRowWorkspaceBytes) &&
-                        s.d * int64_t(s.esize) <= INT32_MAX;
+  const size_t row_bytes =
+      plan.row_ws_bytes + size_t(plan.row_slots * s.heads * plan.row_nslab) * 4;
+  const bool rows_fit =
+      row_bytes <= size_t(kRowWorkspaceBytes) && s.d * int64_t(s.esize) <= INT32_MAX;
   if (variant == "cuda_core" && !rows_fit)
     return ffi::Error(ffi::ErrorCode::kResourceExhausted,
                       "spmm: the row kernels' workspace for very long rows would exceed its cap");
   plan.rows = rows_fit && (variant == "cuda_core" ||
                            (variant.empty() && prefer_rows(s.exact, s.nnz, s.num_blocks)));
   if (plan.rows) {
-    plan.workspace_bytes = plan.row_ws_bytes + plan.row_count_bytes;
+    plan.workspace_bytes = row_bytes;
   } else {
     const int slab = s.esize == 4 ? async_config<float>(s.d).slab : async_config<__half>(s.d).slab;
     plan.workspace_bytes = std::max(window_workspace(s, window_nslab(s, false, slab)).total(),

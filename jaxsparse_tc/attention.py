@@ -119,9 +119,6 @@ def _fwd_batch(args, dims, **params):
   return (o.reshape((size, h) + o.shape[1:]), lse.reshape((size, h) + lse.shape[1:])), (0, 0)
 
 
-attention_fwd_p.def_abstract_eval(_fwd_abstract)
-ad.primitive_jvps[attention_fwd_p] = _fwd_jvp
-batching.primitive_batchers[attention_fwd_p] = _fwd_batch
 def _fwd_cuda_workspace(avals_in, avals_out, params):
   """Bytes of the fused forward's split-window workspace (cuda/attention.cu)."""
   q, v, schedule = avals_in[0], avals_in[2], avals_in[9]
@@ -130,6 +127,9 @@ def _fwd_cuda_workspace(avals_in, avals_out, params):
                                                     schedule.shape[0])
 
 
+attention_fwd_p.def_abstract_eval(_fwd_abstract)
+ad.primitive_jvps[attention_fwd_p] = _fwd_jvp
+batching.primitive_batchers[attention_fwd_p] = _fwd_batch
 register_ffi_lowering(attention_fwd_p, "jaxsparse_tc_attention_fwd", 4 + 6,
                       cuda_workspace=_fwd_cuda_workspace, **_ATTRS)
 

@@ -81,6 +81,8 @@ def row_cta_entries(piece: int) -> int:
   graph's short pieces shorten each group's walk, not a CTA's share: Cora's longest row, 169
   entries, stays one CTA item and needs no workspace)."""
   return ROW_CTA_PIECES * max(piece, 16)
+
+
 WHOLE_ROW = -1  # row_schedule slot: one lane group walks the row
 CTA_ROW = -2  # row_schedule slot: one CTA walks the row, its groups' sums meet in shared memory
 
