@@ -251,8 +251,10 @@ __device__ __forceinline__ void row_dots(const SddmmParams& p, const RowView& rv
 // one whole row per group.
 constexpr int kMinShare = 32;
 
-template <class T, class O, int L, int NS>
-__global__ void __launch_bounds__(kRowThreads, NS == 1 ? 4 : 3)
+// SMALL (graphs under kSmallGraphNnz nonzeros, whose time is their longest chain): no register
+// cap, and CTA items take all U gathers per batch.
+template <class T, class O, int L, int NS, bool SMALL>
+__global__ void __launch_bounds__(kRowThreads, SMALL ? 1 : NS == 1 ? 4 : 3)
     sddmm_rows(const SddmmParams p, const RowView rv) {
   constexpr int NG = kRowThreads / L;
   constexpr int U0 = 8 / NS, U = U0 < L ? U0 : L;  // gathers per lane per batch: U * NS
@@ -264,7 +266,7 @@ __global__ void __launch_bounds__(kRowThreads, NS == 1 ? 4 : 3)
     if (it.w == kWholeRow) break;
     const int2 share = cta_share(it.y, it.z, NG, g, p.min_share);
     const int b = share.x, e = share.y;
-    if (b < e) row_dots<T, O, L, NS, (U > 1 ? U / 2 : 1)>(p, rv, h, it.x, b, e, gmask, li);
+    if (b < e) row_dots<T, O, L, NS, (SMALL || U == 1 ? U : U / 2)>(p, rv, h, it.x, b, e, gmask, li);
   }
   const int64_t item = int64_t(blockIdx.x) * NG + g;
   if (item >= rv.num_items) return;
@@ -273,23 +275,29 @@ __global__ void __launch_bounds__(kRowThreads, NS == 1 ? 4 : 3)
 }
 
 // Row kernels hold at most two slabs of 32 lanes x 16 bytes of X per lane: d * sizeof(T) <= 1 KB.
-template <class T, class O>
-void launch_rows(const SddmmParams& p, const RowView& rv, cudaStream_t stream) {
+template <class T, class O, bool SMALL>
+void launch_rows_s(const SddmmParams& p, const RowView& rv, cudaStream_t stream) {
   const int lanes = row_lanes<T>(p.d);
   const int64_t groups_per_cta = kRowThreads / lanes;
   const dim3 grid(unsigned((rv.num_items + groups_per_cta - 1) / groups_per_cta),
                   unsigned(p.heads));
   if (p.d > 32 * kRowVec<T>) {
-    sddmm_rows<T, O, 32, 2><<<grid, kRowThreads, 0, stream>>>(p, rv);
+    sddmm_rows<T, O, 32, 2, SMALL><<<grid, kRowThreads, 0, stream>>>(p, rv);
     return;
   }
   switch (lanes) {
-    case 2: sddmm_rows<T, O, 2, 1><<<grid, kRowThreads, 0, stream>>>(p, rv); break;
-    case 4: sddmm_rows<T, O, 4, 1><<<grid, kRowThreads, 0, stream>>>(p, rv); break;
-    case 8: sddmm_rows<T, O, 8, 1><<<grid, kRowThreads, 0, stream>>>(p, rv); break;
-    case 16: sddmm_rows<T, O, 16, 1><<<grid, kRowThreads, 0, stream>>>(p, rv); break;
-    default: sddmm_rows<T, O, 32, 1><<<grid, kRowThreads, 0, stream>>>(p, rv); break;
+    case 2: sddmm_rows<T, O, 2, 1, SMALL><<<grid, kRowThreads, 0, stream>>>(p, rv); break;
+    case 4: sddmm_rows<T, O, 4, 1, SMALL><<<grid, kRowThreads, 0, stream>>>(p, rv); break;
+    case 8: sddmm_rows<T, O, 8, 1, SMALL><<<grid, kRowThreads, 0, stream>>>(p, rv); break;
+    case 16: sddmm_rows<T, O, 16, 1, SMALL><<<grid, kRowThreads, 0, stream>>>(p, rv); break;
+    default: sddmm_rows<T, O, 32, 1, SMALL><<<grid, kRowThreads, 0, stream>>>(p, rv); break;
   }
+}
+
+template <class T, class O>
+void launch_rows(const SddmmParams& p, const RowView& rv, cudaStream_t stream) {
+  if (p.nnz < kSmallGraphNnz) launch_rows_s<T, O, true>(p, rv, stream);
+  else launch_rows_s<T, O, false>(p, rv, stream);
 }
 
 // Kernel family: the row kernels where blocks are sparse (sparse_blocks) or for exact fp32,
