@@ -16,6 +16,7 @@ extern "C" XLA_FFI_Error* EdgeSoftmaxCuda(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* EdgeSoftmaxBwdCuda(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* AttentionFwdCuda(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* AttentionJvpCuda(XLA_FFI_CallFrame*);
+extern "C" XLA_FFI_Error* AttentionBwdCuda(XLA_FFI_CallFrame*);
 // Workspace result sizes, from the same plans the handlers launch by (spmm.cu, attention.cu).
 int64_t spmm_workspace_bytes(int esize, bool exact, int64_t nnz, int64_t num_blocks,
                              int64_t num_items, int64_t num_windows, int64_t row_items, int64_t m,
@@ -40,6 +41,7 @@ NB_MODULE(_cuda, m) {
     d["jaxsparse_tc_edge_softmax_bwd"] = capsule(jaxsparse_tc::EdgeSoftmaxBwdCuda);
     d["jaxsparse_tc_attention_fwd"] = capsule(jaxsparse_tc::AttentionFwdCuda);
     d["jaxsparse_tc_attention_jvp"] = capsule(jaxsparse_tc::AttentionJvpCuda);
+    d["jaxsparse_tc_attention_bwd"] = capsule(jaxsparse_tc::AttentionBwdCuda);
     return d;
   });
   m.def("spmm_workspace_bytes",

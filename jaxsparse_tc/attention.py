@@ -1,6 +1,6 @@
 """sparse_attention: softmax_row(mask_A(scale * Q K^T + bias)) @ V, fused.
 
-Two primitives, each with a CPU C++ reference kernel and a CUDA kernel:
+Three primitives, each with a CPU reference and a CUDA kernel:
 
 * `attention_fwd_p(q, k, v, bias) -> (o, lse)`: the fused forward (on GPU: SDDMM -> online
   softmax in fp32 -> SpMM per 8-row window, never writing the nnz-sized score matrix). `lse`
@@ -8,13 +8,14 @@ Two primitives, each with a CPU C++ reference kernel and a CUDA kernel:
   is declared zero: sparse_attention never returns it).
 * `attention_jvp_p(q, k, v, bias, o, lse, dq, dk, dv, dbias) -> do`: the JVP, linear in the
   tangents (dq, dk, dv, dbias), computed by one fused kernel from the saved lse.
+* `attention_bwd_p(q, k, v, bias, o, lse, do) -> (dq, p_t, ds_t, ds)`: the backward's row pass
+  (one kernel on CUDA; on CPU composed from the SDDMM and SpMM primitives).
 
 How the transformations compose: `attention_fwd_p`'s JVP rule runs the fused forward and emits
 `attention_jvp_p` for the tangent; `jax.jvp` evaluates that kernel. `jax.grad`/`jax.vjp`
 linearize the same JVP and transpose `attention_jvp_p`: its transpose rule is the
-FlashAttention-2 backward (`_backward`) from the saved lse, built on the library's tensor-core
-SDDMM and SpMM, so reverse mode runs the fused forward plus that backward and never a JVP
-kernel. vmap folds the batch into the kernels' head axis (heads.py).
+FlashAttention-2 backward (`_backward`) from the saved lse: the row pass, then two SpMMs over
+A^T, so reverse mode runs the fused forward plus that backward and never a JVP kernel. vmap folds the batch into the kernels' head axis (heads.py).
 Second derivatives are not implemented and raise NotImplementedError (any route: the JVP
 primitive has no JVP, and the backward refuses to be differentiated because it reads the saved
 lse as a constant).
@@ -29,12 +30,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching
+from jax.interpreters import ad, batching, mlir
 
 from jaxsparse_tc import checks, heads, precision as precision_lib, rules
-from jaxsparse_tc._extensions import cuda_extension
+from jaxsparse_tc._extensions import CUDA_TARGETS, cuda_extension
 from jaxsparse_tc.lowering import register_ffi_lowering
-from jaxsparse_tc.pattern import NUM_PATTERN_OPERANDS, PERM_T, ROWS, transpose_operands
+from jaxsparse_tc.pattern import NUM_PATTERN_OPERANDS, PERM_T, ROW_VIEW, ROWS, transpose_operands
 
 attention_fwd_p = Primitive("jaxsparse_tc_attention_fwd")
 attention_fwd_p.multiple_results = True
@@ -182,30 +183,38 @@ register_ffi_lowering(attention_jvp_p, "jaxsparse_tc_attention_jvp", 10 + 6, **_
 
 
 # -- backward ---------------------------------------------------------------------------------
-# The backward reads the saved lse as a constant (its tangent is declared zero), so
-# differentiating it (jax.hessian, grad of grad) would give wrong second derivatives: its JVP
-# rule raises instead.
-@functools.partial(jax.custom_jvp, nondiff_argnums=(8, 9, 10))
-def _backward(q, k, v, bias, o, lse, do, pattern, shape, scale, has_bias):
-  """FlashAttention-2 backward from the saved row log-sum-exp, on the tensor-core SpMM/SDDMM.
+# attention_bwd_p(q, k, v, bias, o, lse, do) -> (dq, p_t, ds_t, ds): the backward's row pass.
+# dq (float32) = scale dS K; p_t and ds_t = P and scale dS in
+# A^T's format order (the values of the two SpMMs over A^T that give dV and dK); ds = dS in A's
+# order for dbias ([H, 0] without a bias). On CUDA one kernel (cuda/attention_bwd.cu) gathers
+# each K and V row once per nonzero; on CPU, and on CUDA for rows wider than that kernel takes,
+# the same quantities are composed from the SDDMM and SpMM primitives (_row_pass).
+attention_bwd_p = Primitive("jaxsparse_tc_attention_bwd")
+attention_bwd_p.multiple_results = True
+_BWD_ROW_BYTES = 512  # the CUDA row pass's widest row (d and dv): 32 lanes x 16 bytes
 
-  P = exp(scale QK^T + bias - lse) on A's pattern, dV = P^T dO, dP = dO V^T on the pattern,
-  dS = P (dP - rowsum(dO O)), dQ = scale dS K, dK = scale dS^T Q, dbias = dS. Per-edge work is
-  elementwise over nnz; every product runs on the library's SpMM/SDDMM kernels (A^T's pattern
-  for dV and dK). A fused scalar backward kernel was measured 5-14x slower than this on R-MAT
-  (docs/NOTES.md), so the products are not fused.
-  """
+
+def _bwd_abstract(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
+  h = heads.num_heads(q.shape[0], k.shape[0], v.shape[0], bias.shape[0], o.shape[0],
+                      lse.shape[0], do.shape[0])
+  nnz = pattern[ROWS].shape[0]
+  per_edge = q.update(shape=(h, nnz), dtype=q.dtype)
+  return (q.update(shape=(h, shape[0], q.shape[2]), dtype=jnp.float32), per_edge,
+          per_edge, q.update(shape=(h, nnz if has_bias else 0), dtype=q.dtype))
+
+
+def _row_pass(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
+  """attention_bwd_p composed from the library's SDDMM and SpMM."""
   from jaxsparse_tc.sddmm import sddmm_p
   from jaxsparse_tc.spmm import spmm_p
 
   f32 = jnp.float32
   dtype = q.dtype
   # 16-bit operands: products are exact in the fp32 accumulator, which the SDDMM hands out as
-  # float32 (no float32 copies of Q and K), so large logits lose nothing; float32 operands take
-  # the exact path, as the forward does.
+  # float32, so large logits lose nothing; float32 operands take the exact path, as the
+  # forward does.
   prec = precision_lib.HIGHEST if dtype == f32 else precision_lib.DEFAULT
   rows, perm_t = pattern[ROWS], pattern[PERM_T]
-  pattern_t = transpose_operands(tuple(pattern))
   f32_out = dtype in (jnp.float16, jnp.bfloat16)
   logits = scale * sddmm_p.bind(q, k, *pattern, shape=shape, precision=prec,
                                 float32_out=f32_out).astype(f32)
@@ -216,10 +225,53 @@ def _backward(q, k, v, bias, o, lse, do, pattern, shape, scale, has_bias):
   delta = jnp.sum(do.astype(f32) * o.astype(f32), axis=-1)
   ds = p * (dp - delta[:, rows])
   ds_scaled = (scale * ds).astype(dtype)
-  gv = spmm_p.bind(p[:, perm_t].astype(dtype), do, *pattern_t, shape=shape[::-1], precision=prec)
-  gq = spmm_p.bind(ds_scaled, k, *pattern, shape=shape, precision=prec)
-  gk = spmm_p.bind(ds_scaled[:, perm_t], q, *pattern_t, shape=shape[::-1], precision=prec)
-  return gq, gk, gv, ds.astype(dtype)
+  dq = spmm_p.bind(ds_scaled, k, *pattern, shape=shape, precision=prec)
+  h = ds.shape[0]
+  ds_out = ds.astype(dtype) if has_bias else jnp.zeros((h, 0), dtype)
+  return (dq.astype(f32), p[:, perm_t].astype(dtype), ds_scaled[:, perm_t],
+          ds_out)
+
+
+def _bwd_batch(args, dims, **params):
+  rules.check_pattern_unbatched(dims, 7)
+  size = rules.batch_size(args, dims)
+  ops, h = heads.merge_batch_into_heads(list(args[:7]), dims[:7], size)
+  outs = attention_bwd_p.bind(*ops, *args[7:], **params)
+  return [x.reshape((size, h) + x.shape[1:]) for x in outs], [0] * len(outs)
+
+
+attention_bwd_p.def_abstract_eval(_bwd_abstract)
+batching.primitive_batchers[attention_bwd_p] = _bwd_batch
+register_ffi_lowering(
+    attention_bwd_p, "jaxsparse_tc_attention_bwd", 7,
+    cuda_extra_operands=(7 + PERM_T + 1, 7 + ROW_VIEW, 7 + ROW_VIEW + 1),
+    cpu_rule=mlir.lower_fun(_row_pass, multiple_results=True), **_ATTRS)
+
+
+# The backward reads the saved lse as a constant (its tangent is declared zero), so
+# differentiating it (jax.hessian, grad of grad) would give wrong second derivatives: its JVP
+# rule raises instead.
+@functools.partial(jax.custom_jvp, nondiff_argnums=(8, 9, 10))
+def _backward(q, k, v, bias, o, lse, do, pattern, shape, scale, has_bias):
+  """FlashAttention-2 backward from the saved row log-sum-exp.
+
+  P = exp(scale QK^T + bias - lse) on A's pattern, dP = dO V^T on the pattern,
+  dS = P (dP - rowsum(dO O)), dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO, dbias = dS.
+  The row pass (attention_bwd_p) gives dQ, dbias and P, scale dS in A^T's order; dK and dV are
+  SpMMs over A^T.
+  """
+  from jaxsparse_tc.spmm import spmm_p
+
+  fused = ("jaxsparse_tc_attention_bwd" in CUDA_TARGETS
+           and max(q.shape[2], v.shape[2]) * q.dtype.itemsize <= _BWD_ROW_BYTES)
+  row_pass = attention_bwd_p.bind if fused else _row_pass
+  dq, p_t, ds_t, ds = row_pass(q, k, v, bias, o, lse, do, *pattern, shape=shape, scale=scale,
+                               has_bias=has_bias)
+  prec = precision_lib.HIGHEST if q.dtype == jnp.float32 else precision_lib.DEFAULT
+  pattern_t = transpose_operands(tuple(pattern))
+  gv = spmm_p.bind(p_t, do, *pattern_t, shape=shape[::-1], precision=prec)
+  gk = spmm_p.bind(ds_t, q, *pattern_t, shape=shape[::-1], precision=prec)
+  return dq.astype(q.dtype), gk, gv, ds
 
 
 @_backward.defjvp

@@ -18,7 +18,7 @@ except ImportError:  # pragma: no cover
 
 def register_ffi_lowering(prim, target: str, num_kernel_operands: int, *,
                           cuda_extra_operands: tuple[int, ...] = (), cuda_workspace=None,
-                          **static_attrs):
+                          cpu_rule=None, **static_attrs):
   """Lowers `prim` to FFI `target` on CPU (always) and CUDA (when built).
 
   Primitives carry both orientations of the pattern for their transpose rules; a kernel reads
@@ -31,6 +31,9 @@ def register_ffi_lowering(prim, target: str, num_kernel_operands: int, *,
   reads): the CUDA handler's workspace, an extra uint8 result that XLA plans with the program's
   other buffers and that is dropped here. (Not the FFI scratch allocator: its memory is freed
   when the handler returns, while a CUDA graph captured from the handler keeps the address.)
+
+  `cpu_rule`: a lowering rule for CPU in place of an FFI target (an operator whose CPU
+  reference is composed from other primitives).
   """
   attr_types = {attr: src if isinstance(src, tuple) else (src, np.int32)
                 for attr, src in static_attrs.items()}
@@ -57,6 +60,6 @@ def register_ffi_lowering(prim, target: str, num_kernel_operands: int, *,
                  cuda_workspace)
 
   prim.def_impl(functools.partial(apply_primitive, prim))
-  mlir.register_lowering(prim, rule, platform="cpu")
+  mlir.register_lowering(prim, cpu_rule or rule, platform="cpu")
   if target in CUDA_TARGETS:
     mlir.register_lowering(prim, cuda_rule, platform="cuda")

@@ -42,7 +42,7 @@ def main() -> None:
       print(f"{np.dtype(dtype).name:9s} {precision or 'default':8s} d={d:3d} spmm {err:.2e} "
             f"sddmm {serr:.2e}")
   assert worst < 2e-2, worst
-  # edge softmax and attention (forward, jvp, grad through the composed backward), every dtype
+  # edge softmax and attention (forward, jvp, grad through the backward row pass), every dtype
   for dtype in (jnp.float32, jnp.float16, jnp.bfloat16):
     for d in (24, 64):
       q = jnp.asarray(rng.standard_normal((2, m, d)), dtype)

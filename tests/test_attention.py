@@ -155,6 +155,31 @@ def attention_ref(A, q, k, v, scale=None, bias=None):
   return p @ v
 
 
+def attention_grads_ref(A, q, k, v, scale, bias, w):
+  """float64 gradients of sum(attention * w) for q, k, v ([H_i, rows, features], H_i in {1, H})
+  and bias ([H_b, nnz] or None), each summed to its operand's head count (dense, masked)."""
+  q, k, v, w = (np.asarray(x, np.float64) for x in (q, k, v, w))
+  H, (m, n) = w.shape[0], A.shape
+  r, c = np.asarray(A.rows), np.asarray(A.cols)
+  qb, kb, vb = (np.broadcast_to(x, (H,) + x.shape[1:]) for x in (q, k, v))
+  logits = np.full((H, m, n), -np.inf)
+  logits[:, r, c] = scale * np.einsum("hid,hid->hi", qb[:, r], kb[:, c])
+  if bias is not None:
+    logits[:, r, c] += np.asarray(bias, np.float64)
+  mx = np.max(logits, axis=-1, keepdims=True)
+  e = np.exp(logits - np.where(np.isfinite(mx), mx, 0.0))
+  den = e.sum(-1, keepdims=True)
+  p = e / np.where(den > 0, den, 1.0)
+  o = p @ vb
+  ds = p * (w @ np.swapaxes(vb, 1, 2) - np.sum(w * o, -1, keepdims=True))
+  to_heads = lambda g, x: g.sum(0, keepdims=True) if x.shape[0] == 1 else g
+  grads = [to_heads(scale * ds @ kb, q), to_heads(scale * np.swapaxes(ds, 1, 2) @ qb, k),
+           to_heads(np.swapaxes(p, 1, 2) @ w, v)]
+  if bias is not None:
+    grads.append(to_heads(ds[:, r, c], np.asarray(bias)))
+  return grads
+
+
 def qkv(rng, A, d=16, dv=8, dtype=jnp.float32, h=None, amp=1.0):
   m, n = A.shape
   lead = () if h is None else (h,)
@@ -249,6 +274,30 @@ def test_attention_grad_matches_float64(rng):
   assert abs(float(jv) - dot) < 1e-4 * (abs(dot) + 1)
 
 
+def test_attention_grads_match_float64_heads(rng):
+  """Backward with heads broadcast (one Q head, H K/V heads), a hub row and empty rows."""
+  A = hub_pattern(rng, 60, 50, hub=45)
+  H = 2
+  q = qkv(rng, A, d=12, dv=7, h=1)[0]
+  _, k, v = qkv(rng, A, d=12, dv=7, h=H)
+  bias = jnp.asarray(rng.standard_normal((H, A.nnz)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((H, 60, 7)), jnp.float32)
+  loss = lambda *a: jnp.sum(jst.sparse_attention(A, *a[:3], bias=a[3], scale=0.4) * w)
+  got = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, bias)
+  for g, r in zip(got, attention_grads_ref(A, q, k, v, 0.4, bias, w)):
+    assert g.shape == r.shape
+    assert rel_err(g, r) < 1e-5
+
+
+def hub_pattern(rng, m, n, hub, density=0.1):
+  """A random pattern plus row 0 with `hub` nonzeros and two empty rows."""
+  rows, cols, _ = random_coo(rng, m, n, density)
+  keep = (rows != 0) & (rows != 1) & (rows != m - 1)
+  rows = np.concatenate([np.zeros(hub, np.int64), rows[keep]])
+  cols = np.concatenate([rng.permutation(n)[:hub], cols[keep]])
+  return SparseMatrix.from_coo(rows, cols, shape=(m, n))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_attention_heads_and_vmap(rng, dtype):
   A = make_pattern(rng, 33, 27, empty_rows=2)
@@ -333,18 +382,33 @@ def _all_eqns(jaxpr):
 
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_attention_backward_keeps_operands_16bit(rng, dtype):
-  """The backward's logits come from a float32-out SDDMM of the 16-bit Q and K: no float32
-  copy of an [H, n, d] operand is made (that copy was most of the backward's memory)."""
+  """The backward makes no float32 copy of an [H, n, d] operand (that copy was most of its
+  memory): the row pass takes the 16-bit Q and K, and where it is composed (CPU, wide rows)
+  its logits come from a float32-out SDDMM of them."""
+  from jaxsparse_tc import attention
   from jaxsparse_tc.sddmm import sddmm_p
 
   A = make_pattern(rng, 40, 33)
   q, k, v = qkv(rng, A, d=16, dv=8, dtype=dtype, h=2)
-  jaxpr = jax.make_jaxpr(jax.grad(
-      lambda q: jnp.sum(jst.sparse_attention(A, q, k, v).astype(jnp.float32))))(q).jaxpr
-  eqns = list(_all_eqns(jaxpr))
-  sddmms = [e for e in eqns if e.primitive is sddmm_p]
+
+  def upcasts(eqns):
+    return [e for e in eqns if e.primitive.name == "convert_element_type"
+            and e.outvars[0].aval.dtype == jnp.float32 and e.outvars[0].aval.shape == q.shape]
+
+  eqns = list(_all_eqns(jax.make_jaxpr(jax.grad(
+      lambda q: jnp.sum(jst.sparse_attention(A, q, k, v).astype(jnp.float32))))(q).jaxpr))
+  passes = [e for e in eqns if e.primitive in (attention.attention_bwd_p, sddmm_p)]
+  assert passes and all(e.invars[0].aval.dtype == dtype for e in passes)
+  assert not upcasts(eqns), "a float32 copy of an [H, n, d] operand"
+  o, lse = attention.attention_fwd_p.bind(q, k, v, jnp.zeros((1, 1), dtype),
+                                          *A.pattern_operands(), shape=A.shape, scale=0.25,
+                                          has_bias=False)
+  jaxpr = jax.make_jaxpr(functools.partial(
+      attention._row_pass, shape=A.shape, scale=0.25, has_bias=False))(
+          q, k, v, jnp.zeros((1, 1), dtype), o, lse, o, *A.pattern_operands()).jaxpr
+  composed = list(_all_eqns(jaxpr))
+  sddmms = [e for e in composed if e.primitive is sddmm_p]
   assert sddmms and all(e.params["float32_out"] for e in sddmms)
   assert all(e.invars[0].aval.dtype == dtype for e in sddmms)
-  upcasts = [e for e in eqns if e.primitive.name == "convert_element_type"
-             and e.outvars[0].aval.dtype == jnp.float32 and e.outvars[0].aval.shape == q.shape]
-  assert not upcasts, "a float32 copy of an [H, n, d] operand"
+  operands = set(jaxpr.invars[:3])  # q, k, v (dq, an output, is float32 by contract)
+  assert not [e for e in upcasts(composed) if e.invars[0] in operands]

@@ -10,7 +10,8 @@ import pytest
 from jax.test_util import check_grads
 
 from conftest import rel_err
-from test_attention import (DTYPES, attention_ref, make_pattern, qkv, softmax_ref)
+from test_attention import (DTYPES, attention_grads_ref, attention_ref, hub_pattern, make_pattern,
+                            qkv, softmax_ref)
 import jaxsparse_tc as jst
 from jaxsparse_tc import SparseMatrix
 
@@ -157,3 +158,39 @@ def test_gpu_attention_grads_match_cpu(rng, dtype):
   loop = jnp.stack([f(*(x[i] for x in args)) for i in range(H)])
   np.testing.assert_allclose(np.asarray(batched, np.float32), np.asarray(loop, np.float32),
                              rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d,dv", [(1, 1), (17, 40), (64, 64), (128, 128), (256, 256)])
+def test_gpu_attention_backward_matches_float64(rng, dtype, d, dv):
+  """grad on the GPU against float64 gradients: one Q head broadcast over H=2 K/V heads, bias,
+  empty rows, a hub row cut into several CTA items (a small graph: pieces of 8; a large one,
+  past 64k nonzeros: long rows shared by a CTA's groups). fp32 d=256 is past the CUDA row pass's
+  width and takes the composed path."""
+  tol = {jnp.float32: 1e-4, jnp.float16: 1e-2, jnp.bfloat16: 2e-2}[dtype]
+  for Ac, hub in ((hub_pattern(rng, 150, 400, hub=390), 0),
+                  (hub_pattern(rng, 600, 3000, hub=2500, density=0.04), 1)):
+    if hub:
+      assert Ac.nnz >= 1 << 16
+    A = on_gpu(Ac)
+    H, m = 2, Ac.shape[0]
+    q = gpu(qkv(rng, Ac, d=d, dv=dv, dtype=dtype, h=1)[0])
+    _, k, v = (gpu(x) for x in qkv(rng, Ac, d=d, dv=dv, dtype=dtype, h=H))
+    bias = gpu(jnp.asarray(rng.standard_normal((H, Ac.nnz)), dtype))
+    w = gpu(jnp.asarray(rng.standard_normal((H, m, dv)), jnp.float32))
+    scale = 1.0 / np.sqrt(d)
+
+    def loss(a, kk, vv, bb, ww):
+      return jnp.sum(jst.sparse_attention(A, a, kk, vv, bias=bb).astype(jnp.float32) * ww)
+
+    got = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, bias, w)
+    ref = attention_grads_ref(Ac, q, k, v, scale, bias, w)
+    for name, g, r in zip("qkvb", got, ref):
+      assert g.shape == r.shape, name
+      assert rel_err(g, r) < tol, name
+    if d == 64:  # vmap of grad: the row pass's batch rule folds the batch into heads
+      ws = jnp.stack([w, -2.0 * w, w[::-1]])
+      gq = jax.jit(jax.vmap(jax.grad(loss), in_axes=(None, None, None, None, 0)))(
+          q, k, v, bias, ws)
+      for i in range(3):
+        assert rel_err(gq[i], attention_grads_ref(Ac, q, k, v, scale, bias, ws[i])[0]) < tol
