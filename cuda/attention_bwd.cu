@@ -2,11 +2,13 @@
 // A, head h and each nonzero j of the row, from the forward's saved row log-sum-exp:
 //   p_ij = exp(scale q_i.k_j + bias_ij - lse_i)     dp_ij = do_i.v_j     D_i = do_i.o_i
 //   ds_ij = p_ij (dp_ij - D_i)                       dq_i = scale sum_j ds_ij k_j (float32 out)
-// It writes p_ij and scale ds_ij at their positions in A^T's format order (the values of the two
-// SpMMs over A^T that finish the backward: dV = P^T dO, dK = scale dS^T Q), and ds_ij in A's
-// order (dbias) when there is a bias. One pass gathers k_j and v_j once per nonzero and keeps
-// the per-edge math in registers; composed from two SDDMMs and an SpMM it gathered k_j twice
-// and passed float32 P, dP and dS between XLA fusions (docs/NOTES.md, session 10).
+// It writes p_ij and ds_ij in A's format order (the values of the SpMMs over A^T that finish the
+// backward, dV = P^T dO and dK = scale dS^T Q, once permuted to A^T's order; and dbias). Writing
+// them at A^T's positions instead scattered 2-byte stores over the whole array and made the pass
+// ~3x slower on R-MAT (NOTES, session 10): A's positions of a row lie in its window's values.
+// One pass gathers k_j and v_j once per nonzero and keeps the per-edge math in registers;
+// composed from two SDDMMs and an SpMM it gathered k_j twice and passed float32 P, dP and dS
+// between XLA fusions.
 //
 // Row view and lane layout as the CUDA-core SpMM/SDDMM (row_view.cuh): a group of L lanes owns
 // a work item, lane li the 16 bytes of features at li * E of q_i, do_i and every gathered k_j,
@@ -29,9 +31,8 @@ namespace {
 struct BwdParams {
   const void *q, *k, *v, *bias, *o, *dout;
   const float* lse;
-  const int32_t* perm_t_inv;  // A's format position -> A^T's
-  float* dq;                  // [H, m, d]
-  void *p_t, *ds_t, *ds;      // [H, nnz]; ds null without a bias
+  float* dq;       // [H, m, d]
+  void *pv, *ds;   // [H, nnz], A's format order
   int64_t m, n, d, dv, nnz;
   int64_t q_hs, k_hs, v_hs, b_hs, o_hs, do_hs, lse_hs;  // head strides, 0 where broadcast
   float scale;
@@ -54,7 +55,7 @@ __device__ __forceinline__ void row_slice(const T* row, int64_t f, int64_t d, bo
 }
 
 // Adds scale * sum_j ds_ij k_j over entries [b, e) of row `row` (bounds uniform over the
-// group) into lane li's E features of dq, writing each entry's p, scale ds and ds.
+// group) into lane li's E features of dq, writing each entry's p and ds.
 template <class T, int L, int U>
 __device__ __forceinline__ void row_grads(const BwdParams& p, const RowView& rv, int h, int row,
                                           int b, int e, unsigned gmask, int li,
@@ -74,19 +75,16 @@ __device__ __forceinline__ void row_grads(const BwdParams& p, const RowView& rv,
   const T* kh = static_cast<const T*>(p.k) + h * p.k_hs;
   const T* vh = static_cast<const T*>(p.v) + h * p.v_hs;
   const T* bh = static_cast<const T*>(p.bias) + h * p.b_hs;
-  T* pt = static_cast<T*>(p.p_t) + int64_t(h) * p.nnz;
-  T* dst = static_cast<T*>(p.ds_t) + int64_t(h) * p.nnz;
-  T* dsh = p.ds ? static_cast<T*>(p.ds) + int64_t(h) * p.nnz : nullptr;
+  T* ph = static_cast<T*>(p.pv) + int64_t(h) * p.nnz;
+  T* dsh = static_cast<T*>(p.ds) + int64_t(h) * p.nnz;
 
   for (int kc = b; kc < e; kc += L) {
     const int n = min(L, e - kc);
-    // Lane li's entry kc + li: its column, A^T position and bias, loaded before the gathers.
+    // Lane li's entry kc + li: its column, position and bias, loaded before the gathers.
     int2 en = make_int2(0, 0);
-    int kt = 0;
     float bias = 0.f;
     if (li < n) {
       en = __ldg(rv.entries + kc + li);
-      kt = __ldg(p.perm_t_inv + en.y);
       if (p.bias) bias = raw_to_f32<T>(load_raw<T>(bh + en.y));
     }
     for (int j = 0; j < n; j += U) {
@@ -125,9 +123,8 @@ __device__ __forceinline__ void row_grads(const BwdParams& p, const RowView& rv,
       if (mine >= 0 && mine < U && li < n) {
         const float pv = expf(fmaf(p.scale, s, bias) - lse);
         ds = pv * (dp - delta);
-        pt[kt] = from_f32<T>(pv);
-        dst[kt] = from_f32<T>(p.scale * ds);
-        if (dsh) dsh[en.y] = from_f32<T>(ds);
+        ph[en.y] = from_f32<T>(pv);
+        dsh[en.y] = from_f32<T>(ds);
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -219,16 +216,16 @@ int64_t head_stride(int64_t count, int64_t size) { return count == 1 ? 0 : size;
 
 ffi::Error attention_bwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer k,
                               ffi::AnyBuffer v, ffi::AnyBuffer bias, ffi::AnyBuffer o,
-                              ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, I32 perm_t_inv,
-                              I32 row_entries, I32 row_schedule, ffi::Result<ffi::Buffer<ffi::F32>> dq,
-                              ffi::Result<ffi::AnyBuffer> p_t, ffi::Result<ffi::AnyBuffer> ds_t,
-                              ffi::Result<ffi::AnyBuffer> ds, float scale, int32_t has_bias) {
+                              ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, I32 row_entries,
+                              I32 row_schedule, ffi::Result<ffi::Buffer<ffi::F32>> dq,
+                              ffi::Result<ffi::AnyBuffer> pv, ffi::Result<ffi::AnyBuffer> ds,
+                              float scale, int32_t has_bias) {
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
-  const auto od = dq->dimensions(), pd = p_t->dimensions();
+  const auto od = dq->dimensions(), pd = pv->dimensions();
   const auto dtype = q.element_type();
   for (ffi::DataType t : {k.element_type(), v.element_type(), bias.element_type(),
-                          o.element_type(), dout.element_type(), p_t->element_type(),
-                          ds_t->element_type(), ds->element_type()})
+                          o.element_type(), dout.element_type(), pv->element_type(),
+                          ds->element_type()})
     if (t != dtype) return ffi::Error::InvalidArgument("attention backward: mixed dtypes");
   BwdParams p{};
   p.heads = int(od[0]);
@@ -249,11 +246,9 @@ ffi::Error attention_bwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer 
   p.o = o.untyped_data();
   p.dout = dout.untyped_data();
   p.lse = lse.typed_data();
-  p.perm_t_inv = perm_t_inv.typed_data();
   p.dq = dq->typed_data();
-  p.p_t = p_t->untyped_data();
-  p.ds_t = ds_t->untyped_data();
-  p.ds = has_bias ? ds->untyped_data() : nullptr;
+  p.pv = pv->untyped_data();
+  p.ds = ds->untyped_data();
   p.q_hs = head_stride(qd[0], p.m * p.d);
   p.k_hs = head_stride(kd[0], p.n * p.d);
   p.v_hs = head_stride(vd[0], p.n * p.dv);
@@ -290,13 +285,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionBwdCuda, attention_bwd_cuda,
                                   .Arg<ffi::AnyBuffer>()  // o [Ho, m, dv]
                                   .Arg<ffi::Buffer<ffi::F32>>()  // lse [Hl, m]
                                   .Arg<ffi::AnyBuffer>()  // do [Hd, m, dv]
-                                  .Arg<I32>()             // perm_t_inv [nnz]
                                   .Arg<I32>()             // row_entries [nnz, 2]
                                   .Arg<I32>()             // row_schedule [R, 4]
                                   .Ret<ffi::Buffer<ffi::F32>>()  // dq [H, m, d]
-                                  .Ret<ffi::AnyBuffer>()  // p_t [H, nnz], A^T's order
-                                  .Ret<ffi::AnyBuffer>()  // ds_t [H, nnz]: scale * ds, A^T's order
-                                  .Ret<ffi::AnyBuffer>()  // ds [H, nnz] (dbias) or [H, 0]
+                                  .Ret<ffi::AnyBuffer>()  // p [H, nnz]
+                                  .Ret<ffi::AnyBuffer>()  // ds [H, nnz]
                                   .Attr<float>("scale")
                                   .Attr<int32_t>("has_bias"),
                               JAXSPARSE_TC_CAPTURABLE);

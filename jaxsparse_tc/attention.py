@@ -183,10 +183,9 @@ register_ffi_lowering(attention_jvp_p, "jaxsparse_tc_attention_jvp", 10 + 6, **_
 
 
 # -- backward ---------------------------------------------------------------------------------
-# attention_bwd_p(q, k, v, bias, o, lse, do) -> (dq, p_t, ds_t, ds): the backward's row pass.
-# dq (float32) = scale dS K; p_t and ds_t = P and scale dS in
-# A^T's format order (the values of the two SpMMs over A^T that give dV and dK); ds = dS in A's
-# order for dbias ([H, 0] without a bias). On CUDA one kernel (cuda/attention_bwd.cu) gathers
+# attention_bwd_p(q, k, v, bias, o, lse, do) -> (dq, p, ds): the backward's row pass. dq
+# (float32) = scale dS K; p and ds = P and dS in A's format order (dbias; permuted to A^T's
+# order, the values of the two SpMMs over A^T that give dV and dK). On CUDA one kernel (cuda/attention_bwd.cu) gathers
 # each K and V row once per nonzero; on CPU, and on CUDA for rows wider than that kernel takes,
 # the same quantities are composed from the SDDMM and SpMM primitives (_row_pass).
 attention_bwd_p = Primitive("jaxsparse_tc_attention_bwd")
@@ -199,8 +198,7 @@ def _bwd_abstract(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
                       lse.shape[0], do.shape[0])
   nnz = pattern[ROWS].shape[0]
   per_edge = q.update(shape=(h, nnz), dtype=q.dtype)
-  return (q.update(shape=(h, shape[0], q.shape[2]), dtype=jnp.float32), per_edge,
-          per_edge, q.update(shape=(h, nnz if has_bias else 0), dtype=q.dtype))
+  return q.update(shape=(h, shape[0], q.shape[2]), dtype=jnp.float32), per_edge, per_edge
 
 
 def _row_pass(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
@@ -214,7 +212,7 @@ def _row_pass(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
   # float32, so large logits lose nothing; float32 operands take the exact path, as the
   # forward does.
   prec = precision_lib.HIGHEST if dtype == f32 else precision_lib.DEFAULT
-  rows, perm_t = pattern[ROWS], pattern[PERM_T]
+  rows = pattern[ROWS]
   f32_out = dtype in (jnp.float16, jnp.bfloat16)
   logits = scale * sddmm_p.bind(q, k, *pattern, shape=shape, precision=prec,
                                 float32_out=f32_out).astype(f32)
@@ -224,12 +222,8 @@ def _row_pass(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
   dp = sddmm_p.bind(do, v, *pattern, shape=shape, precision=prec, float32_out=f32_out).astype(f32)
   delta = jnp.sum(do.astype(f32) * o.astype(f32), axis=-1)
   ds = p * (dp - delta[:, rows])
-  ds_scaled = (scale * ds).astype(dtype)
-  dq = spmm_p.bind(ds_scaled, k, *pattern, shape=shape, precision=prec)
-  h = ds.shape[0]
-  ds_out = ds.astype(dtype) if has_bias else jnp.zeros((h, 0), dtype)
-  return (dq.astype(f32), p[:, perm_t].astype(dtype), ds_scaled[:, perm_t],
-          ds_out)
+  dq = spmm_p.bind((scale * ds).astype(dtype), k, *pattern, shape=shape, precision=prec)
+  return dq.astype(f32), p.astype(dtype), ds.astype(dtype)
 
 
 def _bwd_batch(args, dims, **params):
@@ -244,7 +238,7 @@ attention_bwd_p.def_abstract_eval(_bwd_abstract)
 batching.primitive_batchers[attention_bwd_p] = _bwd_batch
 register_ffi_lowering(
     attention_bwd_p, "jaxsparse_tc_attention_bwd", 7,
-    cuda_extra_operands=(7 + PERM_T + 1, 7 + ROW_VIEW, 7 + ROW_VIEW + 1),
+    cuda_extra_operands=(7 + ROW_VIEW, 7 + ROW_VIEW + 1),
     cpu_rule=mlir.lower_fun(_row_pass, multiple_results=True), **_ATTRS)
 
 
@@ -257,20 +251,20 @@ def _backward(q, k, v, bias, o, lse, do, pattern, shape, scale, has_bias):
 
   P = exp(scale QK^T + bias - lse) on A's pattern, dP = dO V^T on the pattern,
   dS = P (dP - rowsum(dO O)), dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO, dbias = dS.
-  The row pass (attention_bwd_p) gives dQ, dbias and P, scale dS in A^T's order; dK and dV are
-  SpMMs over A^T.
+  The row pass (attention_bwd_p) gives dQ, P and dS; dK and dV are SpMMs over A^T.
   """
   from jaxsparse_tc.spmm import spmm_p
 
   fused = ("jaxsparse_tc_attention_bwd" in CUDA_TARGETS
            and max(q.shape[2], v.shape[2]) * q.dtype.itemsize <= _BWD_ROW_BYTES)
   row_pass = attention_bwd_p.bind if fused else _row_pass
-  dq, p_t, ds_t, ds = row_pass(q, k, v, bias, o, lse, do, *pattern, shape=shape, scale=scale,
-                               has_bias=has_bias)
+  dq, p, ds = row_pass(q, k, v, bias, o, lse, do, *pattern, shape=shape, scale=scale,
+                       has_bias=has_bias)
   prec = precision_lib.HIGHEST if q.dtype == jnp.float32 else precision_lib.DEFAULT
-  pattern_t = transpose_operands(tuple(pattern))
-  gv = spmm_p.bind(p_t, do, *pattern_t, shape=shape[::-1], precision=prec)
-  gk = spmm_p.bind(ds_t, q, *pattern_t, shape=shape[::-1], precision=prec)
+  pattern_t, perm_t = transpose_operands(tuple(pattern)), pattern[PERM_T]
+  gv = spmm_p.bind(p[:, perm_t], do, *pattern_t, shape=shape[::-1], precision=prec)
+  gk = spmm_p.bind((scale * ds[:, perm_t]).astype(q.dtype), q, *pattern_t, shape=shape[::-1],
+                   precision=prec)
   return dq.astype(q.dtype), gk, gv, ds
 
 
