@@ -1,23 +1,20 @@
-// CUDA sparse attention backward, row pass (jaxsparse_tc/attention.py `_backward`). For row i of
-// A, head h and each nonzero j of the row, from the forward's saved row log-sum-exp:
+// CUDA sparse attention backward, edge pass (jaxsparse_tc/attention.py `_backward`). For row i
+// of A, head h and each nonzero j of the row, from the forward's saved row log-sum-exp:
 //   p_ij = exp(scale q_i.k_j + bias_ij - lse_i)     dp_ij = do_i.v_j     D_i = do_i.o_i
-//   ds_ij = p_ij (dp_ij - D_i)                       dq_i = scale sum_j ds_ij k_j (float32 out)
-// It writes p_ij and ds_ij in A's format order (the values of the SpMMs over A^T that finish the
-// backward, dV = P^T dO and dK = scale dS^T Q, once permuted to A^T's order; and dbias). Writing
-// them at A^T's positions instead scattered 2-byte stores over the whole array and made the pass
-// ~3x slower on R-MAT (NOTES, session 10): A's positions of a row lie in its window's values.
-// One pass gathers k_j and v_j once per nonzero and keeps the per-edge math in registers;
-// composed from two SDDMMs and an SpMM it gathered k_j twice and passed float32 P, dP and dS
-// between XLA fusions.
+//   ds_ij = p_ij (dp_ij - D_i)
+// written in A's format order (dbias, and once permuted to A^T's order the values of the SpMMs
+// that give dV = P^T dO and dK = scale dS^T Q; dQ = scale dS K is an SpMM over A). One pass
+// gathers k_j and v_j once per nonzero and keeps the per-edge math in registers, where two
+// SDDMMs and XLA's fusions passed float32 logits, P, dP and dS through memory.
+// (Fusing dQ in as well, which keeps each gathered k_j until ds_ij is known, took 128 registers
+// and ran slower than the composed pass: NOTES, session 10.)
 //
-// Row view and lane layout as the CUDA-core SpMM/SDDMM (row_view.cuh): a group of L lanes owns
-// a work item, lane li the 16 bytes of features at li * E of q_i, do_i and every gathered k_j,
+// Row view and lane layout as the CUDA-core SDDMM (row_view.cuh): a group of L lanes owns a
+// work item, lane li the 16 bytes of features at li * E of q_i, do_i and every gathered k_j,
 // v_j (so d, dv <= 32 E). Per batch of U entries each lane issues 2U gathers; reduce_many sums
-// the 2U partial dot products over the group, the lane holding entry j computes p_ij and ds_ij
-// and writes them, and ds_ij is shuffled to the group for dq's update with the k_j still in
-// registers. CTA items (long rows) share a row's entries among the CTA's groups, whose dq sums
-// meet in shared memory; the items of a row cut into several CTA items (slot >= 0) add theirs
-// to dq with atomics, into rows zeroed first.
+// the 2U partial dot products over the group and the lane holding entry j fetches its two
+// totals and writes p_ij and ds_ij. Entries are independent, so a CTA item's groups just take
+// equal shares of its entries.
 #include <algorithm>
 #include <cstdint>
 
@@ -31,8 +28,7 @@ namespace {
 struct BwdParams {
   const void *q, *k, *v, *bias, *o, *dout;
   const float* lse;
-  float* dq;       // [H, m, d]
-  void *pv, *ds;   // [H, nnz], A's format order
+  void *pv, *ds;  // [H, nnz], A's format order
   int64_t m, n, d, dv, nnz;
   int64_t q_hs, k_hs, v_hs, b_hs, o_hs, do_hs, lse_hs;  // head strides, 0 where broadcast
   float scale;
@@ -43,35 +39,34 @@ struct BwdParams {
 
 constexpr int kMinShare = 32;  // as the SDDMM row kernel's (sddmm.cu)
 
-// Lane li's slice (E features at li * E) of a row of d features, as floats (zeros past d).
+// Lane li's slice (E features at f) of a row of d features, as raw words (zeros past d).
 template <class T, int E>
-__device__ __forceinline__ void row_slice(const T* row, int64_t f, int64_t d, bool vec,
-                                          float (&x)[E]) {
-  uint32_t w[Words<T, E>::N];
+__device__ __forceinline__ void row_words(const T* row, int64_t f, int64_t d, bool vec,
+                                          uint32_t (&w)[Words<T, E>::N]) {
 #pragma unroll
   for (int i = 0; i < Words<T, E>::N; ++i) w[i] = 0u;
   if (f < d) load_row<T, E>(row, f, d, vec, w);
-  unpack_words<T, E>(w, x);
 }
 
-// Adds scale * sum_j ds_ij k_j over entries [b, e) of row `row` (bounds uniform over the
-// group) into lane li's E features of dq, writing each entry's p and ds.
+// p and ds of entries [b, e) of row `row` (bounds uniform over the group).
 template <class T, int L, int U>
-__device__ __forceinline__ void row_grads(const BwdParams& p, const RowView& rv, int h, int row,
-                                          int b, int e, unsigned gmask, int li,
-                                          float (&dq)[kRowVec<T>]) {
+__device__ __forceinline__ void row_edges(const BwdParams& p, const RowView& rv, int h, int row,
+                                          int b, int e, unsigned gmask, int li) {
   constexpr int E = kRowVec<T>, NW = Words<T, E>::N;
   const int64_t f = int64_t(li) * E;
-  float qf[E], dof[E], of[E];
-  row_slice<T, E>(static_cast<const T*>(p.q) + h * p.q_hs + row * p.d, f, p.d, p.vec, qf);
-  row_slice<T, E>(static_cast<const T*>(p.dout) + h * p.do_hs + row * p.dv, f, p.dv, p.vec, dof);
-  row_slice<T, E>(static_cast<const T*>(p.o) + h * p.o_hs + row * p.dv, f, p.dv, p.vec, of);
+  // Everything the first batch waits on is requested before any of it is used.
+  uint32_t qw[NW], dow[NW], ow[NW];
+  row_words<T, E>(static_cast<const T*>(p.q) + h * p.q_hs + row * p.d, f, p.d, p.vec, qw);
+  row_words<T, E>(static_cast<const T*>(p.dout) + h * p.do_hs + row * p.dv, f, p.dv, p.vec, dow);
+  row_words<T, E>(static_cast<const T*>(p.o) + h * p.o_hs + row * p.dv, f, p.dv, p.vec, ow);
+  const float lse = p.lse[h * p.lse_hs + row];
+  int2 en = make_int2(0, 0);
+  if (li < e - b) en = __ldg(rv.entries + b + li);
   float delta = 0.f;
 #pragma unroll
-  for (int k = 0; k < E; ++k) delta = fmaf(dof[k], of[k], delta);
+  for (int k = 0; k < E; ++k) delta = fmaf(word_elem<T>(dow, k), word_elem<T>(ow, k), delta);
 #pragma unroll
   for (int o = L / 2; o > 0; o >>= 1) delta += __shfl_xor_sync(gmask, delta, o, L);
-  const float lse = p.lse[h * p.lse_hs + row];
   const T* kh = static_cast<const T*>(p.k) + h * p.k_hs;
   const T* vh = static_cast<const T*>(p.v) + h * p.v_hs;
   const T* bh = static_cast<const T*>(p.bias) + h * p.b_hs;
@@ -80,13 +75,11 @@ __device__ __forceinline__ void row_grads(const BwdParams& p, const RowView& rv,
 
   for (int kc = b; kc < e; kc += L) {
     const int n = min(L, e - kc);
-    // Lane li's entry kc + li: its column, position and bias, loaded before the gathers.
-    int2 en = make_int2(0, 0);
-    float bias = 0.f;
-    if (li < n) {
-      en = __ldg(rv.entries + kc + li);
-      if (p.bias) bias = raw_to_f32<T>(load_raw<T>(bh + en.y));
+    if (kc != b) {
+      en = make_int2(0, 0);
+      if (li < n) en = __ldg(rv.entries + kc + li);
     }
+    const float bias = p.bias && li < n ? raw_to_f32<T>(load_raw<T>(bh + en.y)) : 0.f;
     for (int j = 0; j < n; j += U) {
       uint32_t kw[U][NW], vw[U][NW];
 #pragma unroll
@@ -102,15 +95,12 @@ __device__ __forceinline__ void row_grads(const BwdParams& p, const RowView& rv,
       // Partial dots: [u] q.k of entry j + u, [U + u] do.v.
       float dots[2 * U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        float kx[E], vx[E];
-        unpack_words<T, E>(kw[u], kx);
-        unpack_words<T, E>(vw[u], vx);
+      for (int u = 0; u < U; ++u) {  // q and do stay packed (16-bit: half the registers)
         dots[u] = dots[U + u] = 0.f;
 #pragma unroll
         for (int k = 0; k < E; ++k) {
-          dots[u] = fmaf(qf[k], kx[k], dots[u]);
-          dots[U + u] = fmaf(dof[k], vx[k], dots[U + u]);
+          dots[u] = fmaf(word_elem<T>(qw, k), word_elem<T>(kw[u], k), dots[u]);
+          dots[U + u] = fmaf(word_elem<T>(dow, k), word_elem<T>(vw[u], k), dots[U + u]);
         }
       }
       // Lane x now holds the total of dots[x / (L / 2U)]; lane j + u (entry j + u's) fetches
@@ -119,86 +109,47 @@ __device__ __forceinline__ void row_grads(const BwdParams& p, const RowView& rv,
       const int mine = li - j, own = mine >= 0 && mine < U ? mine : 0;
       const float s = __shfl_sync(gmask, tot, own * (L / (2 * U)), L);
       const float dp = __shfl_sync(gmask, tot, (U + own) * (L / (2 * U)), L);
-      float ds = 0.f;
       if (mine >= 0 && mine < U && li < n) {
         const float pv = expf(fmaf(p.scale, s, bias) - lse);
-        ds = pv * (dp - delta);
         ph[en.y] = from_f32<T>(pv);
-        dsh[en.y] = from_f32<T>(ds);
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const float a = __shfl_sync(gmask, ds, j + u, L);
-        float kx[E];
-        unpack_words<T, E>(kw[u], kx);
-#pragma unroll
-        for (int k = 0; k < E; ++k) dq[k] = fmaf(a, kx[k], dq[k]);
+        dsh[en.y] = from_f32<T>(pv * (dp - delta));
       }
     }
   }
 }
 
-// Zeroes the dq rows of slotted items (a prefix of the schedule), whose CTAs add with atomics.
-__global__ void zero_split_rows(const RowView rv, float* dq, int64_t m, int64_t d, int heads) {
-  for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
-    const int4 it = rv.sched[c];
-    if (it.w < 0) return;
-    for (int h = 0; h < heads; ++h)
-      for (int64_t t = threadIdx.x; t < d; t += blockDim.x) dq[(h * m + it.x) * d + t] = 0.f;
-  }
-}
-
+// UNROLL 4: 8 gathers in flight per lane, up to 128 registers (16 warps/SM); UNROLL 2: 4 at 64
+// registers (32 warps/SM).
 template <class T, int L, int UNROLL>
-__global__ void __launch_bounds__(kRowThreads, 2)
-    attention_bwd_rows(const BwdParams p, const RowView rv) {
-  constexpr int E = kRowVec<T>, NG = kRowThreads / L, F = L * E;
+__global__ void __launch_bounds__(kRowThreads, UNROLL >= 4 ? 2 : 4)
+    attention_bwd_edges(const BwdParams p, const RowView rv) {
+  constexpr int NG = kRowThreads / L;
   constexpr int U = UNROLL < L / 2 ? UNROLL : L / 2;  // reduce_many: 2U values over L lanes
-  __shared__ float part[NG * F];
   const int li = threadIdx.x % L, g = threadIdx.x / L;
   const unsigned gmask = group_mask<L>(g % (32 / L));
   const int h = blockIdx.y;
-  const int64_t f = int64_t(li) * E;
-
-  // CTA items, CTA-strided: group g takes the g-th share; thread t sums feature t's partials.
+  // CTA items (the schedule's prefix), CTA-strided: group g takes the g-th share.
   for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
     const int4 it = rv.sched[c];
     if (it.w == kWholeRow) break;
     const int2 share = cta_share(it.y, it.z, NG, g, p.min_share);
-    float dq[E];
-#pragma unroll
-    for (int k = 0; k < E; ++k) dq[k] = 0.f;
-    if (share.x < share.y) row_grads<T, L, U>(p, rv, h, it.x, share.x, share.y, gmask, li, dq);
-#pragma unroll
-    for (int k = 0; k < E; ++k) part[g * F + li * E + k] = dq[k];
-    __syncthreads();
-    float* out = p.dq + (int64_t(h) * p.m + it.x) * p.d;
-    for (int t = threadIdx.x; t < p.d; t += kRowThreads) {
-      float s = 0.f;
-      for (int q = 0; q < NG; ++q) s += part[q * F + t];
-      if (it.w >= 0) atomicAdd(out + t, p.scale * s);
-      else out[t] = p.scale * s;
-    }
-    __syncthreads();  // part is reused
+    if (share.x < share.y) row_edges<T, L, U>(p, rv, h, it.x, share.x, share.y, gmask, li);
   }
-
   const int64_t item = int64_t(blockIdx.x) * NG + g;
   if (item >= rv.num_items) return;
   const int4 it = rv.sched[item];
-  if (it.w != kWholeRow) return;
-  float dq[E];
-#pragma unroll
-  for (int k = 0; k < E; ++k) dq[k] = 0.f;
-  row_grads<T, L, U>(p, rv, h, it.x, it.y, it.z, gmask, li, dq);
-#pragma unroll
-  for (int k = 0; k < E; ++k) dq[k] *= p.scale;
-  if (f < p.d) store_row<float, E>(p.dq + (int64_t(h) * p.m + it.x) * p.d, f, p.d, p.vec, dq);
+  if (it.w == kWholeRow && it.y < it.z) row_edges<T, L, U>(p, rv, h, it.x, it.y, it.z, gmask, li);
 }
 
+// JAXSPARSE_TC_ATTN_BWD_UNROLL=2|4 (read per launch; default 4): gathers per lane per batch / 2.
 template <class T, int L>
 void launch_l(const BwdParams& p, const RowView& rv, cudaStream_t st) {
   const dim3 grid(unsigned((rv.num_items + kRowThreads / L - 1) / (kRowThreads / L)),
                   unsigned(p.heads));
-  attention_bwd_rows<T, L, 4><<<grid, kRowThreads, 0, st>>>(p, rv);
+  if (env_int("JAXSPARSE_TC_ATTN_BWD_UNROLL", 4) == 2)
+    attention_bwd_edges<T, L, 2><<<grid, kRowThreads, 0, st>>>(p, rv);
+  else
+    attention_bwd_edges<T, L, 4><<<grid, kRowThreads, 0, st>>>(p, rv);
 }
 
 template <class T>
@@ -217,18 +168,17 @@ int64_t head_stride(int64_t count, int64_t size) { return count == 1 ? 0 : size;
 ffi::Error attention_bwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer k,
                               ffi::AnyBuffer v, ffi::AnyBuffer bias, ffi::AnyBuffer o,
                               ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, I32 row_entries,
-                              I32 row_schedule, ffi::Result<ffi::Buffer<ffi::F32>> dq,
-                              ffi::Result<ffi::AnyBuffer> pv, ffi::Result<ffi::AnyBuffer> ds,
-                              float scale, int32_t has_bias) {
+                              I32 row_schedule, ffi::Result<ffi::AnyBuffer> pv,
+                              ffi::Result<ffi::AnyBuffer> ds, float scale, int32_t has_bias) {
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
-  const auto od = dq->dimensions(), pd = pv->dimensions();
+  const auto pd = pv->dimensions();
   const auto dtype = q.element_type();
   for (ffi::DataType t : {k.element_type(), v.element_type(), bias.element_type(),
                           o.element_type(), dout.element_type(), pv->element_type(),
                           ds->element_type()})
     if (t != dtype) return ffi::Error::InvalidArgument("attention backward: mixed dtypes");
   BwdParams p{};
-  p.heads = int(od[0]);
+  p.heads = int(pd[0]);
   p.m = qd[1];
   p.d = qd[2];
   p.n = kd[1];
@@ -237,8 +187,8 @@ ffi::Error attention_bwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer 
   const int64_t esize = dtype == ffi::DataType::F32 ? 4 : 2;
   if (std::max(p.d, p.dv) * esize > 32 * 16)
     return ffi::Error::InvalidArgument("attention backward: d, dv past 512 bytes of a row");
-  if (od[0] > 65535) return ffi::Error::InvalidArgument("attention backward: at most 65535 heads");
-  if (od[0] == 0 || p.m == 0) return ffi::Error::Success();
+  if (pd[0] > 65535) return ffi::Error::InvalidArgument("attention backward: at most 65535 heads");
+  if (pd[0] == 0 || p.nnz == 0) return ffi::Error::Success();
   p.q = q.untyped_data();
   p.k = k.untyped_data();
   p.v = v.untyped_data();
@@ -246,7 +196,6 @@ ffi::Error attention_bwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer 
   p.o = o.untyped_data();
   p.dout = dout.untyped_data();
   p.lse = lse.typed_data();
-  p.dq = dq->typed_data();
   p.pv = pv->untyped_data();
   p.ds = ds->untyped_data();
   p.q_hs = head_stride(qd[0], p.m * p.d);
@@ -259,13 +208,11 @@ ffi::Error attention_bwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer 
   p.scale = scale;
   p.min_share = p.nnz < kSmallGraphNnz ? kSmallGraphPiece : kMinShare;
   bool aligned = true;
-  for (const void* ptr : {p.q, p.k, p.v, p.o, p.dout, static_cast<const void*>(p.dq)})
+  for (const void* ptr : {p.q, p.k, p.v, p.o, p.dout})
     aligned = aligned && reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
   const int64_t e = 16 / esize;
   p.vec = aligned && p.d % e == 0 && p.dv % e == 0;
   const RowView rv = row_view(row_entries, row_schedule);
-  zero_split_rows<<<unsigned(std::min<int64_t>(std::max<int64_t>(rv.num_items, 1), 256)), 128, 0,
-                    st>>>(rv, p.dq, p.m, p.d, p.heads);
   ffi::Error err = dispatch_device_float(dtype, "attention backward", [&](auto tag) {
     launch<decltype(tag)>(p, rv, st);
   });
@@ -287,7 +234,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionBwdCuda, attention_bwd_cuda,
                                   .Arg<ffi::AnyBuffer>()  // do [Hd, m, dv]
                                   .Arg<I32>()             // row_entries [nnz, 2]
                                   .Arg<I32>()             // row_schedule [R, 4]
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // dq [H, m, d]
                                   .Ret<ffi::AnyBuffer>()  // p [H, nnz]
                                   .Ret<ffi::AnyBuffer>()  // ds [H, nnz]
                                   .Attr<float>("scale")

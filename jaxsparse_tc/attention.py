@@ -8,14 +8,14 @@ Three primitives, each with a CPU reference and a CUDA kernel:
   is declared zero: sparse_attention never returns it).
 * `attention_jvp_p(q, k, v, bias, o, lse, dq, dk, dv, dbias) -> do`: the JVP, linear in the
   tangents (dq, dk, dv, dbias), computed by one fused kernel from the saved lse.
-* `attention_bwd_p(q, k, v, bias, o, lse, do) -> (dq, p_t, ds_t, ds)`: the backward's row pass
-  (one kernel on CUDA; on CPU composed from the SDDMM and SpMM primitives).
+* `attention_bwd_p(q, k, v, bias, o, lse, do) -> (p, ds)`: the backward's per-edge pass (one
+  kernel on CUDA; on CPU composed from SDDMMs).
 
 How the transformations compose: `attention_fwd_p`'s JVP rule runs the fused forward and emits
 `attention_jvp_p` for the tangent; `jax.jvp` evaluates that kernel. `jax.grad`/`jax.vjp`
 linearize the same JVP and transpose `attention_jvp_p`: its transpose rule is the
-FlashAttention-2 backward (`_backward`) from the saved lse: the row pass, then two SpMMs over
-A^T, so reverse mode runs the fused forward plus that backward and never a JVP kernel. vmap folds the batch into the kernels' head axis (heads.py).
+FlashAttention-2 backward (`_backward`) from the saved lse: the per-edge pass, then three
+SpMMs, so reverse mode runs the fused forward plus that backward and never a JVP kernel. vmap folds the batch into the kernels' head axis (heads.py).
 Second derivatives are not implemented and raise NotImplementedError (any route: the JVP
 primitive has no JVP, and the backward refuses to be differentiated because it reads the saved
 lse as a constant).
@@ -183,34 +183,33 @@ register_ffi_lowering(attention_jvp_p, "jaxsparse_tc_attention_jvp", 10 + 6, **_
 
 
 # -- backward ---------------------------------------------------------------------------------
-# attention_bwd_p(q, k, v, bias, o, lse, do) -> (dq, p, ds): the backward's row pass. dq
-# (float32) = scale dS K; p and ds = P and dS in A's format order (dbias; permuted to A^T's
-# order, the values of the two SpMMs over A^T that give dV and dK). On CUDA one kernel (cuda/attention_bwd.cu) gathers
-# each K and V row once per nonzero; on CPU, and on CUDA for rows wider than that kernel takes,
-# the same quantities are composed from the SDDMM and SpMM primitives (_row_pass).
+# attention_bwd_p(q, k, v, bias, o, lse, do) -> (p, ds): the backward's per-edge quantities
+# P = exp(scale QK^T + bias - lse) and dS = P (dO V^T - rowsum(dO O)) on A's pattern, in A's
+# format order. dS is dbias; dQ = scale dS K is an SpMM over A; permuted to A^T's order, P and
+# dS are the values of the SpMMs that give dV and dK. On CUDA one kernel
+# (cuda/attention_bwd.cu) gathers each K and V row once per nonzero; on CPU, and on CUDA for
+# rows wider than that kernel takes, the pair is composed from two SDDMMs (_edge_pass).
 attention_bwd_p = Primitive("jaxsparse_tc_attention_bwd")
 attention_bwd_p.multiple_results = True
-_BWD_ROW_BYTES = 512  # the CUDA row pass's widest row (d and dv): 32 lanes x 16 bytes
+_BWD_ROW_BYTES = 512  # the CUDA kernel's widest row (d and dv): 32 lanes x 16 bytes
 
 
 def _bwd_abstract(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
   h = heads.num_heads(q.shape[0], k.shape[0], v.shape[0], bias.shape[0], o.shape[0],
                       lse.shape[0], do.shape[0])
-  nnz = pattern[ROWS].shape[0]
-  per_edge = q.update(shape=(h, nnz), dtype=q.dtype)
-  return q.update(shape=(h, shape[0], q.shape[2]), dtype=jnp.float32), per_edge, per_edge
+  per_edge = q.update(shape=(h, pattern[ROWS].shape[0]), dtype=q.dtype)
+  return per_edge, per_edge
 
 
-def _row_pass(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
-  """attention_bwd_p composed from the library's SDDMM and SpMM."""
+def _edge_pass(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
+  """attention_bwd_p composed from the library's SDDMM."""
   from jaxsparse_tc.sddmm import sddmm_p
-  from jaxsparse_tc.spmm import spmm_p
 
   f32 = jnp.float32
   dtype = q.dtype
   # 16-bit operands: products are exact in the fp32 accumulator, which the SDDMM hands out as
-  # float32, so large logits lose nothing; float32 operands take the exact path, as the
-  # forward does.
+  # float32 (no float32 copies of Q and K), so large logits lose nothing; float32 operands take
+  # the exact path, as the forward does.
   prec = precision_lib.HIGHEST if dtype == f32 else precision_lib.DEFAULT
   rows = pattern[ROWS]
   f32_out = dtype in (jnp.float16, jnp.bfloat16)
@@ -221,9 +220,7 @@ def _row_pass(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
   p = jnp.exp(logits - lse[:, rows])
   dp = sddmm_p.bind(do, v, *pattern, shape=shape, precision=prec, float32_out=f32_out).astype(f32)
   delta = jnp.sum(do.astype(f32) * o.astype(f32), axis=-1)
-  ds = p * (dp - delta[:, rows])
-  dq = spmm_p.bind((scale * ds).astype(dtype), k, *pattern, shape=shape, precision=prec)
-  return dq.astype(f32), p.astype(dtype), ds.astype(dtype)
+  return p.astype(dtype), (p * (dp - delta[:, rows])).astype(dtype)
 
 
 def _bwd_batch(args, dims, **params):
@@ -236,10 +233,9 @@ def _bwd_batch(args, dims, **params):
 
 attention_bwd_p.def_abstract_eval(_bwd_abstract)
 batching.primitive_batchers[attention_bwd_p] = _bwd_batch
-register_ffi_lowering(
-    attention_bwd_p, "jaxsparse_tc_attention_bwd", 7,
-    cuda_extra_operands=(7 + ROW_VIEW, 7 + ROW_VIEW + 1),
-    cpu_rule=mlir.lower_fun(_row_pass, multiple_results=True), **_ATTRS)
+register_ffi_lowering(attention_bwd_p, "jaxsparse_tc_attention_bwd", 7,
+                      cuda_extra_operands=(7 + ROW_VIEW, 7 + ROW_VIEW + 1),
+                      cpu_rule=mlir.lower_fun(_edge_pass, multiple_results=True), **_ATTRS)
 
 
 # The backward reads the saved lse as a constant (its tangent is declared zero), so
@@ -250,22 +246,23 @@ def _backward(q, k, v, bias, o, lse, do, pattern, shape, scale, has_bias):
   """FlashAttention-2 backward from the saved row log-sum-exp.
 
   P = exp(scale QK^T + bias - lse) on A's pattern, dP = dO V^T on the pattern,
-  dS = P (dP - rowsum(dO O)), dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO, dbias = dS.
-  The row pass (attention_bwd_p) gives dQ, P and dS; dK and dV are SpMMs over A^T.
+  dS = P (dP - rowsum(dO O)), dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO, dbias = dS:
+  the per-edge pass (attention_bwd_p), then three SpMMs (A^T's pattern for dV and dK).
   """
   from jaxsparse_tc.spmm import spmm_p
 
   fused = ("jaxsparse_tc_attention_bwd" in CUDA_TARGETS
            and max(q.shape[2], v.shape[2]) * q.dtype.itemsize <= _BWD_ROW_BYTES)
-  row_pass = attention_bwd_p.bind if fused else _row_pass
-  dq, p, ds = row_pass(q, k, v, bias, o, lse, do, *pattern, shape=shape, scale=scale,
-                       has_bias=has_bias)
+  edge_pass = attention_bwd_p.bind if fused else _edge_pass
+  p, ds = edge_pass(q, k, v, bias, o, lse, do, *pattern, shape=shape, scale=scale,
+                    has_bias=has_bias)
   prec = precision_lib.HIGHEST if q.dtype == jnp.float32 else precision_lib.DEFAULT
   pattern_t, perm_t = transpose_operands(tuple(pattern)), pattern[PERM_T]
+  ds_scaled = (scale * ds.astype(jnp.float32)).astype(q.dtype)
+  gq = spmm_p.bind(ds_scaled, k, *pattern, shape=shape, precision=prec)
   gv = spmm_p.bind(p[:, perm_t], do, *pattern_t, shape=shape[::-1], precision=prec)
-  gk = spmm_p.bind((scale * ds[:, perm_t]).astype(q.dtype), q, *pattern_t, shape=shape[::-1],
-                   precision=prec)
-  return dq.astype(q.dtype), gk, gv, ds
+  gk = spmm_p.bind(ds_scaled[:, perm_t], q, *pattern_t, shape=shape[::-1], precision=prec)
+  return gq, gk, gv, ds
 
 
 @_backward.defjvp

@@ -1,7 +1,7 @@
 """Where the attention backward's time goes (NOTES, session 10): GPU time of its parts on one
-graph, fp16, H=4: the forward; the row pass (attention_bwd_p's kernel) against the same
-quantities composed from two SDDMMs and an SpMM (attention._row_pass); the two SpMMs over A^T
-with their permutations; and the whole grad. K independent calls per program, each on its own
+graph, fp16, H=4: the forward; the per-edge pass (attention_bwd_p's kernel) against the same
+quantities composed from two SDDMMs and XLA (attention._edge_pass); the three SpMMs (dQ; dV and
+dK over A^T with their permutations); and the whole grad. K independent calls per program, each on its own
 operands (common.time_jax_device).
 
   python3 scripts/attention_bwd_probe.py [graph] [d]     (graph: cora, rmat17-d16 (default))
@@ -55,24 +55,31 @@ def main():
   time("forward", lambda A, ops: fwd(A, ops), A, ops)
   params = dict(shape=A.shape, scale=scale, has_bias=False)
 
-  def row_pass(f, A, ops, saved):
+  def edge_pass(f, A, ops, saved):
     return [f(q, k, v, bias, o, lse, do, *A.pattern_operands(), **params)
             for (q, k, v, do), (o, lse) in zip(ops, saved)]
 
-  time("row pass (one kernel)", functools.partial(row_pass, attention.attention_bwd_p.bind),
+  for unroll in ("4", "2"):
+    os.environ["JAXSPARSE_TC_ATTN_BWD_UNROLL"] = unroll
+    time(f"edge pass (one kernel, unroll {unroll})",
+         functools.partial(edge_pass, attention.attention_bwd_p.bind), A, ops, saved)
+  os.environ.pop("JAXSPARSE_TC_ATTN_BWD_UNROLL")
+  time("edge pass composed (2 SDDMM + XLA)", functools.partial(edge_pass, attention._edge_pass),
        A, ops, saved)
-  time("row pass composed (2 SDDMM + SpMM + XLA)", functools.partial(row_pass, attention._row_pass),
-       A, ops, saved)
-  res = row_pass(attention.attention_bwd_p.bind, A, ops, saved)
+  res = edge_pass(attention.attention_bwd_p.bind, A, ops, saved)
 
-  def col_pass(A, ops, res):
-    pt, perm_t = transpose_operands(A.pattern_operands()), A.pattern_operands()[PERM_T]
-    return [(spmm_p.bind(p[:, perm_t], do, *pt, shape=A.shape[::-1], precision=0),
-             spmm_p.bind((scale * ds[:, perm_t]).astype(q.dtype), q, *pt, shape=A.shape[::-1],
-                         precision=0))
-            for (q, k, v, do), (dq, p, ds) in zip(ops, res)]
+  def spmms(A, ops, res):
+    pat = A.pattern_operands()
+    pt, perm_t = transpose_operands(pat), pat[PERM_T]
+    out = []
+    for (q, k, v, do), (p, ds) in zip(ops, res):
+      dss = (scale * ds).astype(q.dtype)
+      out += [spmm_p.bind(dss, k, *pat, shape=A.shape, precision=0),
+              spmm_p.bind(p[:, perm_t], do, *pt, shape=A.shape[::-1], precision=0),
+              spmm_p.bind(dss[:, perm_t], q, *pt, shape=A.shape[::-1], precision=0)]
+    return out
 
-  time("dV, dK: 2 SpMMs over A^T (+ permutations)", col_pass, A, ops, res)
+  time("dQ, dV, dK: 3 SpMMs (+ permutations)", spmms, A, ops, res)
   grad = jax.grad(lambda q, k, v, w: jnp.sum(jst.sparse_attention(A, q, k, v).astype(
       jnp.float32) * w), argnums=(0, 1, 2))
   time("forward + backward (grad)", lambda ops: [grad(q, k, v, do.astype(jnp.float32))
