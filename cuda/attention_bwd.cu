@@ -141,12 +141,14 @@ __global__ void __launch_bounds__(kRowThreads, UNROLL >= 4 ? 2 : 4)
   if (it.w == kWholeRow && it.y < it.z) row_edges<T, L, U>(p, rv, h, it.x, it.y, it.z, gmask, li);
 }
 
-// JAXSPARSE_TC_ATTN_BWD_UNROLL=2|4 (read per launch; default 4): gathers per lane per batch / 2.
+// Entries per batch (JAXSPARSE_TC_ATTN_BWD_UNROLL=2|4 overrides, read per launch). Large graphs
+// take 2 (32 warps/SM: rmat17, d=64, H=4: 574 us against 1125 with 4), small ones 4 (their time
+// is their longest chain of batches: Cora 11 us against 22; NOTES, session 10).
 template <class T, int L>
 void launch_l(const BwdParams& p, const RowView& rv, cudaStream_t st) {
   const dim3 grid(unsigned((rv.num_items + kRowThreads / L - 1) / (kRowThreads / L)),
                   unsigned(p.heads));
-  if (env_int("JAXSPARSE_TC_ATTN_BWD_UNROLL", 4) == 2)
+  if (env_int("JAXSPARSE_TC_ATTN_BWD_UNROLL", p.nnz < kSmallGraphNnz ? 4 : 2) == 2)
     attention_bwd_edges<T, L, 2><<<grid, kRowThreads, 0, st>>>(p, rv);
   else
     attention_bwd_edges<T, L, 4><<<grid, kRowThreads, 0, st>>>(p, rv);
