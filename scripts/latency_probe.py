@@ -3,7 +3,7 @@
 Cora, d=128, fp16 SpMM (ours) and float32 segment_sum (XLA), each timed three ways:
   per call  back-to-back jitted calls, one sync at the end (what bench_spmm_sddmm reports);
   chain     one program of K dependent calls, wall time / K (what bench_chained reports);
-  device    the same chain queued behind a ~2 ms matmul, so the host has finished queueing
+  device    the same chain queued behind a 2-20 ms matmul, so the host has finished queueing
             before the GPU reaches the chain: (T(matmul + chain) - T(matmul)) / K.
 Plus the dispatch cost of a jitted no-op taking the SparseMatrix pytree against one taking two
 arrays. Usage: python3 scripts/latency_probe.py [graph]   (JAXSPARSE_TC_* switches apply).
