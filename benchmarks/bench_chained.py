@@ -5,8 +5,8 @@ a small graph (Cora: 2.7k nodes) every implementation then measures host dispatc
 JAX call, ~30 us per torch call), not its kernels. Inside a user's jitted model the operations
 run back to back on the device. This benchmark measures that: one program makes K calls, and
 the time per call is the GPU's time for the program over K (`us_per_call`: the program queued
-behind a matmul (2-20 ms, outlasting the host's queueing), common.time_jax_device; torch: a CUDA graph of the K calls replayed
-between CUDA events). `wall_us` is the program's wall time over K, which on Cora is the host's
+behind a matmul that outlasts the host's queueing, common.time_jax_device; torch: a CUDA graph
+of the K calls replayed between CUDA events). `wall_us` is the program's wall time over K, which on Cora is the host's
 pace of enqueueing (for XLA's fusions as for our FFI calls), not the GPU's. The calls depend on
 each other through their data, so none can be merged or dropped and nothing is added between
 them: SpMM
