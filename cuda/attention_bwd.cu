@@ -156,13 +156,7 @@ void launch_l(const BwdParams& p, const RowView& rv, cudaStream_t st) {
 
 template <class T>
 void launch(const BwdParams& p, const RowView& rv, cudaStream_t st) {
-  switch (row_lanes<T>(std::max(p.d, p.dv))) {
-    case 2: launch_l<T, 2>(p, rv, st); break;
-    case 4: launch_l<T, 4>(p, rv, st); break;
-    case 8: launch_l<T, 8>(p, rv, st); break;
-    case 16: launch_l<T, 16>(p, rv, st); break;
-    default: launch_l<T, 32>(p, rv, st); break;
-  }
+  with_lanes(row_lanes<T>(std::max(p.d, p.dv)), [&](auto l) { launch_l<T, l.value>(p, rv, st); });
 }
 
 int64_t head_stride(int64_t count, int64_t size) { return count == 1 ? 0 : size; }

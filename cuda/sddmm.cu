@@ -285,13 +285,9 @@ void launch_rows_s(const SddmmParams& p, const RowView& rv, cudaStream_t stream)
     sddmm_rows<T, O, 32, 2, SMALL><<<grid, kRowThreads, 0, stream>>>(p, rv);
     return;
   }
-  switch (lanes) {
-    case 2: sddmm_rows<T, O, 2, 1, SMALL><<<grid, kRowThreads, 0, stream>>>(p, rv); break;
-    case 4: sddmm_rows<T, O, 4, 1, SMALL><<<grid, kRowThreads, 0, stream>>>(p, rv); break;
-    case 8: sddmm_rows<T, O, 8, 1, SMALL><<<grid, kRowThreads, 0, stream>>>(p, rv); break;
-    case 16: sddmm_rows<T, O, 16, 1, SMALL><<<grid, kRowThreads, 0, stream>>>(p, rv); break;
-    default: sddmm_rows<T, O, 32, 1, SMALL><<<grid, kRowThreads, 0, stream>>>(p, rv); break;
-  }
+  with_lanes(lanes, [&](auto l) {
+    sddmm_rows<T, O, l.value, 1, SMALL><<<grid, kRowThreads, 0, stream>>>(p, rv);
+  });
 }
 
 template <class T, class O>

@@ -1006,13 +1006,7 @@ void launch_rows_l(const SpmmParams& p, const RowView& rv, const RowSplit& rs,
 template <class T, int U>
 void launch_rows_u(const SpmmParams& p, const RowView& rv, const RowSplit& rs, int lanes,
                    cudaStream_t stream) {
-  switch (lanes) {
-    case 2: launch_rows_l<T, 2, U>(p, rv, rs, stream); break;
-    case 4: launch_rows_l<T, 4, U>(p, rv, rs, stream); break;
-    case 8: launch_rows_l<T, 8, U>(p, rv, rs, stream); break;
-    case 16: launch_rows_l<T, 16, U>(p, rv, rs, stream); break;
-    default: launch_rows_l<T, 32, U>(p, rv, rs, stream); break;
-  }
+  with_lanes(lanes, [&](auto l) { launch_rows_l<T, l.value, U>(p, rv, rs, stream); });
 }
 
 // JAXSPARSE_TC_ROWS_UNROLL=4|8: gathers in flight per lane (default: docs/NOTES.md).

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "jaxsparse_tc/cuda_common.cuh"
 #include "cpu/ffi_common.h"
@@ -68,6 +69,19 @@ int row_lanes(int64_t d) {
   int lanes = 2;
   while (lanes < 32 && int64_t(lanes) * kRowVec<T> < d) lanes *= 2;
   return lanes;
+}
+
+// Calls f(std::integral_constant<int, L>{}) with L = lanes (a power of two in [2, 32]): the
+// launch of a row kernel instantiated per group width.
+template <class F>
+void with_lanes(int lanes, F&& f) {
+  switch (lanes) {
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 8: f(std::integral_constant<int, 8>{}); break;
+    case 16: f(std::integral_constant<int, 16>{}); break;
+    default: f(std::integral_constant<int, 32>{}); break;
+  }
 }
 
 // The lanes of group `grp` (of L lanes) as a shuffle mask.
