@@ -21,9 +21,8 @@
 // Writes O and the row log-sum-exp (fp32) for the backward.
 //
 // Scalar path (float32 in, other head sizes, and the jvp): CUDA cores, one warp per
-// (row, head), lanes over features, float32 math. The backward is not here: it is composed from
-// the tensor-core SpMM/SDDMM kernels (jaxsparse_tc/attention.py), which measured 5-14x faster
-// than a fused scalar backward on R-MAT (docs/NOTES.md).
+// (row, head), lanes over features, float32 math. The backward is not here: a per-edge kernel
+// (attention_bwd.cu) and the SpMMs (jaxsparse_tc/attention.py `_backward`).
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
