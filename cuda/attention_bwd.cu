@@ -33,11 +33,9 @@ struct BwdParams {
   int64_t q_hs, k_hs, v_hs, b_hs, o_hs, do_hs, lse_hs;  // head strides, 0 where broadcast
   float scale;
   int heads;
-  int min_share;  // fewest entries of a CTA item one group takes
+  int min_share;  // fewest entries of a CTA item one group takes (cta_min_share)
   bool vec;       // 16-byte rows: d and dv whole multiples of E, aligned operands
 };
-
-constexpr int kMinShare = 32;  // as the SDDMM row kernel's (sddmm.cu)
 
 // Lane li's slice (E features at f) of a row of d features, as raw words (zeros past d).
 template <class T, int E>
@@ -202,7 +200,7 @@ ffi::Error attention_bwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer 
   p.do_hs = head_stride(dout.dimensions()[0], p.m * p.dv);
   p.lse_hs = head_stride(lse.dimensions()[0], p.m);
   p.scale = scale;
-  p.min_share = p.nnz < kSmallGraphNnz ? kSmallGraphPiece : kMinShare;
+  p.min_share = cta_min_share(p.nnz);
   bool aligned = true;
   for (const void* ptr : {p.q, p.k, p.v, p.o, p.dout})
     aligned = aligned && reinterpret_cast<uintptr_t>(ptr) % 16 == 0;

@@ -40,7 +40,7 @@ struct SddmmParams : KernelPattern {
   int64_t x_head_stride, y_head_stride;  // 0 where the operand broadcasts over heads
   int heads;
   int sub;   // warps per schedule item (each takes an equal, even share of its blocks)
-  int min_share;  // row kernels: fewest entries of a CTA item one group takes (kMinShare)
+  int min_share;  // row kernels: fewest entries of a CTA item one group takes (cta_min_share)
   bool vec;  // d % 8 == 0: every thread's 8 features are in range together, 16-byte aligned
 };
 
@@ -243,13 +243,9 @@ __device__ __forceinline__ void row_dots(const SddmmParams& p, const RowView& rv
 }
 
 // CTA items (the schedule's prefix) first, CTA-strided, group g taking the g-th of the CTA's
-// equal shares of the entries, at least kMinShare each (a group's fixed cost per share, its X
-// row and first entries, is paid on enough entries; groups left without a share go on to their
-// whole rows; small graphs, whose time is their longest chain, share down to a row piece: on
-// Cora's fp16 d=128 SDDMM 18.7 -> 9.2 us, NOTES session 9), with half the gathers per batch
-// (so the whole-row path, which holds most entries, keeps 64 registers without spills); then
-// one whole row per group.
-constexpr int kMinShare = 32;
+// equal shares of the entries, at least p.min_share each (cta_min_share; groups left without a
+// share go on to their whole rows), with half the gathers per batch (so the whole-row path,
+// which holds most entries, keeps 64 registers without spills); then one whole row per group.
 
 // SMALL (graphs under kSmallGraphNnz nonzeros, whose time is their longest chain): no register
 // cap, and CTA items take all U gathers per batch.
@@ -351,7 +347,7 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
   if (rows_fit && (variant == "cuda_core" || (variant != "tc" && (exact || sparse)))) {
     p.vec = (p.d * esize) % 16 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
             reinterpret_cast<uintptr_t>(p.y) % 16 == 0;
-    p.min_share = p.nnz < kSmallGraphNnz ? kSmallGraphPiece : kMinShare;
+    p.min_share = cta_min_share(p.nnz);
     if (dtype == ffi::DataType::F32) launch_rows<float, float>(p, rv, stream);
     else if (dtype == ffi::DataType::F16 && f32_out) launch_rows<__half, float>(p, rv, stream);
     else if (dtype == ffi::DataType::F16) launch_rows<__half, __half>(p, rv, stream);
