@@ -15,7 +15,8 @@ How the transformations compose: `attention_fwd_p`'s JVP rule runs the fused for
 `attention_jvp_p` for the tangent; `jax.jvp` evaluates that kernel. `jax.grad`/`jax.vjp`
 linearize the same JVP and transpose `attention_jvp_p`: its transpose rule is the
 FlashAttention-2 backward (`_backward`) from the saved lse: the per-edge pass, then three
-SpMMs, so reverse mode runs the fused forward plus that backward and never a JVP kernel. vmap folds the batch into the kernels' head axis (heads.py).
+SpMMs, so reverse mode runs the fused forward plus that backward and never a JVP kernel. vmap
+folds the batch into the kernels' head axis (heads.py).
 Second derivatives are not implemented and raise NotImplementedError (any route: the JVP
 primitive has no JVP, and the backward refuses to be differentiated because it reads the saved
 lse as a constant).

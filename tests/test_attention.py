@@ -134,42 +134,39 @@ def test_edge_softmax_errors(rng):
 
 
 # -- sparse_attention -------------------------------------------------------------------------
+def masked_softmax_ref(A, s, bias=None):
+  """float64 row softmax of dense scores s [..., m, n] (+ bias [..., nnz]) over A's nonzeros;
+  rows with no nonzeros give zeros."""
+  r, c = np.asarray(A.rows), np.asarray(A.cols)
+  logits = np.full(s.shape, -np.inf)
+  b = 0.0 if bias is None else np.asarray(bias, np.float64)
+  logits[..., r, c] = s[..., r, c] + b
+  mx = np.max(logits, axis=-1, keepdims=True)
+  e = np.exp(logits - np.where(np.isfinite(mx), mx, 0.0))
+  den = e.sum(-1, keepdims=True)
+  return np.where(den > 0, e / np.where(den > 0, den, 1.0), 0.0)
+
+
 def attention_ref(A, q, k, v, scale=None, bias=None):
   """float64 dense masked softmax attention; rows with no nonzeros give zeros."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   d = q.shape[-1]
   scale = 1.0 / np.sqrt(d) if scale is None else scale
-  r, c = np.asarray(A.rows), np.asarray(A.cols)
   s = scale * np.einsum("...id,...jd->...ij", q, k)
   H = max(x.shape[0] if x.ndim == 3 else 1 for x in (q, k, v))
   if q.ndim == 3 or k.ndim == 3 or v.ndim == 3 or (bias is not None and np.ndim(bias) == 2):
-    s = np.broadcast_to(s, (H,) + A.shape) if s.ndim == 3 else np.broadcast_to(s, (H,) + A.shape)
-  logits = np.full(s.shape, -np.inf)
-  b = 0.0 if bias is None else np.asarray(bias, np.float64)
-  logits[..., r, c] = s[..., r, c] + b
-  mx = np.max(logits, axis=-1, keepdims=True)
-  mx = np.where(np.isfinite(mx), mx, 0.0)
-  e = np.exp(logits - mx)
-  den = e.sum(-1, keepdims=True)
-  p = np.where(den > 0, e / np.where(den > 0, den, 1.0), 0.0)
-  return p @ v
+    s = np.broadcast_to(s, (H,) + A.shape)
+  return masked_softmax_ref(A, s, bias) @ v
 
 
 def attention_grads_ref(A, q, k, v, scale, bias, w):
   """float64 gradients of sum(attention * w) for q, k, v ([H_i, rows, features], H_i in {1, H})
   and bias ([H_b, nnz] or None), each summed to its operand's head count (dense, masked)."""
   q, k, v, w = (np.asarray(x, np.float64) for x in (q, k, v, w))
-  H, (m, n) = w.shape[0], A.shape
+  H = w.shape[0]
   r, c = np.asarray(A.rows), np.asarray(A.cols)
   qb, kb, vb = (np.broadcast_to(x, (H,) + x.shape[1:]) for x in (q, k, v))
-  logits = np.full((H, m, n), -np.inf)
-  logits[:, r, c] = scale * np.einsum("hid,hid->hi", qb[:, r], kb[:, c])
-  if bias is not None:
-    logits[:, r, c] += np.asarray(bias, np.float64)
-  mx = np.max(logits, axis=-1, keepdims=True)
-  e = np.exp(logits - np.where(np.isfinite(mx), mx, 0.0))
-  den = e.sum(-1, keepdims=True)
-  p = e / np.where(den > 0, den, 1.0)
+  p = masked_softmax_ref(A, scale * qb @ np.swapaxes(kb, 1, 2), bias)
   o = p @ vb
   ds = p * (w @ np.swapaxes(vb, 1, 2) - np.sum(w * o, -1, keepdims=True))
   to_heads = lambda g, x: g.sum(0, keepdims=True) if x.shape[0] == 1 else g
@@ -274,6 +271,15 @@ def test_attention_grad_matches_float64(rng):
   assert abs(float(jv) - dot) < 1e-4 * (abs(dot) + 1)
 
 
+def hub_pattern(rng, m, n, hub, density=0.1):
+  """A random pattern plus row 0 with `hub` nonzeros and two empty rows."""
+  rows, cols, _ = random_coo(rng, m, n, density)
+  keep = (rows != 0) & (rows != 1) & (rows != m - 1)
+  rows = np.concatenate([np.zeros(hub, np.int64), rows[keep]])
+  cols = np.concatenate([rng.permutation(n)[:hub], cols[keep]])
+  return SparseMatrix.from_coo(rows, cols, shape=(m, n))
+
+
 def test_attention_grads_match_float64_heads(rng):
   """Backward with heads broadcast (one Q head, H K/V heads), a hub row and empty rows."""
   A = hub_pattern(rng, 60, 50, hub=45)
@@ -287,15 +293,6 @@ def test_attention_grads_match_float64_heads(rng):
   for g, r in zip(got, attention_grads_ref(A, q, k, v, 0.4, bias, w)):
     assert g.shape == r.shape
     assert rel_err(g, r) < 1e-5
-
-
-def hub_pattern(rng, m, n, hub, density=0.1):
-  """A random pattern plus row 0 with `hub` nonzeros and two empty rows."""
-  rows, cols, _ = random_coo(rng, m, n, density)
-  keep = (rows != 0) & (rows != 1) & (rows != m - 1)
-  rows = np.concatenate([np.zeros(hub, np.int64), rows[keep]])
-  cols = np.concatenate([rng.permutation(n)[:hub], cols[keep]])
-  return SparseMatrix.from_coo(rows, cols, shape=(m, n))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
