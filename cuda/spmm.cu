@@ -764,79 +764,84 @@ __global__ void row_split_prep(const RowView rv, const RowSplit rs, int per_slot
   }
 }
 
-// Lane li's entry k + li (if li < n): its column and raw value (zeros otherwise, which add
-// nothing to the shuffled sums).
-template <class T>
-__device__ __forceinline__ void load_entry(const RowView& rv, const T* vh, int k, int n, int li,
-                                           int& col, uint32_t& vraw) {
-  col = 0;
-  vraw = 0u;
-  if (li < n) {
-    const int2 e = __ldg(rv.entries + k + li);
-    col = e.x;
-    vraw = load_raw<T>(vh + e.y);
-  }
+// A group's next U entries from k (of a range ending at `end`), read by every lane of the group
+// alike: a broadcast load, so gathers need no shuffles (whose convergence checks, when the two
+// groups of a warp walk different rows, cost more than the load; NOTES session 11). Returns how
+// many of the U exist.
+template <int U>
+__device__ __forceinline__ int load_entries(const int2* entries, int k, int end, int2 (&en)[U]) {
+  const int2* e = entries + k;
+#pragma unroll
+  for (int u = 0; u < U; ++u) en[u] = ldg8_if(k + u < end, e + u);
+  return max(0, min(U, end - k));
 }
 
-// Adds a group's products over entries [b, e) (bounds uniform over the group) into lane li's E
-// features at f. col/vraw hold the first L entries (load_entry(b)); after_issue() runs once,
-// when the first gathers are in flight (the persistent loop prefetches the next item there).
-template <class T, int L, int U, int E, class Hook>
-__device__ __forceinline__ void row_sums(const SpmmParams& p, const RowView& rv, const T* xh,
-                                         const T* vh, int b, int e, int64_t f, bool active,
-                                         unsigned gmask, int li, int col, uint32_t vraw,
-                                         float (&acc)[E], Hook&& after_issue) {
-  constexpr int NW = Words<T, E>::N;
-  bool issued = false;
-  for (int kc = b; kc < e; kc += L) {
-    const int n = min(L, e - kc);
-    if (kc != b) load_entry<T>(rv, vh, kc, n, li, col, vraw);
-    for (int j = 0; j < n; j += U) {
-      uint32_t xw[U][NW];
+// Issues the gathers of the first n entries: the lane's E features of each entry's X row (xl: the
+// lane's features of row 0; VEC: one 16-byte load at row * pitch bytes) and the entry's raw value.
+// Invalid entries and inactive lanes read zeros.
+template <class T, int E, bool VEC, int U>
+__device__ __forceinline__ void gather_entries(const T* xh, const char* xl, int pitch, int64_t f,
+                                               int64_t d, const T* vh, const int2 (&en)[U], int n,
+                                               uint32_t (&xw)[U][Words<T, E>::N],
+                                               uint32_t (&vr)[U]) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int c = __shfl_sync(gmask, col, j + u, L);
-        if (j + u < n && active) {
-          load_row<T, E>(xh + int64_t(c) * p.d, f, p.d, p.vec, xw[u]);
-        } else {
+  for (int u = 0; u < U; ++u) {
+    const bool ok = u < n;
+    vr[u] = load_raw_if<T>(ok, reinterpret_cast<const T*>(reinterpret_cast<const char*>(vh) +
+                                                          row_offset(en[u].y, sizeof(T))));
+    if constexpr (VEC) {
+      static_assert(Words<T, E>::N == 4, "a lane's features are 16 bytes");
+      const uint4 v = ldg16_if(ok, xl + row_offset(en[u].x, pitch));
+      xw[u][0] = v.x; xw[u][1] = v.y; xw[u][2] = v.z; xw[u][3] = v.w;
+    } else {
 #pragma unroll
-          for (int i = 0; i < NW; ++i) xw[u][i] = 0u;
-        }
-      }
-      if (!issued) {
-        issued = true;
-        after_issue();
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const float a = raw_to_f32<T>(__shfl_sync(gmask, vraw, j + u, L));
-        float x[E];
-        unpack_words<T, E>(xw[u], x);
-#pragma unroll
-        for (int k = 0; k < E; ++k) acc[k] = fmaf(a, x[k], acc[k]);
-      }
+      for (int i = 0; i < Words<T, E>::N; ++i) xw[u][i] = 0u;
+      if (ok) load_row<T, E>(xh + int64_t(en[u].x) * d, f, d, false, xw[u]);
     }
   }
-  if (!issued) after_issue();
 }
 
+// acc += value * row for each gathered entry (exact float32 math; zeros add nothing).
+template <class T, int E, int U>
+__device__ __forceinline__ void add_products(const uint32_t (&xw)[U][Words<T, E>::N],
+                                             const uint32_t (&vr)[U], float (&acc)[E]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const float a = raw_to_f32<T>(vr[u]);
+    float x[E];
+    unpack_words<T, E>(xw[u], x);
+#pragma unroll
+    for (int k = 0; k < E; ++k) acc[k] = fmaf(a, x[k], acc[k]);
+  }
+}
+
+// A lane's view of X for the row kernels: head base, the lane's features of row 0 as bytes, the
+// row pitch in bytes (plan_spmm keeps d * sizeof(T) within int).
+template <class T>
+struct LaneRows {
+  const T* xh;
+  const char* xl;
+  int pitch;
+};
+
 // UNROLL: gathers in flight per lane (8: ~105 registers, 16 warps/SM; 4 with a 64-register
-// cap: 32 warps/SM).
-template <class T, int L, int UNROLL>
+// cap: 32 warps/SM). VEC: rows are 16-byte aligned (SpmmParams::vec).
+template <class T, int L, int UNROLL, bool VEC>
 __global__ void __launch_bounds__(kRowThreads, UNROLL <= 4 ? 4 : 1)
     spmm_rows(const SpmmParams p, const RowView rv, const RowSplit rs) {
-  constexpr int E = kRowVec<T>, NG = kRowThreads / L, F = L * E;
-  constexpr int U = UNROLL < L ? UNROLL : L;
+  constexpr int E = kRowVec<T>, NG = kRowThreads / L, F = L * E, NW = Words<T, E>::N;
+  constexpr int U = UNROLL;
   constexpr int U1 = U < 2 ? U : 2;  // CTA items: fewer gathers per lane, no spills (64 registers)
   __shared__ float part[NG * F];  // CTA items: each group's sums over the slab's F features
   __shared__ int last;
   const int li = threadIdx.x % L, g = threadIdx.x / L;  // lane in group, group in CTA
-  const unsigned gmask = group_mask<L>(g % (32 / L));
   const int slab = blockIdx.y, h = blockIdx.z;
   const int64_t f0 = int64_t(slab) * F, f = f0 + int64_t(li) * E;
   const bool active = f < p.d;
   const T* xh = static_cast<const T*>(p.x) + h * p.x_head_stride;
-  const T* vh = static_cast<const T*>(p.values) + h * p.v_head_stride;
+  const char* xl = opaque(reinterpret_cast<const char*>(xh + (active ? f : 0)));
+  const int pitch = int(p.d * int64_t(sizeof(T)));
+  const T* vh = opaque(static_cast<const T*>(p.values) + h * p.v_head_stride);
 
   // CTA items (the schedule's prefix), CTA-strided: group g takes the g-th of NG equal shares of
   // the entries; thread t then sums feature f0 + t over the groups.
@@ -844,14 +849,17 @@ __global__ void __launch_bounds__(kRowThreads, UNROLL <= 4 ? 4 : 1)
     const int4 it = rv.sched[c];
     if (it.w == kWholeRow) break;
     const int2 share = cta_share(it.y, it.z, NG, g, 1);
-    const int b = share.x, e = share.y;
-    int col;
-    uint32_t vraw;
-    load_entry<T>(rv, vh, b, min(L, e - b), li, col, vraw);
     float acc[E];
 #pragma unroll
     for (int k = 0; k < E; ++k) acc[k] = 0.f;
-    row_sums<T, L, U1, E>(p, rv, xh, vh, b, e, f, active, gmask, li, col, vraw, acc, [] {});
+    int2 en[U1];
+    int n = load_entries<U1>(rv.entries, share.x, share.y, en);
+    for (int k = share.x; k < share.y; k += U1) {
+      uint32_t xw[U1][NW], vr[U1];
+      gather_entries<T, E, VEC, U1>(xh, xl, pitch, f, p.d, vh, en, active ? n : 0, xw, vr);
+      n = load_entries<U1>(rv.entries, k + U1, share.y, en);
+      add_products<T, E, U1>(xw, vr, acc);
+    }
 #pragma unroll
     for (int k = 0; k < E; ++k) part[g * F + li * E + k] = acc[k];
     __syncthreads();
@@ -879,39 +887,53 @@ __global__ void __launch_bounds__(kRowThreads, UNROLL <= 4 ? 4 : 1)
   }
 
   // Whole rows: groups stride over the items after the prefix (persistent where the grid is
-  // capped). The next item's schedule entry is loaded when an item starts, its first L entries
-  // once the item's first gathers are in flight, and their values before the item's results are
-  // written, so an item's first gathers wait on no metadata round trip.
-  const int64_t stride = int64_t(gridDim.x) * NG;
-  int64_t item = int64_t(blockIdx.x) * NG + g;
-  int4 it = item < rv.num_items ? rv.sched[item] : make_int4(0, 0, 0, kWholeRow);
-  while (item < rv.num_items && it.w != kWholeRow) {
+  // capped). A group walks its items as one stream of batches of U entries: while a batch's
+  // gathers are in flight it loads the next batch's entries, from the same row or the first of
+  // its next item (whose schedule entry was loaded when the current item began), so no batch
+  // waits on a metadata round trip, not even an item's first.
+  // Item indices fit in int: a row's entries are addressed by int (format.h).
+  const int items = int(rv.num_items), stride = int(gridDim.x) * NG;
+  int item = int(blockIdx.x) * NG + g;
+  int4 it = item < items ? rv.sched[item] : make_int4(0, 0, 0, kWholeRow);
+  while (item < items && it.w != kWholeRow) {
     item += stride;
-    if (item < rv.num_items) it = rv.sched[item];
+    if (item < items) it = rv.sched[item];
   }
-  if (item >= rv.num_items) return;
-  int col;
-  uint32_t vraw;
-  load_entry<T>(rv, vh, it.y, min(L, it.z - it.y), li, col, vraw);
-  for (; item < rv.num_items; item += stride) {
-    const int64_t next = item + stride;
-    const int4 nit = next < rv.num_items ? rv.sched[next] : make_int4(0, 0, 0, 0);
-    int2 ne = make_int2(0, -1);
-    float acc[E];
+  if (item >= items) return;
+  int row = it.x, end = it.z;  // the current item
+  int3 next = make_int3(0, 0, 0);  // the next item's row, begin, end (empty past the last)
+  if (item + stride < items) {
+    const int4 n = rv.sched[item + stride];
+    next = make_int3(n.x, n.y, n.z);
+  }
+  float acc[E];
 #pragma unroll
-    for (int k = 0; k < E; ++k) acc[k] = 0.f;
-    row_sums<T, L, U, E>(p, rv, xh, vh, it.y, it.z, f, active, gmask, li, col, vraw, acc, [&] {
-      if (li < nit.z - nit.y) ne = __ldg(rv.entries + nit.y + li);
-    });
-    col = 0;
-    vraw = 0u;
-    if (ne.y >= 0) {
-      col = ne.x;
-      vraw = load_raw<T>(vh + ne.y);
+  for (int k = 0; k < E; ++k) acc[k] = 0.f;
+  int k = it.y;
+  int2 en[U];
+  int n = load_entries<U>(rv.entries, k, end, en);
+  while (true) {
+    uint32_t xw[U][NW], vr[U];
+    gather_entries<T, E, VEC, U>(xh, xl, pitch, f, p.d, vh, en, active ? n : 0, xw, vr);
+    const bool row_done = k + U >= end;
+    k = row_done ? next.y : k + U;
+    n = load_entries<U>(rv.entries, k, row_done ? next.z : end, en);
+    add_products<T, E, U>(xw, vr, acc);
+    if (row_done) {
+      if (active)
+        store_row<T, E>(static_cast<T*>(p.out) + (int64_t(h) * p.m + row) * p.d, f, p.d, VEC, acc);
+#pragma unroll
+      for (int q = 0; q < E; ++q) acc[q] = 0.f;
+      item += stride;
+      if (item >= items) break;
+      row = next.x;
+      end = next.z;
+      next = make_int3(0, 0, 0);
+      if (item + stride < items) {
+        const int4 n = rv.sched[item + stride];
+        next = make_int3(n.x, n.y, n.z);
+      }
     }
-    if (active)
-      store_row<T, E>(static_cast<T*>(p.out) + (int64_t(h) * p.m + it.x) * p.d, f, p.d, p.vec, acc);
-    it = nit;
   }
 }
 
@@ -991,13 +1013,13 @@ void launch_async(const SpmmParams& p, const AsyncConfig& c, cudaStream_t stream
 
 // Row-kernel grid: groups stride over the items, at most as many CTAs as the device holds at
 // once (per kernel and device, asked once; JAXSPARSE_TC_ROWS_PERSIST=0: one item per group).
-template <class T, int L, int U>
+template <class T, int L, int U, bool VEC>
 void launch_rows_l(const SpmmParams& p, const RowView& rv, const RowSplit& rs,
                    cudaStream_t stream) {
-  auto kernel = spmm_rows<T, L, U>;
+  auto kernel = spmm_rows<T, L, U, VEC>;
   constexpr int64_t groups_per_cta = kRowThreads / L;
   int64_t grid = (rv.num_items + groups_per_cta - 1) / groups_per_cta;
-  const int ctas = resident_ctas<spmm_rows<T, L, U>>(kRowThreads, 0);
+  const int ctas = resident_ctas<spmm_rows<T, L, U, VEC>>(kRowThreads, 0);
   if (ctas > 0 && env_int("JAXSPARSE_TC_ROWS_PERSIST", 1) != 0) grid = std::min<int64_t>(grid, ctas);
   kernel<<<dim3(unsigned(grid), unsigned(p.nslab), unsigned(p.heads)), kRowThreads, 0, stream>>>(
       p, rv, rs);
@@ -1006,7 +1028,10 @@ void launch_rows_l(const SpmmParams& p, const RowView& rv, const RowSplit& rs,
 template <class T, int U>
 void launch_rows_u(const SpmmParams& p, const RowView& rv, const RowSplit& rs, int lanes,
                    cudaStream_t stream) {
-  with_lanes(lanes, [&](auto l) { launch_rows_l<T, l.value, U>(p, rv, rs, stream); });
+  with_lanes(lanes, [&](auto l) {
+    if (p.vec) launch_rows_l<T, l.value, U, true>(p, rv, rs, stream);
+    else launch_rows_l<T, l.value, U, false>(p, rv, rs, stream);
+  });
 }
 
 // JAXSPARSE_TC_ROWS_UNROLL=4|8: gathers in flight per lane (default: docs/NOTES.md).

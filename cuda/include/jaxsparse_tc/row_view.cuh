@@ -110,6 +110,54 @@ __device__ __forceinline__ float raw_to_f32(uint32_t b) {
   else return __uint_as_float(b << 16);  // bfloat16 -> fp32 is a shift
 }
 
+// Predicated read-only loads: where `p` is false nothing is read. The row kernels issue their
+// gathers through these rather than under `if`, so that the compiler keeps straight-line code
+// (with a branch per gather, ptxas re-derived the lane's row pointer at every gather to stay
+// within 64 registers). ldg16_if and load_raw_if give zeros where `p` is false; ldg8_if leaves
+// its result undefined there (entries are used only where they exist).
+__device__ __forceinline__ uint4 ldg16_if(bool p, const void* a) {
+  uint4 v = make_uint4(0u, 0u, 0u, 0u);
+  asm volatile(
+      "{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n"
+      " @q ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n}"
+      : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+      : "l"(a), "r"(int(p)));
+  return v;
+}
+__device__ __forceinline__ int2 ldg8_if(bool p, const void* a) {
+  int2 v;
+  asm volatile(
+      "{\n .reg .pred q;\n setp.ne.b32 q, %3, 0;\n @q ld.global.nc.v2.s32 {%0, %1}, [%2];\n}"
+      : "=r"(v.x), "=r"(v.y)
+      : "l"(a), "r"(int(p)));
+  return v;
+}
+template <class T>
+__device__ __forceinline__ uint32_t load_raw_if(bool p, const T* a) {
+  uint32_t v = 0u;
+  if constexpr (sizeof(T) == 4)
+    asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %2, 0;\n @q ld.global.nc.u32 %0, [%1];\n}"
+                 : "+r"(v) : "l"(a), "r"(int(p)));
+  else
+    asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %2, 0;\n @q ld.global.nc.u16 %0, [%1];\n}"
+                 : "+r"(v) : "l"(a), "r"(int(p)));
+  return v;
+}
+
+// The pointer's value, hidden from the optimizer: a per-thread base that is computed once and
+// then only offset (ptxas otherwise folds the head offset into every gather's address).
+template <class P>
+__device__ __forceinline__ P* opaque(P* p) {
+  uint64_t v = reinterpret_cast<uint64_t>(p);
+  asm("mov.b64 %0, %0;" : "+l"(v));
+  return reinterpret_cast<P*>(v);
+}
+
+// Byte offset of row c of a table with rows `pitch` bytes apart (one 32x32->64 multiply).
+__device__ __forceinline__ uint64_t row_offset(int c, int pitch) {
+  return uint64_t(uint32_t(c)) * uint32_t(pitch);
+}
+
 // E consecutive elements held in words -> floats (exact conversions).
 template <class T, int E>
 __device__ __forceinline__ void unpack_words(const uint32_t (&w)[Words<T, E>::N], float (&x)[E]) {
