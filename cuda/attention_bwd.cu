@@ -46,48 +46,64 @@ __device__ __forceinline__ void row_words(const T* row, int64_t f, int64_t d, bo
   if (f < d) load_row<T, E>(row, f, d, vec, w);
 }
 
-// p and ds of entries [b, e) of row `row` (bounds uniform over the group).
-template <class T, int L, int U>
+constexpr unsigned kFullWarp = 0xffffffffu;
+
+// p and ds of entries [b, e) of row `row` (bounds uniform over the group). Every lane of the
+// warp calls it together, empty ranges included, and its loops run to the warp's longest range,
+// so shuffles take the full mask (with a group's mask each one cost five more instructions of
+// convergence checks: NOTES, session 11). Gathers are predicated loads.
+template <class T, int L, int U, bool VEC>
 __device__ __forceinline__ void row_edges(const BwdParams& p, const RowView& rv, int h, int row,
-                                          int b, int e, unsigned gmask, int li) {
+                                          int b, int e, int li) {
   constexpr int E = kRowVec<T>, NW = Words<T, E>::N;
   const int64_t f = int64_t(li) * E;
+  const bool kact = f < p.d, vact = f < p.dv, any = b < e;
   // Everything the first batch waits on is requested before any of it is used.
   uint32_t qw[NW], dow[NW], ow[NW];
-  row_words<T, E>(static_cast<const T*>(p.q) + h * p.q_hs + row * p.d, f, p.d, p.vec, qw);
-  row_words<T, E>(static_cast<const T*>(p.dout) + h * p.do_hs + row * p.dv, f, p.dv, p.vec, dow);
-  row_words<T, E>(static_cast<const T*>(p.o) + h * p.o_hs + row * p.dv, f, p.dv, p.vec, ow);
-  const float lse = p.lse[h * p.lse_hs + row];
-  int2 en = make_int2(0, 0);
-  if (li < e - b) en = __ldg(rv.entries + b + li);
+  row_words<T, E>(static_cast<const T*>(p.q) + h * p.q_hs + row * p.d, f, any ? p.d : 0, VEC, qw);
+  row_words<T, E>(static_cast<const T*>(p.dout) + h * p.do_hs + row * p.dv, f, any ? p.dv : 0,
+                  VEC, dow);
+  row_words<T, E>(static_cast<const T*>(p.o) + h * p.o_hs + row * p.dv, f, any ? p.dv : 0, VEC,
+                  ow);
+  const float lse = any ? p.lse[h * p.lse_hs + row] : 0.f;
+  const int n = e - b, nmax = __reduce_max_sync(kFullWarp, n);
+  int2 en = ldg8_if(li < n, rv.entries + b + li);
   float delta = 0.f;
 #pragma unroll
   for (int k = 0; k < E; ++k) delta = fmaf(word_elem<T>(dow, k), word_elem<T>(ow, k), delta);
 #pragma unroll
-  for (int o = L / 2; o > 0; o >>= 1) delta += __shfl_xor_sync(gmask, delta, o, L);
+  for (int o = L / 2; o > 0; o >>= 1) delta += __shfl_xor_sync(kFullWarp, delta, o, L);
   const T* kh = static_cast<const T*>(p.k) + h * p.k_hs;
   const T* vh = static_cast<const T*>(p.v) + h * p.v_hs;
+  const char* kl = opaque(reinterpret_cast<const char*>(kh + (kact ? f : 0)));
+  const char* vl = opaque(reinterpret_cast<const char*>(vh + (vact ? f : 0)));
+  const int kpitch = int(p.d * int64_t(sizeof(T))), vpitch = int(p.dv * int64_t(sizeof(T)));
   const T* bh = static_cast<const T*>(p.bias) + h * p.b_hs;
   T* ph = static_cast<T*>(p.pv) + int64_t(h) * p.nnz;
   T* dsh = static_cast<T*>(p.ds) + int64_t(h) * p.nnz;
 
-  for (int kc = b; kc < e; kc += L) {
-    const int n = min(L, e - kc);
-    if (kc != b) {
-      en = make_int2(0, 0);
-      if (li < n) en = __ldg(rv.entries + kc + li);
-    }
-    const float bias = p.bias && li < n ? raw_to_f32<T>(load_raw<T>(bh + en.y)) : 0.f;
-    for (int j = 0; j < n; j += U) {
+  for (int kc = 0; kc < nmax; kc += L) {
+    const int cnt = min(L, n - kc);  // this group's entries in the chunk (may be <= 0)
+    if (kc != 0) en = ldg8_if(li < cnt, rv.entries + b + kc + li);
+    const float bias = raw_to_f32<T>(load_raw_if<T>(p.bias && li < cnt, bh + en.y));
+    for (int j = 0; j < min(L, nmax - kc); j += U) {
       uint32_t kw[U][NW], vw[U][NW];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int c = __shfl_sync(gmask, en.x, j + u, L);
+        const int c = __shfl_sync(kFullWarp, en.x, j + u, L);
+        const bool ok = j + u < cnt;
+        if constexpr (VEC) {
+          const uint4 kv = ldg16_if(ok && kact, kl + row_offset(c, kpitch));
+          const uint4 vv = ldg16_if(ok && vact, vl + row_offset(c, vpitch));
+          kw[u][0] = kv.x; kw[u][1] = kv.y; kw[u][2] = kv.z; kw[u][3] = kv.w;
+          vw[u][0] = vv.x; vw[u][1] = vv.y; vw[u][2] = vv.z; vw[u][3] = vv.w;
+        } else {
 #pragma unroll
-        for (int i = 0; i < NW; ++i) kw[u][i] = vw[u][i] = 0u;
-        if (j + u < n) {
-          if (f < p.d) load_row<T, E>(kh + int64_t(c) * p.d, f, p.d, p.vec, kw[u]);
-          if (f < p.dv) load_row<T, E>(vh + int64_t(c) * p.dv, f, p.dv, p.vec, vw[u]);
+          for (int i = 0; i < NW; ++i) kw[u][i] = vw[u][i] = 0u;
+          if (ok) {
+            if (kact) load_row<T, E>(kh + int64_t(c) * p.d, f, p.d, false, kw[u]);
+            if (vact) load_row<T, E>(vh + int64_t(c) * p.dv, f, p.dv, false, vw[u]);
+          }
         }
       }
       // Partial dots: [u] q.k of entry j + u, [U + u] do.v.
@@ -103,11 +119,11 @@ __device__ __forceinline__ void row_edges(const BwdParams& p, const RowView& rv,
       }
       // Lane x now holds the total of dots[x / (L / 2U)]; lane j + u (entry j + u's) fetches
       // both of its entry's totals.
-      const float tot = reduce_many<L, 2 * U>(dots, gmask, li);
+      const float tot = reduce_many<L, 2 * U>(dots, kFullWarp, li);
       const int mine = li - j, own = mine >= 0 && mine < U ? mine : 0;
-      const float s = __shfl_sync(gmask, tot, own * (L / (2 * U)), L);
-      const float dp = __shfl_sync(gmask, tot, (U + own) * (L / (2 * U)), L);
-      if (mine >= 0 && mine < U && li < n) {
+      const float s = __shfl_sync(kFullWarp, tot, own * (L / (2 * U)), L);
+      const float dp = __shfl_sync(kFullWarp, tot, (U + own) * (L / (2 * U)), L);
+      if (mine >= 0 && mine < U && li < cnt) {
         const float pv = expf(fmaf(p.scale, s, bias) - lse);
         ph[en.y] = from_f32<T>(pv);
         dsh[en.y] = from_f32<T>(pv * (dp - delta));
@@ -117,26 +133,25 @@ __device__ __forceinline__ void row_edges(const BwdParams& p, const RowView& rv,
 }
 
 // UNROLL 4: 8 gathers in flight per lane, up to 128 registers (16 warps/SM); UNROLL 2: 4 at 64
-// registers (32 warps/SM).
-template <class T, int L, int UNROLL>
+// registers (32 warps/SM). VEC: 16-byte rows (BwdParams::vec).
+template <class T, int L, int UNROLL, bool VEC>
 __global__ void __launch_bounds__(kRowThreads, UNROLL >= 4 ? 2 : 4)
     attention_bwd_edges(const BwdParams p, const RowView rv) {
   constexpr int NG = kRowThreads / L;
   constexpr int U = UNROLL < L / 2 ? UNROLL : L / 2;  // reduce_many: 2U values over L lanes
   const int li = threadIdx.x % L, g = threadIdx.x / L;
-  const unsigned gmask = group_mask<L>(g % (32 / L));
   const int h = blockIdx.y;
   // CTA items (the schedule's prefix), CTA-strided: group g takes the g-th share.
   for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
     const int4 it = rv.sched[c];
     if (it.w == kWholeRow) break;
     const int2 share = cta_share(it.y, it.z, NG, g, p.min_share);
-    if (share.x < share.y) row_edges<T, L, U>(p, rv, h, it.x, share.x, share.y, gmask, li);
+    row_edges<T, L, U, VEC>(p, rv, h, it.x, share.x, share.y, li);
   }
   const int64_t item = int64_t(blockIdx.x) * NG + g;
-  if (item >= rv.num_items) return;
-  const int4 it = rv.sched[item];
-  if (it.w == kWholeRow && it.y < it.z) row_edges<T, L, U>(p, rv, h, it.x, it.y, it.z, gmask, li);
+  int4 it = item < rv.num_items ? rv.sched[item] : make_int4(0, 0, 0, kCtaRow);
+  if (it.w != kWholeRow) it.y = it.z = 0;  // nothing for this group, but its warp's shuffles
+  row_edges<T, L, U, VEC>(p, rv, h, it.x, it.y, it.z, li);
 }
 
 // Entries per batch (JAXSPARSE_TC_ATTN_BWD_UNROLL=2|4 overrides, read per launch). Large graphs
@@ -146,10 +161,11 @@ template <class T, int L>
 void launch_l(const BwdParams& p, const RowView& rv, cudaStream_t st) {
   const dim3 grid(unsigned((rv.num_items + kRowThreads / L - 1) / (kRowThreads / L)),
                   unsigned(p.heads));
-  if (env_int("JAXSPARSE_TC_ATTN_BWD_UNROLL", p.nnz < kSmallGraphNnz ? 4 : 2) == 2)
-    attention_bwd_edges<T, L, 2><<<grid, kRowThreads, 0, st>>>(p, rv);
-  else
-    attention_bwd_edges<T, L, 4><<<grid, kRowThreads, 0, st>>>(p, rv);
+  const bool u2 = env_int("JAXSPARSE_TC_ATTN_BWD_UNROLL", p.nnz < kSmallGraphNnz ? 4 : 2) == 2;
+  if (u2 && p.vec) attention_bwd_edges<T, L, 2, true><<<grid, kRowThreads, 0, st>>>(p, rv);
+  else if (u2) attention_bwd_edges<T, L, 2, false><<<grid, kRowThreads, 0, st>>>(p, rv);
+  else if (p.vec) attention_bwd_edges<T, L, 4, true><<<grid, kRowThreads, 0, st>>>(p, rv);
+  else attention_bwd_edges<T, L, 4, false><<<grid, kRowThreads, 0, st>>>(p, rv);
 }
 
 template <class T>

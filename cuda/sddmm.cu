@@ -180,45 +180,59 @@ __global__ void __launch_bounds__(kWarps * 32) sddmm_f32_exact(const SddmmParams
 // slabs of L*E, E = 16 bytes of T per lane). Per batch of U entries each lane issues U gathers
 // of Y, forms U partial dot products, and reduce_many sums them over the group with ~1 shuffle
 // per entry; lane li then writes entry li / (L / U)'s value. fp32 is computed exactly (no tf32).
+// The whole warp runs each loop to its longest group's count, so every shuffle takes the full
+// mask: with a group's mask, each shuffle cost five more instructions of convergence checks
+// (NOTES session 11). Gathers are predicated loads.
 
-// Values of entries [b, e) of row `row` (bounds uniform over the group), U * NS gathers per
-// lane per batch.
-template <class T, class O, int L, int NS, int U>
+constexpr unsigned kFullWarp = 0xffffffffu;
+
+// Values of entries [b, e) of row `row` (bounds uniform over the group; every lane of the warp
+// calls it together, empty ranges included), U * NS gathers per lane per batch.
+template <class T, class O, int L, int NS, int U, bool VEC>
 __device__ __forceinline__ void row_dots(const SddmmParams& p, const RowView& rv, int h, int row,
-                                         int b, int e, unsigned gmask, int li) {
+                                         int b, int e, int li) {
   constexpr int E = kRowVec<T>, NW = Words<T, E>::N;
   const T* yh = static_cast<const T*>(p.y) + h * p.y_head_stride;
   O* oh = static_cast<O*>(p.out) + int64_t(h) * p.nnz;
+  const int pitch = int(p.d * int64_t(sizeof(T)));
   float xf[NS][E];
+  const char* yl[NS];  // the lane's features of Y's row 0, per slab
+  bool act[NS];
 #pragma unroll
   for (int s = 0; s < NS; ++s) {
     const int64_t f = (int64_t(s) * L + li) * E;
+    act[s] = f < p.d;
+    yl[s] = opaque(reinterpret_cast<const char*>(yh + (act[s] ? f : 0)));
     uint32_t xw[NW];
 #pragma unroll
     for (int i = 0; i < NW; ++i) xw[i] = 0u;
-    if (f < p.d && b < e)
+    if (act[s] && b < e)
       load_row<T, E>(static_cast<const T*>(p.x) + h * p.x_head_stride + int64_t(row) * p.d, f,
-                     p.d, p.vec, xw);
+                     p.d, VEC, xw);
     unpack_words<T, E>(xw, xf[s]);
   }
 
-  for (int kc = b; kc < e; kc += L) {
-    const int n = min(L, e - kc);
-    int2 en = make_int2(0, 0);
-    if (li < n) en = __ldg(rv.entries + kc + li);
-    for (int j = 0; j < n; j += U) {
+  const int n = e - b, nmax = __reduce_max_sync(kFullWarp, n);
+  for (int kc = 0; kc < nmax; kc += L) {
+    const int cnt = min(L, n - kc);  // this group's entries in the chunk (may be <= 0)
+    const int2 en = ldg8_if(li < cnt, rv.entries + b + kc + li);
+    for (int j = 0; j < min(L, nmax - kc); j += U) {
       uint32_t yw[U][NS][NW];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int c = __shfl_sync(gmask, en.x, j + u, L);
+        const int c = __shfl_sync(kFullWarp, en.x, j + u, L);
+        const bool ok = j + u < cnt;
 #pragma unroll
         for (int s = 0; s < NS; ++s) {
-          const int64_t f = (int64_t(s) * L + li) * E;
-          if (j + u < n && f < p.d) {
-            load_row<T, E>(yh + int64_t(c) * p.d, f, p.d, p.vec, yw[u][s]);
+          if constexpr (VEC) {
+            const uint4 v = ldg16_if(ok && act[s], yl[s] + row_offset(c, pitch));
+            yw[u][s][0] = v.x; yw[u][s][1] = v.y; yw[u][s][2] = v.z; yw[u][s][3] = v.w;
           } else {
 #pragma unroll
             for (int i = 0; i < NW; ++i) yw[u][s][i] = 0u;
+            if (ok && act[s])
+              load_row<T, E>(yh + int64_t(c) * p.d, (int64_t(s) * L + li) * E, p.d, false,
+                             yw[u][s]);
           }
         }
       }
@@ -234,10 +248,10 @@ __device__ __forceinline__ void row_dots(const SddmmParams& p, const RowView& rv
           for (int k = 0; k < E; ++k) dot[u] = fmaf(xf[s][k], y[k], dot[u]);
         }
       }
-      const float v = reduce_many<L, U>(dot, gmask, li);
+      const float v = reduce_many<L, U>(dot, kFullWarp, li);
       const int mine = j + li / (L / U);
-      const int pos = __shfl_sync(gmask, en.y, mine, L);
-      if (li % (L / U) == 0 && mine < n) oh[pos] = from_f32<O>(v);
+      const int pos = __shfl_sync(kFullWarp, en.y, mine, L);
+      if (li % (L / U) == 0 && mine < cnt) oh[pos] = from_f32<O>(v);
     }
   }
 }
@@ -248,48 +262,51 @@ __device__ __forceinline__ void row_dots(const SddmmParams& p, const RowView& rv
 // which holds most entries, keeps 64 registers without spills); then one whole row per group.
 
 // SMALL (graphs under kSmallGraphNnz nonzeros, whose time is their longest chain): no register
-// cap, and CTA items take all U gathers per batch.
-template <class T, class O, int L, int NS, bool SMALL>
+// cap, and CTA items take all U gathers per batch. VEC: rows are 16-byte aligned.
+template <class T, class O, int L, int NS, bool SMALL, bool VEC>
 __global__ void __launch_bounds__(kRowThreads, SMALL ? 1 : NS == 1 ? 4 : 3)
     sddmm_rows(const SddmmParams p, const RowView rv) {
   constexpr int NG = kRowThreads / L;
-  constexpr int U0 = 8 / NS, U = U0 < L ? U0 : L;  // gathers per lane per batch: U * NS
+  // Gathers per lane per batch: U * NS (half without VEC: element loads need more registers).
+  constexpr int U0 = (VEC ? 8 : 4) / NS, U = U0 < L ? U0 : L;
   const int li = threadIdx.x % L, g = threadIdx.x / L;
-  const unsigned gmask = group_mask<L>(g % (32 / L));
   const int h = blockIdx.y;
   for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
     const int4 it = rv.sched[c];
     if (it.w == kWholeRow) break;
     const int2 share = cta_share(it.y, it.z, NG, g, p.min_share);
-    const int b = share.x, e = share.y;
-    if (b < e) row_dots<T, O, L, NS, (SMALL || U == 1 ? U : U / 2)>(p, rv, h, it.x, b, e, gmask, li);
+    row_dots<T, O, L, NS, (SMALL || U == 1 ? U : U / 2), VEC>(p, rv, h, it.x, share.x, share.y,
+                                                              li);
   }
   const int64_t item = int64_t(blockIdx.x) * NG + g;
-  if (item >= rv.num_items) return;
-  const int4 it = rv.sched[item];
-  if (it.w == kWholeRow) row_dots<T, O, L, NS, U>(p, rv, h, it.x, it.y, it.z, gmask, li);
+  int4 it = item < rv.num_items ? rv.sched[item] : make_int4(0, 0, 0, kCtaRow);
+  if (it.w != kWholeRow) it.y = it.z = 0;  // nothing for this group, but its warp's shuffles
+  row_dots<T, O, L, NS, U, VEC>(p, rv, h, it.x, it.y, it.z, li);
 }
 
 // Row kernels hold at most two slabs of 32 lanes x 16 bytes of X per lane: d * sizeof(T) <= 1 KB.
-template <class T, class O, bool SMALL>
-void launch_rows_s(const SddmmParams& p, const RowView& rv, cudaStream_t stream) {
+template <class T, class O, bool SMALL, bool VEC>
+void launch_rows_v(const SddmmParams& p, const RowView& rv, cudaStream_t stream) {
   const int lanes = row_lanes<T>(p.d);
   const int64_t groups_per_cta = kRowThreads / lanes;
   const dim3 grid(unsigned((rv.num_items + groups_per_cta - 1) / groups_per_cta),
                   unsigned(p.heads));
   if (p.d > 32 * kRowVec<T>) {
-    sddmm_rows<T, O, 32, 2, SMALL><<<grid, kRowThreads, 0, stream>>>(p, rv);
+    sddmm_rows<T, O, 32, 2, SMALL, VEC><<<grid, kRowThreads, 0, stream>>>(p, rv);
     return;
   }
   with_lanes(lanes, [&](auto l) {
-    sddmm_rows<T, O, l.value, 1, SMALL><<<grid, kRowThreads, 0, stream>>>(p, rv);
+    sddmm_rows<T, O, l.value, 1, SMALL, VEC><<<grid, kRowThreads, 0, stream>>>(p, rv);
   });
 }
 
 template <class T, class O>
 void launch_rows(const SddmmParams& p, const RowView& rv, cudaStream_t stream) {
-  if (p.nnz < kSmallGraphNnz) launch_rows_s<T, O, true>(p, rv, stream);
-  else launch_rows_s<T, O, false>(p, rv, stream);
+  const bool small = p.nnz < kSmallGraphNnz;
+  if (small && p.vec) launch_rows_v<T, O, true, true>(p, rv, stream);
+  else if (small) launch_rows_v<T, O, true, false>(p, rv, stream);
+  else if (p.vec) launch_rows_v<T, O, false, true>(p, rv, stream);
+  else launch_rows_v<T, O, false, false>(p, rv, stream);
 }
 
 // Kernel family: the row kernels where blocks are sparse (sparse_blocks) or for exact fp32,
