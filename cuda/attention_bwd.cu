@@ -46,8 +46,6 @@ __device__ __forceinline__ void row_words(const T* row, int64_t f, int64_t d, bo
   if (f < d) load_row<T, E>(row, f, d, vec, w);
 }
 
-constexpr unsigned kFullWarp = 0xffffffffu;
-
 // p and ds of entries [b, e) of row `row` (bounds uniform over the group). Every lane of the
 // warp calls it together, empty ranges included, and its loops run to the warp's longest range,
 // so shuffles take the full mask (with a group's mask each one cost five more instructions of
@@ -93,10 +91,8 @@ __device__ __forceinline__ void row_edges(const BwdParams& p, const RowView& rv,
         const int c = __shfl_sync(kFullWarp, en.x, j + u, L);
         const bool ok = j + u < cnt;
         if constexpr (VEC) {
-          const uint4 kv = ldg16_if(ok && kact, kl + row_offset(c, kpitch));
-          const uint4 vv = ldg16_if(ok && vact, vl + row_offset(c, vpitch));
-          kw[u][0] = kv.x; kw[u][1] = kv.y; kw[u][2] = kv.z; kw[u][3] = kv.w;
-          vw[u][0] = vv.x; vw[u][1] = vv.y; vw[u][2] = vv.z; vw[u][3] = vv.w;
+          ldg16_words_if(ok && kact, kl + row_offset(c, kpitch), kw[u]);
+          ldg16_words_if(ok && vact, vl + row_offset(c, vpitch), vw[u]);
         } else {
 #pragma unroll
           for (int i = 0; i < NW; ++i) kw[u][i] = vw[u][i] = 0u;

@@ -184,8 +184,6 @@ __global__ void __launch_bounds__(kWarps * 32) sddmm_f32_exact(const SddmmParams
 // mask: with a group's mask, each shuffle cost five more instructions of convergence checks
 // (NOTES session 11). Gathers are predicated loads.
 
-constexpr unsigned kFullWarp = 0xffffffffu;
-
 // Values of entries [b, e) of row `row` (bounds uniform over the group; every lane of the warp
 // calls it together, empty ranges included), U * NS gathers per lane per batch.
 template <class T, class O, int L, int NS, int U, bool VEC>
@@ -225,8 +223,7 @@ __device__ __forceinline__ void row_dots(const SddmmParams& p, const RowView& rv
 #pragma unroll
         for (int s = 0; s < NS; ++s) {
           if constexpr (VEC) {
-            const uint4 v = ldg16_if(ok && act[s], yl[s] + row_offset(c, pitch));
-            yw[u][s][0] = v.x; yw[u][s][1] = v.y; yw[u][s][2] = v.z; yw[u][s][3] = v.w;
+            ldg16_words_if(ok && act[s], yl[s] + row_offset(c, pitch), yw[u][s]);
           } else {
 #pragma unroll
             for (int i = 0; i < NW; ++i) yw[u][s][i] = 0u;

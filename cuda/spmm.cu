@@ -790,9 +790,7 @@ __device__ __forceinline__ void gather_entries(const T* xh, const char* xl, int 
     vr[u] = load_raw_if<T>(ok, reinterpret_cast<const T*>(reinterpret_cast<const char*>(vh) +
                                                           row_offset(en[u].y, sizeof(T))));
     if constexpr (VEC) {
-      static_assert(Words<T, E>::N == 4, "a lane's features are 16 bytes");
-      const uint4 v = ldg16_if(ok, xl + row_offset(en[u].x, pitch));
-      xw[u][0] = v.x; xw[u][1] = v.y; xw[u][2] = v.z; xw[u][3] = v.w;
+      ldg16_words_if(ok, xl + row_offset(en[u].x, pitch), xw[u]);
     } else {
 #pragma unroll
       for (int i = 0; i < Words<T, E>::N; ++i) xw[u][i] = 0u;

@@ -56,6 +56,7 @@ inline bool sparse_blocks(int64_t nnz, int64_t num_blocks) {
 }
 
 constexpr int kRowThreads = 256;  // threads per CTA of the row kernels
+constexpr unsigned kFullWarp = 0xffffffffu;  // shuffle mask of a warp that runs in lockstep
 
 // Graphs under kSmallGraphNnz nonzeros have row pieces of kSmallGraphPiece entries
 // (jaxsparse_tc/pattern.py SMALL_GRAPH_NNZ, SMALL_GRAPH_PIECE; a test checks they agree).
@@ -123,6 +124,11 @@ __device__ __forceinline__ uint4 ldg16_if(bool p, const void* a) {
       : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
       : "l"(a), "r"(int(p)));
   return v;
+}
+// ldg16_if into four words (a lane's 16 bytes of a gathered row).
+__device__ __forceinline__ void ldg16_words_if(bool p, const void* a, uint32_t (&w)[4]) {
+  const uint4 v = ldg16_if(p, a);
+  w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
 }
 __device__ __forceinline__ int2 ldg8_if(bool p, const void* a) {
   int2 v;
