@@ -739,9 +739,9 @@ __global__ void __launch_bounds__(kWarps * 32) spmm_f32_exact(const SpmmParams p
 
 // ---- CUDA-core SpMM on the row view (row_view.cuh), the default for sparse blocks ------------
 // A group of L lanes owns a slab of L*E features (E = 16 bytes of T per lane) of a work item;
-// entries are read L at a time (lane li holds entry li's column and raw value), then U gathers
-// are issued per lane before their U FMAs, so each lane keeps U 16-byte loads in flight with <=
-// 64 registers (U = 4): 32 warps per SM, which is what the gather-bound case needs (NOTES: the
+// every lane of the group reads a batch's U entries itself (load_entries), then issues U gathers
+// before their U FMAs, so each lane keeps U 16-byte loads in flight with <= 64 registers
+// (U = 4): 32 warps per SM, which is what the gather-bound case needs (NOTES: the
 // tensor-core kernel's 8 warps/SM drew half the L2 rate XLA's segment_sum draws). fp32 is
 // computed exactly (no tf32). A row longer than a piece is a CTA item: the CTA's groups split its
 // entries and their sums meet in shared memory, so a graph without very long rows takes one

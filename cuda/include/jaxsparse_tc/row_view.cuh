@@ -91,19 +91,8 @@ void with_lanes(int lanes, F&& f) {
   }
 }
 
-// The lanes of group `grp` (of L lanes) as a shuffle mask.
-template <int L>
-__device__ __forceinline__ unsigned group_mask(int grp) {
-  return L == 32 ? 0xffffffffu : ((1u << L) - 1u) << (grp * L);
-}
-
-// A value's raw bits (widened to 32) and back: 16-bit values are shuffled raw and converted
-// where they are used, so that their load does not stall the gathers issued after it.
-template <class T>
-__device__ __forceinline__ uint32_t load_raw(const T* p) {
-  if constexpr (sizeof(T) == 4) return __ldg(reinterpret_cast<const uint32_t*>(p));
-  else return uint32_t(__ldg(reinterpret_cast<const unsigned short*>(p)));
-}
+// A value's raw bits (widened to 32; load_raw_if) as float: 16-bit values are loaded raw and
+// converted where they are used, so that their load does not stall the gathers issued after it.
 template <class T>
 __device__ __forceinline__ float raw_to_f32(uint32_t b) {
   if constexpr (sizeof(T) == 4) return __uint_as_float(b);
