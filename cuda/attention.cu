@@ -66,9 +66,8 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 
 // ---------------------------------------------------------------------------------------------
 // Tensor-core fused forward.
-// At most 168 registers for d = 128 (3 CTAs per SM), 128 otherwise (4 CTAs).
 template <class T, int D, int DV>
-__global__ void __launch_bounds__(32 * kWarps, D >= 128 ? 3 : 4)
+__global__ void __launch_bounds__(32 * kWarps)
 attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
             const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ lse,
             const int32_t* __restrict__ wcp, const int32_t* __restrict__ wc,
@@ -126,40 +125,28 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
   for (int s = 0; s < MS; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.f;
 
   const int64_t c_begin = wcp[w], c_end = wcp[w + 1];
-  // A pair's metadata: its blocks' bits and the columns this thread gathers (K: condensed
-  // columns g, g+8; V: 2t, 2t+1, 2t+8, 2t+9; -1 past the window). The next pair's is loaded
-  // while the current pair's rows are gathered, so a pair's gathers wait on one round trip, not
-  // two (NOTES, session 11).
-  uint64_t nbits0, nbits1;
-  int ncol[6];
-  auto load_pair = [&](int64_t b0) {
-    const bool in = b0 < b_end, in1 = b0 + 1 < b_end;
-    nbits0 = in ? load_block_bits(bitmap, b0) : 0ull;
-    nbits1 = in1 ? load_block_bits(bitmap, b0 + 1) : 0ull;
-    const int64_t cbase = c_begin + 8 * (b0 - wb);
-#pragma unroll
-    for (int j = 0; j < 6; ++j) {
-      const int64_t c = cbase + (j < 2 ? g + 8 * j : 2 * t + (j & 1) + ((j - 2) >> 1) * 8);
-      ncol[j] = in && c < c_end ? wc[c] : -1;
-    }
-  };
-  load_pair(b_first);
   for (int64_t b0 = b_first; b0 < b_end; b0 += 2) {
-    const uint64_t bits0 = nbits0, bits1 = nbits1;
+    const bool has1 = b0 + 1 < b_end;
+    const uint64_t bits0 = load_block_bits(bitmap, b0);
+    const uint64_t bits1 = has1 ? load_block_bits(bitmap, b0 + 1) : 0ull;
+    const int64_t cbase = c_begin + 8 * (b0 - wb);
     // K rows for condensed columns g and g+8
     uint32_t kw0[QW], kw1[QW];
-    if (ncol[0] >= 0) load_row<T, D / 4>(kh + int64_t(ncol[0]) * D, int64_t(t) * (D / 4), D, true, kw0);
-    else for (int x = 0; x < QW; ++x) kw0[x] = 0u;
-    if (ncol[1] >= 0) load_row<T, D / 4>(kh + int64_t(ncol[1]) * D, int64_t(t) * (D / 4), D, true, kw1);
-    else for (int x = 0; x < QW; ++x) kw1[x] = 0u;
+    {
+      const int64_t c0 = cbase + g, c1 = cbase + 8 + g;
+      if (c0 < c_end) load_row<T, D / 4>(kh + int64_t(wc[c0]) * D, int64_t(t) * (D / 4), D, true, kw0);
+      else for (int x = 0; x < QW; ++x) kw0[x] = 0u;
+      if (c1 < c_end) load_row<T, D / 4>(kh + int64_t(wc[c1]) * D, int64_t(t) * (D / 4), D, true, kw1);
+      else for (int x = 0; x < QW; ++x) kw1[x] = 0u;
+    }
     // V rows for condensed columns 2t, 2t+1, 2t+8, 2t+9 (issued early, used after softmax)
     uint32_t vw[4][VW];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      if (ncol[2 + j] >= 0) load_row<T, DV / 8>(vh + int64_t(ncol[2 + j]) * DV, int64_t(g) * (DV / 8), DV, true, vw[j]);
+      const int64_t c = cbase + 2 * t + (j & 1) + (j >> 1) * 8;
+      if (c < c_end) load_row<T, DV / 8>(vh + int64_t(wc[c]) * DV, int64_t(g) * (DV / 8), DV, true, vw[j]);
       else for (int x = 0; x < VW; ++x) vw[j][x] = 0u;
     }
-    load_pair(b0 + 2);
     float sc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int s = 0; s < KS; ++s) {
