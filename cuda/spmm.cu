@@ -813,15 +813,6 @@ __device__ __forceinline__ void add_products(const uint32_t (&xw)[U][Words<T, E>
   }
 }
 
-// A lane's view of X for the row kernels: head base, the lane's features of row 0 as bytes, the
-// row pitch in bytes (plan_spmm keeps d * sizeof(T) within int).
-template <class T>
-struct LaneRows {
-  const T* xh;
-  const char* xl;
-  int pitch;
-};
-
 // UNROLL: gathers in flight per lane (8: ~105 registers, 16 warps/SM; 4 with a 64-register
 // cap: 32 warps/SM). VEC: rows are 16-byte aligned (SpmmParams::vec).
 template <class T, int L, int UNROLL, bool VEC>
