@@ -275,9 +275,7 @@ __global__ void __launch_bounds__(kRowThreads, SMALL ? 1 : NS == 1 ? 4 : 3)
     row_dots<T, O, L, NS, (SMALL || U == 1 ? U : U / 2), VEC>(p, rv, h, it.x, share.x, share.y,
                                                               li);
   }
-  const int64_t item = int64_t(blockIdx.x) * NG + g;
-  int4 it = item < rv.num_items ? rv.sched[item] : make_int4(0, 0, 0, kCtaRow);
-  if (it.w != kWholeRow) it.y = it.z = 0;  // nothing for this group, but its warp's shuffles
+  const int3 it = whole_row_or_empty(rv, int64_t(blockIdx.x) * NG + g);
   row_dots<T, O, L, NS, U, VEC>(p, rv, h, it.x, it.y, it.z, li);
 }
 

@@ -39,6 +39,15 @@ inline RowView row_view(I32 entries, I32 schedule) {
           int64_t(schedule.element_count()) / 4};
 }
 
+// Whole-row item `item` of the schedule as (row, begin, end), or an empty range where the item
+// is past the schedule or a CTA item: kernels whose warps run in lockstep call their row
+// function for every group, with or without work.
+__device__ __forceinline__ int3 whole_row_or_empty(const RowView& rv, int64_t item) {
+  int4 it = item < rv.num_items ? rv.sched[item] : make_int4(0, 0, 0, kCtaRow);
+  if (it.w != kWholeRow) it.y = it.z = 0;
+  return make_int3(it.x, it.y, it.z);
+}
+
 // Share g of `groups` equal shares (at least min_share entries each) of a CTA item's entries
 // [begin, end), as [x, y); empty for groups past the entries. Offsets are clamped to the item
 // before they are added, so no position passes `end`.
