@@ -56,7 +56,8 @@ __device__ __forceinline__ void row_edges(const BwdParams& p, const RowView& rv,
   constexpr int E = kRowVec<T>, NW = Words<T, E>::N;
   const int64_t f = int64_t(li) * E;
   const bool kact = f < p.d, vact = f < p.dv, any = b < e;
-  // Everything the first batch waits on is requested before any of it is used.
+  // Everything the first batch waits on is requested before any of it is used (an empty range
+  // reads nothing: its row width is passed as 0).
   uint32_t qw[NW], dow[NW], ow[NW];
   row_words<T, E>(static_cast<const T*>(p.q) + h * p.q_hs + row * p.d, f, any ? p.d : 0, VEC, qw);
   row_words<T, E>(static_cast<const T*>(p.dout) + h * p.do_hs + row * p.dv, f, any ? p.dv : 0,
