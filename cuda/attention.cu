@@ -75,10 +75,13 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
             const int32_t* __restrict__ bvp, const int32_t* __restrict__ schedule,
             int64_t num_items, int64_t heads, Heads hc, int64_t m, int64_t n, int64_t nnz,
             float scale, int has_bias, float* __restrict__ ws, int* __restrict__ done,
-            int64_t cap) {
+            int64_t cap, int head_major) {
   const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (unit >= num_items * heads) return;
-  const int64_t item = unit / heads, h = unit % heads;
+  // Head-major: the GPU works through one head's windows at a time, so the K and V rows it
+  // gathers are one head's (a quarter of the bytes at H = 4), which keeps hub rows in L2.
+  const int64_t item = head_major ? unit % num_items : unit / heads;
+  const int64_t h = head_major ? unit / num_items : unit % heads;
   const int64_t w = schedule[4 * item];
   const int64_t wb = wbp[w], wend = wbp[w + 1];
   const int64_t b_first = schedule[4 * item + 1];
@@ -394,7 +397,7 @@ void launch_tc(cudaStream_t st, unsigned grid, const T* q, const T* k, const T* 
   attn_fwd_tc<T, D, D><<<grid, 32 * kWarps, 0, st>>>(
       q, k, v, b, o, l, p.window_col_ptr, p.window_cols, p.window_block_ptr, p.block_bitmap,
       p.block_value_ptr, p.schedule, p.num_items, heads, hc, m, n, nnz, scale, has_bias, sw.ws,
-      sw.done, sw.cap);
+      sw.done, sw.cap, env_int("JAXSPARSE_TC_ATTN_HEAD_MAJOR", 1));
 }
 
 }  // namespace

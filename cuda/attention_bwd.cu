@@ -55,7 +55,7 @@ __device__ __forceinline__ void row_edges(const BwdParams& p, const RowView& rv,
                                           int b, int e, int li) {
   constexpr int E = kRowVec<T>, NW = Words<T, E>::N;
   const int64_t f = int64_t(li) * E;
-  const bool kact = f < p.d, vact = f < p.dv, any = b < e;
+  const bool any = b < e;
   // Everything the first batch waits on is requested before any of it is used (an empty range
   // reads nothing: its row width is passed as 0).
   uint32_t qw[NW], dow[NW], ow[NW];
@@ -72,11 +72,8 @@ __device__ __forceinline__ void row_edges(const BwdParams& p, const RowView& rv,
   for (int k = 0; k < E; ++k) delta = fmaf(word_elem<T>(dow, k), word_elem<T>(ow, k), delta);
 #pragma unroll
   for (int o = L / 2; o > 0; o >>= 1) delta += __shfl_xor_sync(kFullWarp, delta, o, L);
-  const T* kh = static_cast<const T*>(p.k) + h * p.k_hs;
-  const T* vh = static_cast<const T*>(p.v) + h * p.v_hs;
-  const char* kl = opaque(reinterpret_cast<const char*>(kh + (kact ? f : 0)));
-  const char* vl = opaque(reinterpret_cast<const char*>(vh + (vact ? f : 0)));
-  const int kpitch = int(p.d * int64_t(sizeof(T))), vpitch = int(p.dv * int64_t(sizeof(T)));
+  const LaneRows<T, E, VEC> kr(static_cast<const T*>(p.k) + h * p.k_hs, f, p.d);
+  const LaneRows<T, E, VEC> vr(static_cast<const T*>(p.v) + h * p.v_hs, f, p.dv);
   const T* bh = static_cast<const T*>(p.bias) + h * p.b_hs;
   T* ph = static_cast<T*>(p.pv) + int64_t(h) * p.nnz;
   T* dsh = static_cast<T*>(p.ds) + int64_t(h) * p.nnz;
@@ -91,17 +88,8 @@ __device__ __forceinline__ void row_edges(const BwdParams& p, const RowView& rv,
       for (int u = 0; u < U; ++u) {
         const int c = __shfl_sync(kFullWarp, en.x, j + u, L);
         const bool ok = j + u < cnt;
-        if constexpr (VEC) {
-          ldg16_words_if(ok && kact, kl + row_offset(c, kpitch), kw[u]);
-          ldg16_words_if(ok && vact, vl + row_offset(c, vpitch), vw[u]);
-        } else {
-#pragma unroll
-          for (int i = 0; i < NW; ++i) kw[u][i] = vw[u][i] = 0u;
-          if (ok) {
-            if (kact) load_row<T, E>(kh + int64_t(c) * p.d, f, p.d, false, kw[u]);
-            if (vact) load_row<T, E>(vh + int64_t(c) * p.dv, f, p.dv, false, vw[u]);
-          }
-        }
+        kr.gather(ok && kr.active, c, kw[u]);
+        vr.gather(ok && vr.active, c, vw[u]);
       }
       // Partial dots: [u] q.k of entry j + u, [U + u] do.v.
       float dots[2 * U];

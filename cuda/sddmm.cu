@@ -192,19 +192,16 @@ __device__ __forceinline__ void row_dots(const SddmmParams& p, const RowView& rv
   constexpr int E = kRowVec<T>, NW = Words<T, E>::N;
   const T* yh = static_cast<const T*>(p.y) + h * p.y_head_stride;
   O* oh = static_cast<O*>(p.out) + int64_t(h) * p.nnz;
-  const int pitch = int(p.d * int64_t(sizeof(T)));
   float xf[NS][E];
-  const char* yl[NS];  // the lane's features of Y's row 0, per slab
-  bool act[NS];
+  LaneRows<T, E, VEC> y[NS];  // the lane's slice of Y, per slab
 #pragma unroll
   for (int s = 0; s < NS; ++s) {
     const int64_t f = (int64_t(s) * L + li) * E;
-    act[s] = f < p.d;
-    yl[s] = opaque(reinterpret_cast<const char*>(yh + (act[s] ? f : 0)));
+    y[s] = LaneRows<T, E, VEC>(yh, f, p.d);
     uint32_t xw[NW];
 #pragma unroll
     for (int i = 0; i < NW; ++i) xw[i] = 0u;
-    if (act[s] && b < e)
+    if (y[s].active && b < e)
       load_row<T, E>(static_cast<const T*>(p.x) + h * p.x_head_stride + int64_t(row) * p.d, f,
                      p.d, VEC, xw);
     unpack_words<T, E>(xw, xf[s]);
@@ -221,17 +218,7 @@ __device__ __forceinline__ void row_dots(const SddmmParams& p, const RowView& rv
         const int c = __shfl_sync(kFullWarp, en.x, j + u, L);
         const bool ok = j + u < cnt;
 #pragma unroll
-        for (int s = 0; s < NS; ++s) {
-          if constexpr (VEC) {
-            ldg16_words_if(ok && act[s], yl[s] + row_offset(c, pitch), yw[u][s]);
-          } else {
-#pragma unroll
-            for (int i = 0; i < NW; ++i) yw[u][s][i] = 0u;
-            if (ok && act[s])
-              load_row<T, E>(yh + int64_t(c) * p.d, (int64_t(s) * L + li) * E, p.d, false,
-                             yw[u][s]);
-          }
-        }
+        for (int s = 0; s < NS; ++s) y[s].gather(ok && y[s].active, c, yw[u][s]);
       }
       float dot[U];
 #pragma unroll

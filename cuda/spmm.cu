@@ -776,12 +776,11 @@ __device__ __forceinline__ int load_entries(const int2* entries, int k, int end,
   return max(0, min(U, end - k));
 }
 
-// Issues the gathers of the first n entries: the lane's E features of each entry's X row (xl: the
-// lane's features of row 0; VEC: one 16-byte load at row * pitch bytes) and the entry's raw value.
-// Invalid entries and inactive lanes read zeros.
+// Issues the gathers of the first n entries: the lane's E features of each entry's X row and the
+// entry's raw value. Invalid entries read zeros.
 template <class T, int E, bool VEC, int U>
-__device__ __forceinline__ void gather_entries(const T* xh, const char* xl, int pitch, int64_t f,
-                                               int64_t d, const T* vh, const int2 (&en)[U], int n,
+__device__ __forceinline__ void gather_entries(const LaneRows<T, E, VEC>& x, const T* vh,
+                                               const int2 (&en)[U], int n,
                                                uint32_t (&xw)[U][Words<T, E>::N],
                                                uint32_t (&vr)[U]) {
 #pragma unroll
@@ -789,13 +788,7 @@ __device__ __forceinline__ void gather_entries(const T* xh, const char* xl, int 
     const bool ok = u < n;
     vr[u] = load_raw_if<T>(ok, reinterpret_cast<const T*>(reinterpret_cast<const char*>(vh) +
                                                           row_offset(en[u].y, sizeof(T))));
-    if constexpr (VEC) {
-      ldg16_words_if(ok, xl + row_offset(en[u].x, pitch), xw[u]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < Words<T, E>::N; ++i) xw[u][i] = 0u;
-      if (ok) load_row<T, E>(xh + int64_t(en[u].x) * d, f, d, false, xw[u]);
-    }
+    x.gather(ok, en[u].x, xw[u]);
   }
 }
 
@@ -826,10 +819,8 @@ __global__ void __launch_bounds__(kRowThreads, UNROLL <= 4 ? 4 : 1)
   const int li = threadIdx.x % L, g = threadIdx.x / L;  // lane in group, group in CTA
   const int slab = blockIdx.y, h = blockIdx.z;
   const int64_t f0 = int64_t(slab) * F, f = f0 + int64_t(li) * E;
-  const bool active = f < p.d;
-  const T* xh = static_cast<const T*>(p.x) + h * p.x_head_stride;
-  const char* xl = opaque(reinterpret_cast<const char*>(xh + (active ? f : 0)));
-  const int pitch = int(p.d * int64_t(sizeof(T)));
+  const LaneRows<T, E, VEC> x(static_cast<const T*>(p.x) + h * p.x_head_stride, f, p.d);
+  const bool active = x.active;
   const T* vh = opaque(static_cast<const T*>(p.values) + h * p.v_head_stride);
 
   // CTA items (the schedule's prefix), CTA-strided: group g takes the g-th of NG equal shares of
@@ -845,7 +836,7 @@ __global__ void __launch_bounds__(kRowThreads, UNROLL <= 4 ? 4 : 1)
     int n = load_entries<U1>(rv.entries, share.x, share.y, en);
     for (int k = share.x; k < share.y; k += U1) {
       uint32_t xw[U1][NW], vr[U1];
-      gather_entries<T, E, VEC, U1>(xh, xl, pitch, f, p.d, vh, en, active ? n : 0, xw, vr);
+      gather_entries<T, E, VEC, U1>(x, vh, en, active ? n : 0, xw, vr);
       n = load_entries<U1>(rv.entries, k + U1, share.y, en);
       add_products<T, E, U1>(xw, vr, acc);
     }
@@ -903,7 +894,7 @@ __global__ void __launch_bounds__(kRowThreads, UNROLL <= 4 ? 4 : 1)
   int n = load_entries<U>(rv.entries, k, end, en);
   while (true) {
     uint32_t xw[U][NW], vr[U];
-    gather_entries<T, E, VEC, U>(xh, xl, pitch, f, p.d, vh, en, active ? n : 0, xw, vr);
+    gather_entries<T, E, VEC, U>(x, vh, en, active ? n : 0, xw, vr);
     const bool row_done = k + U >= end;
     k = row_done ? next.y : k + U;
     n = load_entries<U>(rv.entries, k, row_done ? next.z : end, en);

@@ -1,7 +1,8 @@
 """Where a training step's time goes: bench_train_step.py's GCN/GAT step and its parts, each
 jitted alone (ms, block_until_ready medians): on `lib`, the model's SpMMs at its widths (d=128
 and 16, float32) and their vjp (A^T); then the forward (loss), forward + backward (grad) and
-the whole step (Adam included).
+the whole step (Adam included), its device time, and a jitted no-op taking the step's arguments
+(their dispatch cost).
 
 Usage: python3 scripts/profile_step.py [gcn|gat] [lib|xla] [rmat20-d16|cora|rmat14-d8]
 """
@@ -45,3 +46,9 @@ grad_fn = jax.jit(jax.grad(loss_fn))
 print(f"loss (forward): {common.time_fn(loss_fn, params, *rest, repeat=10):.3f} ms; "
       f"grad: {common.time_fn(grad_fn, params, *rest, repeat=10):.3f} ms")
 print(f"step: {common.time_fn(step, params, opt_state, *rest, repeat=10):.3f} ms")
+device, wall = common.time_jax_device(step, (params, opt_state, *rest), 1)
+print(f"step: device {device / 1e3:.3f} ms, wall {wall / 1e3:.3f} ms")
+# What the step's arguments alone cost to dispatch: a jitted no-op taking all of them.
+noop = jax.jit(lambda *a: jnp.zeros(()), keep_unused=True)
+print(f"no-op with the step's {len(jax.tree_util.tree_leaves((params, opt_state, *rest)))} "
+      f"arrays: {common.time_fn(noop, params, opt_state, *rest, repeat=50):.3f} ms")

@@ -162,6 +162,38 @@ __device__ __forceinline__ uint64_t row_offset(int c, int pitch) {
   return uint64_t(uint32_t(c)) * uint32_t(pitch);
 }
 
+// A lane's slice of a table of dense rows the row kernels gather from: rows [*, d] of T, the
+// lane owning features [f, f + E) (active: f < d). VEC (rows 16-byte aligned, d a multiple of
+// E): a gather is one predicated 16-byte load at lane0 + c * pitch, lane0 kept in registers;
+// otherwise element loads masked to d. pitch = d * sizeof(T) fits in int (the launches check).
+template <class T, int E, bool VEC>
+struct LaneRows {
+  const T* rows;
+  const char* lane0;
+  int64_t f, d;
+  int pitch;
+  bool active;
+
+  LaneRows() = default;
+  __device__ __forceinline__ LaneRows(const T* rows_, int64_t f_, int64_t d_)
+      : rows(rows_), f(f_), d(d_), pitch(int(d_ * int64_t(sizeof(T)))), active(f_ < d_) {
+    lane0 = opaque(reinterpret_cast<const char*>(rows_ + (active ? f_ : 0)));
+  }
+
+  // The lane's words of row c where `ok`, zeros otherwise with nothing read. Callers fold
+  // `active` into `ok` (the SpMM once per batch, where a test per gather would cost).
+  __device__ __forceinline__ void gather(bool ok, int c, uint32_t (&w)[Words<T, E>::N]) const {
+    if constexpr (VEC) {
+      static_assert(Words<T, E>::N == 4, "a lane's features are 16 bytes");
+      ldg16_words_if(ok, lane0 + row_offset(c, pitch), w);
+    } else {
+#pragma unroll
+      for (int i = 0; i < Words<T, E>::N; ++i) w[i] = 0u;
+      if (ok) load_row<T, E>(rows + int64_t(c) * d, f, d, false, w);
+    }
+  }
+};
+
 // E consecutive elements held in words -> floats (exact conversions).
 template <class T, int E>
 __device__ __forceinline__ void unpack_words(const uint32_t (&w)[Words<T, E>::N], float (&x)[E]) {
