@@ -86,12 +86,12 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
   const int64_t wb = wbp[w], wend = wbp[w + 1];
   const int64_t b_first = schedule[4 * item + 1];
   int64_t b_end = schedule[4 * item + 2];
-  // Split windows: piece p of the window is item first + p (docs/FORMAT.md); first < 0 where the
-  // warp covers its whole window.
+  // Split windows (pieces of `split` blocks): piece p of the window is item first + p
+  // (docs/FORMAT.md); first < 0 where the warp covers its whole window.
   int64_t first = -1, pieces = 1;
-  if (schedule[4 * item + 3]) {
-    const int64_t piece = (b_first - wb) / kSplitBlocks;
-    pieces = (wend - wb + kSplitBlocks - 1) / kSplitBlocks;
+  if (const int64_t split = schedule[4 * item + 3]) {
+    const int64_t piece = (b_first - wb) / split;
+    pieces = (wend - wb + split - 1) / split;
     first = item - piece;
     if (first + pieces > cap) {  // no workspace slots: the first piece does the whole window
       if (piece != 0) return;

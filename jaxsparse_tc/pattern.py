@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import numpy as np
@@ -41,8 +42,10 @@ class Pattern(NamedTuple):
 
 def window_schedule(window_block_ptr: np.ndarray, split_blocks: int = SPLIT_BLOCKS) -> np.ndarray:
   """Work items (window, block_begin, block_end, split): windows by decreasing block count, a
-  split window's pieces contiguous and in order (so split items are the schedule's prefix and
-  piece p of a window whose first piece is item s is item s + p; kernels rely on both)."""
+  window of more than `split_blocks` blocks cut into pieces of that many (split = the piece
+  size; 0 for a whole window), a split window's pieces contiguous and in order (so split items
+  are the schedule's prefix and piece p of a window whose first piece is item s is item s + p;
+  kernels rely on both)."""
   ptr = np.asarray(window_block_ptr, dtype=np.int64)
   counts = np.diff(ptr)
   pieces = np.maximum(1, -(-counts // split_blocks))
@@ -51,7 +54,7 @@ def window_schedule(window_block_ptr: np.ndarray, split_blocks: int = SPLIT_BLOC
   piece = np.arange(window.size, dtype=np.int64) - np.repeat(first_item, pieces)
   begin = ptr[window] + piece * split_blocks
   end = np.minimum(begin + split_blocks, ptr[window + 1])
-  split = (pieces[window] > 1).astype(np.int64)
+  split = np.where(pieces[window] > 1, split_blocks, 0)
   items = np.stack([window, begin, end, split], axis=1)
   order = np.argsort(-counts[window], kind="stable")
   return np.ascontiguousarray(items[order], dtype=np.int32)
@@ -59,6 +62,20 @@ def window_schedule(window_block_ptr: np.ndarray, split_blocks: int = SPLIT_BLOC
 
 SMALL_GRAPH_NNZ = 1 << 16  # graphs this small get row pieces of SMALL_GRAPH_PIECE entries
 SMALL_GRAPH_PIECE = 8
+SMALL_GRAPH_SPLIT = 8  # and windows split into pieces of this many blocks
+
+
+def split_blocks(nnz: int) -> int:
+  """Blocks per piece of a split window. On a graph too small to fill the GPU a kernel's time is
+  its longest piece's chain of dependent block loads (the attention forward walks a piece two
+  blocks per round trip), so small graphs get short pieces."""
+  forced = os.environ.get("JAXSPARSE_TC_SPLIT_BLOCKS")  # benchmarks: force a piece size
+  if forced:
+    if not forced.isdigit() or not 1 <= int(forced) <= SPLIT_BLOCKS:
+      raise ValueError(f"JAXSPARSE_TC_SPLIT_BLOCKS must be an integer in [1, {SPLIT_BLOCKS}]; "
+                       f"got {forced!r}")
+    return int(forced)
+  return SMALL_GRAPH_SPLIT if nnz < SMALL_GRAPH_NNZ else SPLIT_BLOCKS
 
 
 def row_piece(nnz: int) -> int:
@@ -119,7 +136,7 @@ def build(rows: np.ndarray, cols: np.ndarray, m: int, n: int) -> tuple[Pattern, 
       window_block_ptr=raw["window_block_ptr"],
       block_bitmap=raw["block_bitmap"],
       block_value_ptr=raw["block_value_ptr"],
-      schedule=window_schedule(raw["window_block_ptr"]),
+      schedule=window_schedule(raw["window_block_ptr"], split_blocks(raw["rows"].shape[0])),
       rows=raw["rows"],
       cols=raw["cols"],
       row_entries=raw["row_entries"],

@@ -1,11 +1,13 @@
 """The fused attention forward under each value of one launch switch, same process.
 
 Usage: python3 scripts/attention_ab.py VAR=v1,v2,... [GRAPH ...]
-  e.g. JAXSPARSE_TC_ATTN_STAGES=0,2,3 (row ring depth) or JAXSPARSE_TC_ATTN_SPLIT=1,0 (hub
-  windows split across warps); graphs default to cora rmat17-d16 rmat20-d8.
+  e.g. JAXSPARSE_TC_ATTN_HEAD_MAJOR=0,1 (work order), JAXSPARSE_TC_ATTN_SPLIT=1,0 (hub windows
+  split across warps) or JAXSPARSE_TC_SPLIT_BLOCKS=8,32 (piece size, read when the pattern is
+  built); graphs default to cora rmat17-d16 rmat20-d8.
 Device time per call (a chain of dependent calls q <- out queued behind a matmul, as
-bench_chained), fp16, H = 4, d in {64, 128}, next to XLA's unfused peer; the switch is read per
-launch. Asserts every value's output agrees with the first value's.
+bench_chained), fp16, H = 4, d in {64, 128}, next to XLA's unfused peer. The matrix is built and
+the forward run with the switch set to each value in turn. Asserts every value's output agrees
+with the first value's.
 """
 
 import math
@@ -25,7 +27,7 @@ import jaxsparse_tc as jst  # noqa: E402
 from bench_chained import _chain  # noqa: E402
 
 GRAPHS = {"rmat17-d16": (17, 16), "rmat20-d8": (20, 8)}
-H, K = 4, 8
+H = 4
 
 
 def main() -> None:
@@ -34,9 +36,14 @@ def main() -> None:
   rows = []
   for name in sys.argv[2:] or ["cora", *GRAPHS]:
     g = common.rmat_csr(*GRAPHS[name]) if name in GRAPHS else common.package_graph(name).tocsr()
-    A = jst.SparseMatrix.from_scipy(g)
+    mats = {}
+    for val in values:
+      os.environ[var] = val
+      mats[val] = jst.SparseMatrix.from_scipy(g)
+    os.environ.pop(var)
     edges = tuple(jnp.asarray(a) for a in ba.csr_edges(g))
     n = g.shape[0]
+    K = 32 if g.nnz < 10**6 else 8  # calls per chain: enough that a small graph's chain is long
     for d in (64, 128):
       fns = ba.methods(1.0 / math.sqrt(d))
       q, k, v = (ba.normal_f16(i, (H, n, d)) for i in range(3))
@@ -45,6 +52,7 @@ def main() -> None:
       first = None
       for val in values:
         os.environ[var] = val
+        A = mats[val]
         out = jax.block_until_ready(fns["fused"](A, q, k, v))
         if first is None:
           first = out
@@ -57,7 +65,7 @@ def main() -> None:
         row[f"{val} vs xla"] = row["xla us"] / row[f"{val} us"]
       rows.append(row)
       print(row, flush=True)
-    del A, edges
+    del A, mats, edges
   common.print_table(rows, list(rows[0].keys()),
                      f"attention forward, {var} A/B, H={H} fp16 ({common.device_name()})")
 

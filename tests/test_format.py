@@ -10,7 +10,7 @@ import scipy.sparse as sp
 
 from conftest import random_coo
 from jaxsparse_tc import SparseMatrix
-from jaxsparse_tc.pattern import SPLIT_BLOCKS, window_schedule
+from jaxsparse_tc.pattern import SPLIT_BLOCKS, split_blocks, window_schedule
 
 # The CPU kernels: GPU kernels are checked against them in tests/test_gpu_*.py.
 pytestmark = pytest.mark.usefixtures("on_cpu")
@@ -85,10 +85,12 @@ def test_schedule_covers_every_block_once(rng):
   ptr = np.asarray(A.pattern.window_block_ptr)
   seen = np.zeros(A.pattern.num_blocks, np.int64)
   windows = set()
+  piece = split_blocks(A.nnz)
+  assert piece < SPLIT_BLOCKS, "a small graph: pieces shorter than SPLIT_BLOCKS"
   for w, b0, b1, split in sched:
     assert ptr[w] <= b0 <= b1 <= ptr[w + 1]
-    assert b1 - b0 <= SPLIT_BLOCKS
-    assert split == (ptr[w + 1] - ptr[w] > SPLIT_BLOCKS)
+    assert b1 - b0 <= piece
+    assert split == (piece if ptr[w + 1] - ptr[w] > piece else 0)
     seen[b0:b1] += 1
     windows.add(int(w))
   assert np.all(seen == 1)
@@ -99,9 +101,9 @@ def test_schedule_covers_every_block_once(rng):
   split = sched[:, 3].astype(bool)
   assert split[:split.sum()].all(), "split items are the schedule's prefix"
   for i in np.flatnonzero(split):  # piece p of a window sits p items after its first piece
-    p = (sched[i, 1] - ptr[sched[i, 0]]) // SPLIT_BLOCKS
+    p = (sched[i, 1] - ptr[sched[i, 0]]) // piece
     assert sched[i - p, 0] == sched[i, 0] and sched[i - p, 1] == ptr[sched[i, 0]]
-    assert sched[i, 1] == ptr[sched[i, 0]] + p * SPLIT_BLOCKS
+    assert sched[i, 1] == ptr[sched[i, 0]] + p * piece
 
 
 def test_row_view_is_csr_of_the_format(rng):
@@ -198,6 +200,23 @@ def test_small_graph_piece_matches_the_kernels():
   assert nnz and piece
   assert (1 << int(nnz.group(1)), int(piece.group(1))) == (SMALL_GRAPH_NNZ, SMALL_GRAPH_PIECE)
   assert row_piece(SMALL_GRAPH_NNZ - 1) == SMALL_GRAPH_PIECE != row_piece(SMALL_GRAPH_NNZ)
+
+
+def test_split_blocks_by_graph_size(monkeypatch):
+  """Small graphs get short pieces; the schedule's fourth field carries the piece size."""
+  from jaxsparse_tc.pattern import SMALL_GRAPH_NNZ, SMALL_GRAPH_SPLIT
+
+  assert split_blocks(SMALL_GRAPH_NNZ - 1) == SMALL_GRAPH_SPLIT < SPLIT_BLOCKS
+  assert split_blocks(SMALL_GRAPH_NNZ) == SPLIT_BLOCKS
+  s = window_schedule(np.array([0, 70, 71]), 32)
+  assert s[:, 3].tolist() == [32, 32, 32, 0]
+  assert s[:3, 1].tolist() == [0, 32, 64] and s[:3, 2].tolist() == [32, 64, 70]
+  monkeypatch.setenv("JAXSPARSE_TC_SPLIT_BLOCKS", "4")
+  assert split_blocks(10**9) == 4
+  for bad in ("0", "33", "x"):
+    monkeypatch.setenv("JAXSPARSE_TC_SPLIT_BLOCKS", bad)
+    with pytest.raises(ValueError, match="JAXSPARSE_TC_SPLIT_BLOCKS"):
+      split_blocks(100)
 
 
 def test_schedule_includes_empty_windows():
