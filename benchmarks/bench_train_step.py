@@ -10,7 +10,9 @@ Implementations, same GPU, same graph, same run:
   edge_softmax and SDDMM (in the backward) on the tensor-core kernels (tf32 for float32).
 - `xla`: the same model written with XLA gathers + jax.ops.segment_sum / segment_max over
   row-sorted (CSR order) edges, `indices_are_sorted=True`, no gradient through the softmax's
-  stabilizing max; the same parameters. Graphs are jit arguments (not constants) for both.
+  stabilizing max; the same parameters and the same order of operations (GCN propagates the
+  narrower width, x first at equal widths, as jaxsparse_tc.nn does). Graphs are jit arguments
+  (not constants) for both.
 - `pyg`: torch_geometric GCNConv (cached normalization) / GATConv (add_self_loops=False on the
   pre-looped edge list) with torch.optim.Adam, edge_index input; `pyg_csr`: GCNConv on a
   torch.sparse CSR adj_t (cuSPARSE). Timed with CUDA events. Skipped if not importable.
@@ -89,8 +91,11 @@ def _jax_steps(model_name, x, y, c, edge_index, n):
     rows, cols, vals = edges
     seg = lambda d: jax.ops.segment_sum(d, rows, n, indices_are_sorted=True)  # noqa: E731
     if model_name == "gcn":
-      def conv(layer, h):
-        h = h @ layer.lin.kernel[...]
+      def conv(layer, h):  # the library's order: the narrower width is propagated (ties: h)
+        w = layer.lin.kernel[...]
+        if w.shape[0] <= w.shape[1]:
+          return seg(vals[:, None] * h[cols]) @ w + layer.bias[...]
+        h = h @ w
         return seg(vals[:, None] * h[cols]) + layer.bias[...]
 
       return conv(m.conv2, jax.nn.relu(conv(m.conv1, x)))

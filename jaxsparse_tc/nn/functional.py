@@ -44,10 +44,12 @@ def _merge_heads(out: jax.Array, concat: bool) -> jax.Array:
 def gcn_conv(A: SparseMatrix, x, kernel, bias=None):
   """GCN (Kipf & Welling): A @ (x @ kernel) + bias, A = D^-1/2 (A+I) D^-1/2 (`graph.gcn_norm`).
 
-  The smaller of the two feature widths is the one propagated (same result, cheaper SpMM).
+  The smaller of the two feature widths is the one propagated (same result, cheaper SpMM); at
+  equal widths x is propagated first, so that where x needs no gradient (input features) the
+  backward needs no SpMM at all: the gradient of `kernel` is (A x)^T g.
   """
   x = jnp.asarray(x)
-  if kernel.shape[0] < kernel.shape[1]:
+  if kernel.shape[0] <= kernel.shape[1]:
     out = jst.spmm(A, x) @ kernel
   else:
     out = jst.spmm(A, x @ kernel)
