@@ -162,6 +162,23 @@ def test_gcn_conv(problem):
     close(F.gcn_conv(graph.gcn_norm(ei, n), x, jnp.asarray(W), jnp.asarray(b)), ref)
 
 
+def test_gcn_conv_input_layer_backward_has_no_spmm(problem):
+  """At equal widths x is propagated first, so the kernel's gradient needs one SpMM (the
+  forward's), not a second one over A^T: dW = (A x)^T g."""
+  from jaxsparse_tc.spmm import spmm_p
+
+  ei, n, x = problem
+  A = graph.gcn_norm(ei, n)
+  W = jnp.asarray(np.random.default_rng(4).normal(size=(12, 12)), jnp.float32)
+  loss = lambda W: jnp.sum(F.gcn_conv(A, x, W) ** 2)  # noqa: E731
+  jaxpr = str(jax.make_jaxpr(jax.grad(loss))(W))
+  assert jaxpr.count(spmm_p.name) == 1, jaxpr
+  a = dense_adj(ei, n, "remaining")
+  d = a.sum(1)
+  ax = (a / np.sqrt(np.outer(d, d))) @ f64(x)
+  close(jax.grad(loss)(W), ax.T @ (2 * ax @ f64(W)), rtol=1e-4)
+
+
 def gat_reference(ei, n, x, W, att_src, att_dst, bias, heads, concat, slope=0.2):
   mask = dense_adj(ei, n, "replace") > 0
   h = (f64(x) @ f64(W)).reshape(n, heads, -1)
