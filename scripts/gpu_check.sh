@@ -6,7 +6,8 @@
 #   --tests="tests/test_gpu_spmm_sddmm.py --maxfail=20" runs those tests instead of all (-x);
 #   --only=spmm_sddmm runs only the benchmark modules whose names contain it.
 #   --profile="VARIANT ..." profiles one rmat17 fp16 d=128 SpMM per kernel variant with ncu
-#   ("default" = no variant set) and prints the key counters.
+#   ("default" = no variant set), or "attn:GRAPH:D" one fused attention forward, and prints the
+#   key counters.
 # Results: $OUT (default ./out) holds test logs and benchmark JSON.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -56,11 +57,14 @@ ${stall}_no_instruction_per_issue_active.ratio,${stall}_dispatch_stall_per_issue
 ${stall}_membar_per_issue_active.ratio,${stall}_branch_resolving_per_issue_active.ratio"
 # --profile entries: "default", "fp16|bf16|fp32" (default kernel, that dtype), "tc"
 # (JAXSPARSE_TC_SPMM_VARIANT), "K=V:K=V" (JAXSPARSE_TC_SPMM_K),
-# "cusparse-fp32" / "cusparse-fp16" (torch.sparse.mm on the same matrix).
+# "cusparse-fp32" / "cusparse-fp16" (torch.sparse.mm on the same matrix),
+# "attn:GRAPH:D" (the fused attention forward, fp16, H=4: scripts/profile_attention.py).
 for v in $profile; do
-  echo "== ncu: spmm $v"
-  envs=(); args=(fp16 128); kre="regex:spmm_"
+  echo "== ncu: $v"
+  envs=(); args=(fp16 128); kre="regex:spmm_"; script=scripts/profile_spmm.py
   case $v in
+    attn:*) IFS=: read -r _ g dd <<< "$v"; args=($g $dd); kre="regex:attn_fwd"
+            script=scripts/profile_attention.py ;;
     default) ;;
     fp16|bf16|fp32) args=($v 128) ;;
     cusparse-*) args=(${v#cusparse-} 128 torch); kre="regex:csrmm|spmm|SpMM|cusparse" ;;
@@ -72,7 +76,7 @@ for v in $profile; do
   env "${envs[@]}" timeout 120 ncu --clock-control none -k "$kre" --launch-skip 2 \
     --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
     --section WarpStateStats --section LaunchStats --metrics "$NCU_METRICS" \
-    python3 scripts/profile_spmm.py "${args[@]}" > "$OUT/ncu_${v//[=:]/_}.log" 2>&1
+    python3 $script "${args[@]}" > "$OUT/ncu_${v//[=:]/_}.log" 2>&1
   grep -E "  void|Duration|Throughput|Hit Rate|Achieved Occupancy|Registers Per|Dynamic Shared|Warp Cycles Per Issued|Block Limit Shared|sectors|requests|inst_executed|dram__bytes|stalled" \
     "$OUT/ncu_${v//[=:]/_}.log" | grep -v "^ *[a-z_]*stalled.* 0$" | cut -c1-150
 done

@@ -242,7 +242,10 @@ def test_attention_check_grads(rng, with_heads, with_bias):
   if with_bias:
     args.append(jnp.asarray(rng.standard_normal(((h,) if h else ()) + (A.nnz,)), jnp.float32))
   f = lambda *a: jst.sparse_attention(A, *a[:3], scale=0.7, bias=a[3] if len(a) > 3 else None)
-  check_grads(f, args, order=1, modes=["fwd", "rev"], atol=1e-2, rtol=1e-2)
+  # float32 central differences: 1e-2 failed ~1 seed in a few hundred (the numerical side: the
+  # analytic gradient matched float64 differences to 5e-7); test_attention_grad_matches_float64
+  # (below) is the tight check
+  check_grads(f, args, order=1, modes=["fwd", "rev"], atol=2e-2, rtol=2e-2)
 
 
 def test_attention_grad_matches_float64(rng):

@@ -123,7 +123,9 @@ def test_gpu_attention_check_grads(rng, with_bias):
   if with_bias:
     args.append(gpu(jnp.asarray(rng.standard_normal((2, A.nnz)), jnp.float32)))
   f = lambda *a: jst.sparse_attention(A, *a[:3], scale=0.6, bias=a[3] if len(a) > 3 else None)
-  check_grads(f, args, order=1, modes=["fwd", "rev"], atol=1e-2, rtol=1e-2)
+  # float32 central differences: 1e-2 failed ~1 seed in a few hundred (the numerical side: the
+  # analytic gradient matched float64 differences to 5e-7); the float64 tests below are tight
+  check_grads(f, args, order=1, modes=["fwd", "rev"], atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1,0 +1,32 @@
+"""One fused attention forward, for `ncu` (scripts/gpu_check.sh --profile=attn:GRAPH:D).
+
+Usage: [JAXSPARSE_TC_ATTN_...=...] python3 scripts/profile_attention.py [graph] [d] [heads]
+graph: cora (default), rmat17-d16 or rmat20-d8; fp16 Q, K, V of width d (64) and heads (4).
+The forward runs 3 times (compile + 2); profile the last launch with `--launch-skip 2`.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import common  # noqa: E402
+import jaxsparse_tc as jst  # noqa: E402
+
+name = sys.argv[1] if len(sys.argv) > 1 else "cora"
+d = int(sys.argv[2]) if len(sys.argv) > 2 else 64
+heads = int(sys.argv[3]) if len(sys.argv) > 3 else 4
+rmat = {"rmat17-d16": (17, 16), "rmat20-d8": (20, 8)}
+g = common.rmat_csr(*rmat[name]) if name in rmat else common.package_graph(name).tocsr()
+A = jst.SparseMatrix.from_scipy(g)
+rng = np.random.default_rng(0)
+q, k, v = (jnp.asarray(rng.standard_normal((heads, s, d)), jnp.float16)
+           for s in (g.shape[0], g.shape[1], g.shape[1]))
+f = jax.jit(jst.sparse_attention)
+for _ in range(3):
+  out = jax.block_until_ready(f(A, q, k, v))
+print("done", name, g.nnz, d, heads, float(jnp.abs(out.astype(jnp.float32)).mean()))
