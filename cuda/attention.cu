@@ -394,6 +394,8 @@ template <class T, int D>
 void launch_tc(cudaStream_t st, unsigned grid, const T* q, const T* k, const T* v, const T* b,
                T* o, float* l, const PatternView& p, int64_t heads, Heads hc, int64_t m,
                int64_t n, int64_t nnz, float scale, int has_bias, const SplitWorkspace& sw) {
+  // JAXSPARSE_TC_ATTN_HEAD_MAJOR=0 (benchmarks): a window's heads adjacent, the order before
+  // session 12 (NOTES: head-major was 10% faster at d=128 on R-MAT).
   attn_fwd_tc<T, D, D><<<grid, 32 * kWarps, 0, st>>>(
       q, k, v, b, o, l, p.window_col_ptr, p.window_cols, p.window_block_ptr, p.block_bitmap,
       p.block_value_ptr, p.schedule, p.num_items, heads, hc, m, n, nnz, scale, has_bias, sw.ws,
