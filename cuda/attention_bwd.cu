@@ -225,8 +225,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionBwdCuda, attention_bwd_cuda,
                                   .Arg<ffi::AnyBuffer>()  // o [Ho, m, dv]
                                   .Arg<ffi::Buffer<ffi::F32>>()  // lse [Hl, m]
                                   .Arg<ffi::AnyBuffer>()  // do [Hd, m, dv]
-                                  .Arg<I32>()             // row_entries [nnz, 2]
-                                  .Arg<I32>()             // row_schedule [R, 4]
+                                  JAXSPARSE_TC_ROW_VIEW_ARGS
                                   .Ret<ffi::AnyBuffer>()  // p [H, nnz]
                                   .Ret<ffi::AnyBuffer>()  // ds [H, nnz]
                                   .Attr<float>("scale")

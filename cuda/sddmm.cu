@@ -380,8 +380,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SddmmCuda, sddmm_cuda,
                                   .Arg<ffi::AnyBuffer>()  // x [Hx, m, d]
                                   .Arg<ffi::AnyBuffer>()  // y [Hy, n, d]
                                   JAXSPARSE_TC_PATTERN_ARGS
-                                  .Arg<I32>()  // row_entries [nnz, 2]
-                                  .Arg<I32>()  // row_schedule [R, 4]
+                                  JAXSPARSE_TC_ROW_VIEW_ARGS
                                   .Ret<ffi::AnyBuffer>()  // out [H, nnz]
                                   .Attr<int32_t>("precision"),
                               JAXSPARSE_TC_CAPTURABLE);

@@ -1233,8 +1233,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpmmCuda, spmm_cuda,
                                   .Arg<ffi::AnyBuffer>()  // values [Hv, nnz]
                                   .Arg<ffi::AnyBuffer>()  // x [Hx, n, d]
                                   JAXSPARSE_TC_PATTERN_ARGS
-                                  .Arg<I32>()  // row_entries [nnz, 2]
-                                  .Arg<I32>()  // row_schedule [R, 4]
+                                  JAXSPARSE_TC_ROW_VIEW_ARGS
                                   .Ret<ffi::AnyBuffer>()  // out [H, m, d]
                                   .Ret<ffi::AnyBuffer>()  // workspace [bytes] (plan_spmm)
                                   .Attr<int32_t>("precision"),

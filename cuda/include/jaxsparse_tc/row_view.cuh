@@ -39,6 +39,11 @@ inline RowView row_view(I32 entries, I32 schedule) {
           int64_t(schedule.element_count()) / 4};
 }
 
+// The row view's FFI operands, in the order row_view() takes them.
+#define JAXSPARSE_TC_ROW_VIEW_ARGS                                 \
+  .Arg<::jaxsparse_tc::I32>()     /* row_entries [nnz, 2] */       \
+      .Arg<::jaxsparse_tc::I32>() /* row_schedule [R, 4] */
+
 // Whole-row item `item` of the schedule as (row, begin, end), or an empty range where the item
 // is past the schedule or a CTA item: kernels whose warps run in lockstep call their row
 // function for every group, with or without work.
