@@ -40,21 +40,21 @@ class Pattern(NamedTuple):
     return self.block_bitmap.shape[0]
 
 
-def window_schedule(window_block_ptr: np.ndarray, split_blocks: int = SPLIT_BLOCKS) -> np.ndarray:
+def window_schedule(window_block_ptr: np.ndarray, size: int = SPLIT_BLOCKS) -> np.ndarray:
   """Work items (window, block_begin, block_end, split): windows by decreasing block count, a
-  window of more than `split_blocks` blocks cut into pieces of that many (split = the piece
-  size; 0 for a whole window), a split window's pieces contiguous and in order (so split items
-  are the schedule's prefix and piece p of a window whose first piece is item s is item s + p;
-  kernels rely on both)."""
+  window of more than `size` blocks cut into pieces of that many (split = the piece size; 0 for
+  a whole window), a split window's pieces contiguous and in order (so split items are the
+  schedule's prefix and piece p of a window whose first piece is item s is item s + p; kernels
+  rely on both)."""
   ptr = np.asarray(window_block_ptr, dtype=np.int64)
   counts = np.diff(ptr)
-  pieces = np.maximum(1, -(-counts // split_blocks))
+  pieces = np.maximum(1, -(-counts // size))
   window = np.repeat(np.arange(counts.size, dtype=np.int64), pieces)
   first_item = np.cumsum(pieces) - pieces
   piece = np.arange(window.size, dtype=np.int64) - np.repeat(first_item, pieces)
-  begin = ptr[window] + piece * split_blocks
-  end = np.minimum(begin + split_blocks, ptr[window + 1])
-  split = np.where(pieces[window] > 1, split_blocks, 0)
+  begin = ptr[window] + piece * size
+  end = np.minimum(begin + size, ptr[window + 1])
+  split = np.where(pieces[window] > 1, size, 0)
   items = np.stack([window, begin, end, split], axis=1)
   order = np.argsort(-counts[window], kind="stable")
   return np.ascontiguousarray(items[order], dtype=np.int32)
