@@ -59,6 +59,10 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   return y;
 }
 
+// Pieces of a split window merged per round trip: their partials' loads are in flight together
+// (registers: 2 rows x (DV/8 + 2) floats per piece and thread).
+template <int DV> constexpr int kMergeChunk = DV > 64 ? 2 : 4;
+
 template <class T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return raw16(from_f32<T>(lo)) | (raw16(from_f32<T>(hi)) << 16);
@@ -74,8 +78,8 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
             const int32_t* __restrict__ wbp, const uint32_t* __restrict__ bitmap,
             const int32_t* __restrict__ bvp, const int32_t* __restrict__ schedule,
             int64_t num_items, int64_t heads, Heads hc, int64_t m, int64_t n, int64_t nnz,
-            float scale, int has_bias, float* __restrict__ ws, int* __restrict__ done,
-            int64_t cap, int head_major) {
+            float scale, int has_bias, float* __restrict__ ws, float2* __restrict__ ws_ml,
+            int* __restrict__ done, int64_t cap, int head_major) {
   const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (unit >= num_items * heads) return;
   // Head-major: the GPU works through one head's windows at a time, so the K and V rows it
@@ -213,16 +217,14 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
     for (int s = 0; s < MS; ++s) { o[r][2 * s] = acc[s][r]; o[r][2 * s + 1] = acc[s][r + 2]; }
   }
   if (first >= 0) {
-    // Partial of a piece: [8 rows][DV unnormalised O, max (log2 domain), sum] in slot `item`;
-    // the piece that completes the window merges every piece's partial into o, mrow, lsum.
-    constexpr int64_t kRow = DV + 2, kSlot = 8 * kRow;
-    float* part = ws + (item * heads + h) * kSlot;
+    // Partial of a piece in slot (item, h): unnormalised O rows [8][DV] (16-byte aligned, so
+    // each thread stores its DV/8 features as vectors) and (max in the log2 domain, sum) per row.
+    // The piece that completes the window merges every piece's partial into o, mrow, lsum.
+    const int64_t slot = item * heads + h;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float* pr = part + (2 * t + r) * kRow;
-#pragma unroll
-      for (int e = 0; e < DV / 8; ++e) pr[g * (DV / 8) + e] = o[r][e];
-      if (g == 0) { pr[DV] = mrow[r]; pr[DV + 1] = lsum[r]; }
+      store_row<float, DV / 8>(ws + (slot * 8 + 2 * t + r) * DV, int64_t(g) * (DV / 8), DV, true, o[r]);
+      if (g == 0) ws_ml[slot * 8 + 2 * t + r] = make_float2(mrow[r], lsum[r]);
     }
     __threadfence();  // the partial is visible before the counter says so
     __syncwarp();
@@ -231,25 +233,55 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
     old = __shfl_sync(0xffffffffu, old, 0);
     if (old != pieces - 1) return;
     __threadfence();
+    // One pass over the pieces, kMergeChunk at a time with all their loads in flight together
+    // (a loop of one piece per round trip made a hub window's merge longer than its pairs).
+    constexpr int C = kMergeChunk<DV>;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float* p0 = ws + (first * heads + h) * kSlot + (2 * t + r) * kRow;
-      const int64_t pstride = heads * kSlot;  // next piece, same head and row
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < pieces; ++j) mx = fmaxf(mx, __ldcg(p0 + j * pstride + DV));
-      const float base = mx == -INFINITY ? 0.f : mx;
-      float l = 0.f;
+      mrow[r] = -INFINITY;
+      lsum[r] = 0.f;
 #pragma unroll
       for (int e = 0; e < DV / 8; ++e) o[r][e] = 0.f;
-      for (int64_t j = 0; j < pieces; ++j) {
-        const float* pj = p0 + j * pstride;
-        const float c = exp2f(__ldcg(pj + DV) - base);  // 0 for a piece without this row
-        l += c * __ldcg(pj + DV + 1);
+    }
+    for (int64_t j0 = 0; j0 < pieces; j0 += C) {
+      float2 ml[C][2];
+      float oj[C][2][DV / 8];
 #pragma unroll
-        for (int e = 0; e < DV / 8; ++e) o[r][e] += c * __ldcg(pj + g * (DV / 8) + e);
+      for (int c = 0; c < C; ++c) {
+        const bool in = j0 + c < pieces;
+        const int64_t s = (first + j0 + c) * heads + h;  // piece j's slot, same head
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int64_t row = s * 8 + 2 * t + r;
+          ml[c][r] = in ? __ldcg(ws_ml + row) : make_float2(-INFINITY, 0.f);
+          const float4* src = reinterpret_cast<const float4*>(ws + row * DV + g * (DV / 8));
+#pragma unroll
+          for (int x = 0; x < DV / 32; ++x) {
+            const float4 v = in ? __ldcg(src + x) : make_float4(0.f, 0.f, 0.f, 0.f);
+            oj[c][r][4 * x] = v.x; oj[c][r][4 * x + 1] = v.y;
+            oj[c][r][4 * x + 2] = v.z; oj[c][r][4 * x + 3] = v.w;
+          }
+        }
       }
-      mrow[r] = mx;
-      lsum[r] = l;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = mrow[r];
+#pragma unroll
+        for (int c = 0; c < C; ++c) mx = fmaxf(mx, ml[c][r].x);
+        const float base = mx == -INFINITY ? 0.f : mx;
+        const float alpha = exp2f(mrow[r] - base);  // 0 while no piece had this row
+        lsum[r] *= alpha;
+#pragma unroll
+        for (int e = 0; e < DV / 8; ++e) o[r][e] *= alpha;
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+          const float w = exp2f(ml[c][r].x - base);  // 0 for a piece without this row
+          lsum[r] += w * ml[c][r].y;
+#pragma unroll
+          for (int e = 0; e < DV / 8; ++e) o[r][e] += w * oj[c][r][e];
+        }
+        mrow[r] = mx;
+      }
     }
   }
   // normalise, write rows 2t and 2t+1 (features g*DV/8 ..) and their log-sum-exp
@@ -382,9 +414,11 @@ attn_jvp_scalar(const T* q, const T* k, const T* v, const T* bias, const float* 
 unsigned grid_for(int64_t units) { return unsigned((units + kWarps - 1) / kWarps); }
 
 // Split-window partials of the tensor-core forward: slots for the schedule's first `cap` items
-// (split items are its prefix), [cap, heads, 8, dv + 2] fp32, then [cap, heads] counters.
+// (split items are its prefix): O [cap, heads, 8, dv] fp32, (max, sum) [cap, heads, 8] float2,
+// then [cap, heads] counters.
 struct SplitWorkspace {
   float* ws;
+  float2* ws_ml;
   int* done;
   int64_t cap;
 };
@@ -399,18 +433,18 @@ void launch_tc(cudaStream_t st, unsigned grid, const T* q, const T* k, const T* 
   attn_fwd_tc<T, D, D><<<grid, 32 * kWarps, 0, st>>>(
       q, k, v, b, o, l, p.window_col_ptr, p.window_cols, p.window_block_ptr, p.block_bitmap,
       p.block_value_ptr, p.schedule, p.num_items, heads, hc, m, n, nnz, scale, has_bias, sw.ws,
-      sw.done, sw.cap, env_int("JAXSPARSE_TC_ATTN_HEAD_MAJOR", 1));
+      sw.ws_ml, sw.done, sw.cap, env_int("JAXSPARSE_TC_ATTN_HEAD_MAJOR", 1));
 }
 
 }  // namespace
 
 // Split windows' workspace of the fused forward (tensor-core path: 16-bit, d == dv in {32, 64,
 // 128}; JAXSPARSE_TC_ATTN_SPLIT=0, for tests and benchmarks: no slots, whole windows per warp):
-// per slot and head, 8 rows of (running max, sum, unnormalised O), then a piece counter per slot
-// and head. Slots beyond the cap are windows done whole by their first piece.
+// per slot and head, 8 rows of unnormalised O, then of (running max, sum), then a piece counter per
+// slot and head. Slots beyond the cap are windows done whole by their first piece.
 struct SplitLayout {
   int64_t cap;
-  size_t sums_bytes, total_bytes;
+  size_t o_bytes, sums_bytes, total_bytes;
 };
 
 static SplitLayout attention_split(int esize, int64_t d, int64_t dv, int64_t heads,
@@ -420,7 +454,8 @@ static SplitLayout attention_split(int esize, int64_t d, int64_t dv, int64_t hea
   SplitLayout l{0, 0, 0};
   if (tc && env_int("JAXSPARSE_TC_ATTN_SPLIT", 1) != 0)
     l.cap = std::min<int64_t>(num_items, kSplitWorkspaceBytes / slot_bytes);
-  l.sums_bytes = size_t(l.cap * heads * 8 * (dv + 2)) * 4;
+  l.o_bytes = size_t(l.cap * heads * 8 * dv) * 4;
+  l.sums_bytes = l.o_bytes + size_t(l.cap * heads * 8) * 8;
   l.total_bytes = l.sums_bytes + size_t(l.cap * heads) * 4;
   return l;
 }
@@ -450,10 +485,11 @@ static ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::Any
     return ffi::Error::InvalidArgument(
         "sparse_attention: workspace smaller than the launch needs (JAXSPARSE_TC_ATTN_SPLIT "
         "changed after the program was compiled?)");
-  SplitWorkspace sw{nullptr, nullptr, layout.cap};
+  SplitWorkspace sw{nullptr, nullptr, nullptr, layout.cap};
   if (sw.cap > 0) {
     char* const mem = static_cast<char*>(workspace->untyped_data());
     sw.ws = reinterpret_cast<float*>(mem);
+    sw.ws_ml = reinterpret_cast<float2*>(mem + layout.o_bytes);
     sw.done = reinterpret_cast<int*>(mem + layout.sums_bytes);
     if (cudaMemsetAsync(sw.done, 0, layout.total_bytes - layout.sums_bytes, st) != cudaSuccess)
       return ffi::Error::Internal("sparse_attention: workspace memset failed");

@@ -1,0 +1,114 @@
+"""Where a small graph's chained call spends its GPU time: kernels, memsets and the gaps between.
+
+Usage: python3 scripts/trace_chain.py [OP ...] [--graph cora] [--k 8]
+OP: attn64, attn128 (fused attention forward, fp16, H=4), attn64bwd, attn128bwd (its
+forward+backward), xla64, xla128 (XLA's unfused forward), sddmm, spmm (fp16, d=128).
+Runs the chained program of bench_chained (K dependent calls) under torch.profiler, whose CUPTI
+activity trace records every kernel and memset of the process, JAX's included, and prints per
+call: the span of the program on the GPU, the time inside kernels and memsets, and each
+activity's mean duration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import torch  # noqa: E402
+
+import bench_attention as ba  # noqa: E402
+import common  # noqa: E402
+import jaxsparse_tc as jst  # noqa: E402
+from bench_chained import _chain  # noqa: E402
+
+H = 4
+
+
+def program(op: str, g, k: int):
+  n = g.shape[0]
+  A = jst.SparseMatrix.from_scipy(g)
+  if op.startswith(("attn", "xla")):
+    d = int(re.search(r"\d+", op).group())
+    fns = ba.methods(1.0 / math.sqrt(d))
+    q, kk, v = (ba.normal_f16(i, (H, n, d)) for i in range(3))
+    if op.startswith("xla"):
+      edges = tuple(jnp.asarray(a) for a in ba.csr_edges(g))
+      return _chain(lambda e, k_, v_, q_: fns["xla"](e, q_, k_, v_), k), (edges, kk, v, q)
+    if op.endswith("bwd"):
+      grad = ba.with_grad(fns["fused"])
+      w = jnp.ones((H, n, d), jnp.float32)
+
+      def step(A_, k_, v_, w_, q_):
+        dq, dk, dv = grad(A_, q_, k_, v_, w_)
+        return (q_.astype(jnp.float32) + 1e-3 * (dq + dk + dv).astype(jnp.float32)).astype(q_.dtype)
+
+      return _chain(step, k), (A, kk, v, w, q)
+    return _chain(lambda A_, k_, v_, q_: fns["fused"](A_, q_, k_, v_), k), (A, kk, v, q)
+  x = jnp.asarray(jax.random.normal(jax.random.key(0), (n, 128)), jnp.float16)
+  if op == "spmm":
+    An = A.with_values(jnp.asarray(A.values, jnp.float16) / 8)
+    return _chain(lambda A_, x_: jst.spmm(A_, x_), k), (An, x)
+  if op == "sddmm":
+    y = jnp.asarray(jax.random.normal(jax.random.key(1), (n, 128)), jnp.float16)
+    return _chain(lambda A_, y_, x_: (x_ + jst.sddmm(A_, x_, y_).values.sum() * 0).astype(x_.dtype),
+                  k), (A, y, x)
+  raise ValueError(op)
+
+
+def trace(prog, args, runs: int = 3) -> list[dict]:
+  jax.block_until_ready(prog(*args))
+  jax.block_until_ready(prog(*args))
+  with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    for _ in range(runs):
+      jax.block_until_ready(prog(*args))
+  with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+    path = f.name
+  prof.export_chrome_trace(path)
+  events = json.load(open(path))["traceEvents"]
+  os.unlink(path)
+  return [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset",
+                                                                       "gpu_memcpy")]
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser()
+  ap.add_argument("ops", nargs="*", default=["attn64", "attn128", "xla64", "xla128"])
+  ap.add_argument("--graph", default="cora")
+  ap.add_argument("--k", type=int, default=8)
+  a = ap.parse_args()
+  g = common.package_graph(a.graph).tocsr()
+  g.sort_indices()
+  print(common.device_name(), a.graph, "K =", a.k)
+  for op in a.ops:
+    prog, args = program(op, g, a.k)
+    ev = sorted(trace(prog, args), key=lambda e: e["ts"])
+    if not ev:
+      print(op, ": no GPU activity recorded (CUPTI saw none of JAX's work)")
+      continue
+    # The last of the 3 traced runs (each run the same activities, in order).
+    last = ev[-(len(ev) // 3):]
+    span = last[-1]["ts"] + last[-1]["dur"] - last[0]["ts"]
+    busy = sum(e["dur"] for e in last)
+    by = collections.defaultdict(list)
+    for e in last:
+      by[(e["cat"], e["name"][:70])].append(e["dur"])
+    print(f"\n== {op}: {len(last)} activities, per call: span {span / a.k:.2f} us, "
+          f"busy {busy / a.k:.2f} us, idle {(span - busy) / a.k:.2f} us")
+    for (cat, name), durs in sorted(by.items(), key=lambda kv: -sum(kv[1])):
+      print(f"  {cat:10s} x{len(durs) / a.k:4.1f}/call  mean {sum(durs) / len(durs):7.2f} us  {name}")
+
+
+if __name__ == "__main__":
+  main()
