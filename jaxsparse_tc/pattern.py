@@ -62,7 +62,7 @@ def window_schedule(window_block_ptr: np.ndarray, size: int = SPLIT_BLOCKS) -> n
 
 SMALL_GRAPH_NNZ = 1 << 16  # graphs this small get row pieces of SMALL_GRAPH_PIECE entries
 SMALL_GRAPH_PIECE = 8
-SMALL_GRAPH_SPLIT = 8  # and windows split into pieces of this many blocks
+SMALL_GRAPH_SPLIT = 4  # and windows split into pieces of this many blocks
 
 
 def split_blocks(nnz: int) -> int:
