@@ -13,10 +13,11 @@
 // features of one gathered row and its O^T fragment maps back to consecutive output features.
 // Q stays in registers for the whole window; the nnz-sized score matrix is never written.
 // Windows are taken in the schedule's order (heaviest first, Fused3S reordering). A window split
-// into several schedule items (pieces of <= 32 blocks) is processed by one warp per piece: each
-// writes its partial (row max, row sum, unnormalised O) to a workspace slot, and the piece that
-// completes the window (a per-window counter) merges them, FlashAttention-style (flash-decoding
-// split-KV). Without this a hub row's window was one warp's serial tail (docs/NOTES.md). Windows
+// into several schedule items (pieces of the schedule's split size: 32 blocks, 4 on small graphs)
+// is processed by one warp per piece: each writes its partial (row max, row sum, unnormalised O)
+// to a workspace slot, and the piece that completes the window (a per-window counter) merges
+// them in one pass, FlashAttention-style (flash-decoding split-KV), several pieces' partials per
+// round trip. Without this a hub row's window was one warp's serial tail (docs/NOTES.md). Windows
 // whose pieces do not fit the workspace cap are processed whole by their first piece's warp.
 // Writes O and the row log-sum-exp (fp32) for the backward.
 //
