@@ -34,6 +34,7 @@
 #include "jaxsparse_tc/cuda_common.cuh"
 #include "jaxsparse_tc/format.h"
 #include "jaxsparse_tc/mma.cuh"
+#include "jaxsparse_tc/row_view.cuh"
 
 namespace jaxsparse_tc {
 namespace {
@@ -71,8 +72,13 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 
 // ---------------------------------------------------------------------------------------------
 // Tensor-core fused forward.
-template <class T, int D, int DV>
-__global__ void __launch_bounds__(32 * kWarps)
+struct PairCols {  // a block pair's bitmaps and one thread's gathered columns (tensor-core forward)
+  uint64_t bits0, bits1;
+  int32_t k[2], v[4];
+};
+
+template <class T, int D, int DV, bool PF>
+__global__ void __launch_bounds__(32 * kWarps, D == 128 ? 3 : 4)
 attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
             const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ lse,
             const int32_t* __restrict__ wcp, const int32_t* __restrict__ wc,
@@ -133,28 +139,43 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
   for (int s = 0; s < MS; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.f;
 
   const int64_t c_begin = wcp[w], c_end = wcp[w + 1];
-  for (int64_t b0 = b_first; b0 < b_end; b0 += 2) {
-    const bool has1 = b0 + 1 < b_end;
-    const uint64_t bits0 = load_block_bits(bitmap, b0);
-    const uint64_t bits1 = has1 ? load_block_bits(bitmap, b0 + 1) : 0ull;
+  // A pair's bitmaps and the column indices this thread gathers (-1 past the window's end). With
+  // PF they are loaded one pair ahead, so that a pair waits on one round trip (its K and V rows)
+  // rather than two.
+  auto pair_cols = [&](int64_t b0) {
+    PairCols pc;
+    pc.bits0 = load_block_bits(bitmap, b0);
+    pc.bits1 = b0 + 1 < b_end ? load_block_bits(bitmap, b0 + 1) : 0ull;
     const int64_t cbase = c_begin + 8 * (b0 - wb);
-    // K rows for condensed columns g and g+8
-    uint32_t kw0[QW], kw1[QW];
-    {
-      const int64_t c0 = cbase + g, c1 = cbase + 8 + g;
-      if (c0 < c_end) load_row<T, D / 4>(kh + int64_t(wc[c0]) * D, int64_t(t) * (D / 4), D, true, kw0);
-      else for (int x = 0; x < QW; ++x) kw0[x] = 0u;
-      if (c1 < c_end) load_row<T, D / 4>(kh + int64_t(wc[c1]) * D, int64_t(t) * (D / 4), D, true, kw1);
-      else for (int x = 0; x < QW; ++x) kw1[x] = 0u;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int64_t c = cbase + 8 * i + g;  // K rows: condensed columns g and g+8
+      pc.k[i] = c < c_end ? wc[c] : -1;
     }
-    // V rows for condensed columns 2t, 2t+1, 2t+8, 2t+9 (issued early, used after softmax)
-    uint32_t vw[4][VW];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // V rows: condensed columns 2t, 2t+1, 2t+8, 2t+9
+      const int64_t c = cbase + 2 * t + (j & 1) + (j >> 1) * 8;
+      pc.v[j] = c < c_end ? wc[c] : -1;
+    }
+    return pc;
+  };
+  PairCols cur;
+  if (PF && b_first < b_end) cur = pair_cols(b_first);
+  for (int64_t b0 = b_first; b0 < b_end; b0 += 2) {
+    if (!PF) cur = pair_cols(b0);
+    uint32_t kw0[QW], kw1[QW];
+    if (cur.k[0] >= 0) load_row<T, D / 4>(kh + int64_t(cur.k[0]) * D, int64_t(t) * (D / 4), D, true, kw0);
+    else for (int x = 0; x < QW; ++x) kw0[x] = 0u;
+    if (cur.k[1] >= 0) load_row<T, D / 4>(kh + int64_t(cur.k[1]) * D, int64_t(t) * (D / 4), D, true, kw1);
+    else for (int x = 0; x < QW; ++x) kw1[x] = 0u;
+    uint32_t vw[4][VW];  // issued early, used after the softmax
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int64_t c = cbase + 2 * t + (j & 1) + (j >> 1) * 8;
-      if (c < c_end) load_row<T, DV / 8>(vh + int64_t(wc[c]) * DV, int64_t(g) * (DV / 8), DV, true, vw[j]);
+      if (cur.v[j] >= 0) load_row<T, DV / 8>(vh + int64_t(cur.v[j]) * DV, int64_t(g) * (DV / 8), DV, true, vw[j]);
       else for (int x = 0; x < VW; ++x) vw[j][x] = 0u;
     }
+    const uint64_t bits0 = cur.bits0, bits1 = cur.bits1;
+    if (PF && b0 + 2 < b_end) cur = pair_cols(b0 + 2);
     float sc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int s = 0; s < KS; ++s) {
@@ -227,13 +248,13 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
       store_row<float, DV / 8>(ws + (slot * 8 + 2 * t + r) * DV, int64_t(g) * (DV / 8), DV, true, o[r]);
       if (g == 0) ws_ml[slot * 8 + 2 * t + r] = make_float2(mrow[r], lsum[r]);
     }
-    __threadfence();  // the partial is visible before the counter says so
+    fence_acq_rel_gpu();  // the partial is visible before the counter says so
     __syncwarp();
     int old = 0;
     if (lane == 0) old = atomicAdd(done + first * heads + h, 1);
     old = __shfl_sync(0xffffffffu, old, 0);
     if (old != pieces - 1) return;
-    __threadfence();
+    fence_acq_rel_gpu();  // and the other pieces' partials are visible to this one
     // One pass over the pieces, kMergeChunk at a time with all their loads in flight together
     // (a loop of one piece per round trip made a hub window's merge longer than its pairs).
     constexpr int C = kMergeChunk<DV>;
@@ -431,7 +452,11 @@ void launch_tc(cudaStream_t st, unsigned grid, const T* q, const T* k, const T* 
                int64_t n, int64_t nnz, float scale, int has_bias, const SplitWorkspace& sw) {
   // JAXSPARSE_TC_ATTN_HEAD_MAJOR=0 (benchmarks): a window's heads adjacent, the order before
   // session 12 (NOTES: head-major was 10% faster at d=128 on R-MAT).
-  attn_fwd_tc<T, D, D><<<grid, 32 * kWarps, 0, st>>>(
+  // Next pair's columns loaded one pair ahead on graphs past kSmallGraphNnz: R-MAT -4..-10%
+  // (NOTES, session 13); Cora measured slower with it. JAXSPARSE_TC_ATTN_PREFETCH=0|1 forces.
+  const bool pf = env_int("JAXSPARSE_TC_ATTN_PREFETCH", nnz >= kSmallGraphNnz) != 0;
+  auto kernel = pf ? attn_fwd_tc<T, D, D, true> : attn_fwd_tc<T, D, D, false>;
+  kernel<<<grid, 32 * kWarps, 0, st>>>(
       q, k, v, b, o, l, p.window_col_ptr, p.window_cols, p.window_block_ptr, p.block_bitmap,
       p.block_value_ptr, p.schedule, p.num_items, heads, hc, m, n, nnz, scale, has_bias, sw.ws,
       sw.ws_ml, sw.done, sw.cap, env_int("JAXSPARSE_TC_ATTN_HEAD_MAJOR", 1));

@@ -110,6 +110,11 @@ __device__ __forceinline__ void store_row(T* row, int64_t f, int64_t d, bool vec
     if (f + e < d) row[f + e] = from_f32<T>(v[e]);
 }
 
+// A release/acquire fence at GPU scope: what a split piece's partial needs before its counter
+// increment (release) and after the increment that completes the window (acquire). Lighter than
+// __threadfence(), which is sequentially consistent (fence.sc).
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+
 // Element e of a word array holding 16-bit or 32-bit elements, as float.
 template <class T>
 __device__ __forceinline__ float word_elem(const uint32_t* w, int e) {
