@@ -449,12 +449,10 @@ constexpr int64_t kSplitWorkspaceBytes = 128 << 20;
 template <class T, int D>
 void launch_tc(cudaStream_t st, unsigned grid, const T* q, const T* k, const T* v, const T* b,
                T* o, float* l, const PatternView& p, int64_t heads, Heads hc, int64_t m,
-               int64_t n, int64_t nnz, float scale, int has_bias, const SplitWorkspace& sw) {
+               int64_t n, int64_t nnz, float scale, int has_bias, const SplitWorkspace& sw,
+               bool pf) {
   // JAXSPARSE_TC_ATTN_HEAD_MAJOR=0 (benchmarks): a window's heads adjacent, the order before
   // session 12 (NOTES: head-major was 10% faster at d=128 on R-MAT).
-  // Next pair's columns loaded one pair ahead on graphs past kSmallGraphNnz: R-MAT -4..-10%
-  // (NOTES, session 13); Cora measured slower with it. JAXSPARSE_TC_ATTN_PREFETCH=0|1 forces.
-  const bool pf = env_int("JAXSPARSE_TC_ATTN_PREFETCH", nnz >= kSmallGraphNnz) != 0;
   auto kernel = pf ? attn_fwd_tc<T, D, D, true> : attn_fwd_tc<T, D, D, false>;
   kernel<<<grid, 32 * kWarps, 0, st>>>(
       q, k, v, b, o, l, p.window_col_ptr, p.window_cols, p.window_block_ptr, p.block_bitmap,
@@ -520,6 +518,10 @@ static ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::Any
     if (cudaMemsetAsync(sw.done, 0, layout.total_bytes - layout.sums_bytes, st) != cudaSuccess)
       return ffi::Error::Internal("sparse_attention: workspace memset failed");
   }
+  // The next block pair's columns load one pair ahead where the pattern has kSmallGraphNnz
+  // condensed columns (K/V row gathers per head) or more: R-MAT -4..-10% (NOTES, session 13);
+  // Cora measured slower with it. JAXSPARSE_TC_ATTN_PREFETCH=0|1 forces either.
+  const bool pf = env_int("JAXSPARSE_TC_ATTN_PREFETCH", wc.element_count() >= kSmallGraphNnz) != 0;
   ffi::Error e = dispatch_device_float(q.element_type(), "sparse_attention", [&](auto tag) {
     using T = decltype(tag);
     const T* qp = static_cast<const T*>(q.untyped_data());
@@ -531,9 +533,9 @@ static ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::Any
     if constexpr (sizeof(T) == 2) {
       if (d == dv && (d == 32 || d == 64 || d == 128) && p.num_items > 0) {
         const unsigned grid = grid_for(p.num_items * heads);
-        if (d == 32) launch_tc<T, 32>(st, grid, qp, kp, vp, bp, op, lp, p, heads, hc, m, n, nnz, scale, has_bias, sw);
-        if (d == 64) launch_tc<T, 64>(st, grid, qp, kp, vp, bp, op, lp, p, heads, hc, m, n, nnz, scale, has_bias, sw);
-        if (d == 128) launch_tc<T, 128>(st, grid, qp, kp, vp, bp, op, lp, p, heads, hc, m, n, nnz, scale, has_bias, sw);
+        if (d == 32) launch_tc<T, 32>(st, grid, qp, kp, vp, bp, op, lp, p, heads, hc, m, n, nnz, scale, has_bias, sw, pf);
+        if (d == 64) launch_tc<T, 64>(st, grid, qp, kp, vp, bp, op, lp, p, heads, hc, m, n, nnz, scale, has_bias, sw, pf);
+        if (d == 128) launch_tc<T, 128>(st, grid, qp, kp, vp, bp, op, lp, p, heads, hc, m, n, nnz, scale, has_bias, sw, pf);
         return;
       }
     }
