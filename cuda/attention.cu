@@ -77,6 +77,8 @@ struct PairCols {  // a block pair's bitmaps and one thread's gathered columns (
   int32_t k[2], v[4];
 };
 
+// Register caps: 3 CTAs per SM at d = 128 (168 registers), 4 below (128; uncapped, ptxas gave
+// d = 64 168 registers and 12 warps per SM). PF: the next pair's columns load a pair ahead.
 template <class T, int D, int DV, bool PF>
 __global__ void __launch_bounds__(32 * kWarps, D == 128 ? 3 : 4)
 attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -468,7 +470,7 @@ void launch_tc(cudaStream_t st, unsigned grid, const T* q, const T* k, const T* 
 // slot and head. Slots beyond the cap are windows done whole by their first piece.
 struct SplitLayout {
   int64_t cap;
-  size_t o_bytes, sums_bytes, total_bytes;
+  size_t o_bytes, done_offset, total_bytes;  // O, then (max, sum), then counters
 };
 
 static SplitLayout attention_split(int esize, int64_t d, int64_t dv, int64_t heads,
@@ -479,8 +481,8 @@ static SplitLayout attention_split(int esize, int64_t d, int64_t dv, int64_t hea
   if (tc && env_int("JAXSPARSE_TC_ATTN_SPLIT", 1) != 0)
     l.cap = std::min<int64_t>(num_items, kSplitWorkspaceBytes / slot_bytes);
   l.o_bytes = size_t(l.cap * heads * 8 * dv) * 4;
-  l.sums_bytes = l.o_bytes + size_t(l.cap * heads * 8) * 8;
-  l.total_bytes = l.sums_bytes + size_t(l.cap * heads) * 4;
+  l.done_offset = l.o_bytes + size_t(l.cap * heads * 8) * 8;
+  l.total_bytes = l.done_offset + size_t(l.cap * heads) * 4;
   return l;
 }
 
@@ -514,13 +516,13 @@ static ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::Any
     char* const mem = static_cast<char*>(workspace->untyped_data());
     sw.ws = reinterpret_cast<float*>(mem);
     sw.ws_ml = reinterpret_cast<float2*>(mem + layout.o_bytes);
-    sw.done = reinterpret_cast<int*>(mem + layout.sums_bytes);
-    if (cudaMemsetAsync(sw.done, 0, layout.total_bytes - layout.sums_bytes, st) != cudaSuccess)
+    sw.done = reinterpret_cast<int*>(mem + layout.done_offset);
+    if (cudaMemsetAsync(sw.done, 0, layout.total_bytes - layout.done_offset, st) != cudaSuccess)
       return ffi::Error::Internal("sparse_attention: workspace memset failed");
   }
   // The next block pair's columns load one pair ahead where the pattern has kSmallGraphNnz
   // condensed columns (K/V row gathers per head) or more: R-MAT -4..-10% (NOTES, session 13);
-  // Cora measured slower with it. JAXSPARSE_TC_ATTN_PREFETCH=0|1 forces either.
+  // Cora read slower with it in the one A/B run. JAXSPARSE_TC_ATTN_PREFETCH=0|1 forces either.
   const bool pf = env_int("JAXSPARSE_TC_ATTN_PREFETCH", wc.element_count() >= kSmallGraphNnz) != 0;
   ffi::Error e = dispatch_device_float(q.element_type(), "sparse_attention", [&](auto tag) {
     using T = decltype(tag);
