@@ -186,14 +186,17 @@ def _device_head(seconds: float = 2e-3):
   return _HEAD[n], _HEAD["arg"]
 
 
-def time_jax_device(prog, args, k: int, repeat: int = 15) -> tuple[float, float]:
+def time_jax_device(prog, args, k: int, repeat: int | None = None) -> tuple[float, float]:
   """(device, wall) microseconds per call of a program making k calls.
 
   wall: the program's median wall time / k, which on a small graph is the host's pace (a
   jitted call costs tens of us to dispatch, each FFI call more to enqueue). device: the program
   queued behind a 2-20 ms matmul, so the GPU reaches it only after the host has queued all of it:
-  (T(matmul + program) - T(matmul)) / k, the GPU's own time, as CUDA events around a CUDA graph
-  replay measure the torch peers."""
+  T(matmul + program) - T(matmul) over k, the GPU's own time, as CUDA events around a CUDA graph
+  replay measure the torch peers. The difference is taken per repeat, between adjacent runs
+  (their median), so that drift in the matmul's time (clocks) cancels; a program under 5 ms of
+  wall time gets 31 repeats rather than 15 (on Cora one call is ~1/10 of the head's time, and
+  independent medians of the two moved a 10-20 us call by several us between runs)."""
   import jax
 
   jax.block_until_ready(prog(*args))  # compiles
@@ -202,22 +205,25 @@ def time_jax_device(prog, args, k: int, repeat: int = 15) -> tuple[float, float]
   # The head must outlast the host's queueing of the program: a small graph's program of many
   # calls can take longer to queue than 2 ms (Cora's attention fwd+bwd chain: its "device" time
   # came out above its wall time). Queueing is at most the program's wall time; 20 ms caps it.
-  head, a = _device_head(min(3.0 * (time.perf_counter() - t0), 20e-3))
+  first = time.perf_counter() - t0
+  head, a = _device_head(min(3.0 * first, 20e-3))
   jax.block_until_ready(head(a))
-  wall, alone, both = [], [], []
+  if repeat is None:
+    repeat = 31 if first < 5e-3 else 15
+  wall, extra = [], []
   for _ in range(repeat):
     t0 = time.perf_counter()
     jax.block_until_ready(prog(*args))
     wall.append(time.perf_counter() - t0)
     t0 = time.perf_counter()
     jax.block_until_ready(head(a))
-    alone.append(time.perf_counter() - t0)
+    alone = time.perf_counter() - t0
     t0 = time.perf_counter()
     h = head(a)
     jax.block_until_ready(prog(*args))
-    both.append(time.perf_counter() - t0)
+    extra.append(time.perf_counter() - t0 - alone)
     jax.block_until_ready(h)
-  device = (np.median(both) - np.median(alone)) / k * 1e6
+  device = np.median(extra) / k * 1e6
   return float(device), float(np.median(wall) / k * 1e6)
 
 
