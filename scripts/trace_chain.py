@@ -1,8 +1,9 @@
 """Where a small graph's chained call spends its GPU time: kernels, memsets and the gaps between.
 
 Usage: python3 scripts/trace_chain.py [OP ...] [--graph cora] [--k 8]
-OP: attn64, attn128 (fused attention forward, fp16, H=4), attn64bwd, attn128bwd (its
-forward+backward), xla64, xla128 (XLA's unfused forward), sddmm, spmm (fp16, d=128).
+OP: attn64, attn128 (fused attention forward, fp16, H=4; attn64bwd, attn128bwd: forward and
+backward), xla64, xla128, xla64bwd, xla128bwd (XLA's unfused peer), spmm, sddmm (fp16, d=128;
+sddmm's chain adds each call's summed scores to the next call's operand: one reduction more).
 Runs the chained program of bench_chained (K dependent calls) under torch.profiler, whose CUPTI
 activity trace records every kernel and memset of the process, JAX's included, and prints per
 call: the span of the program on the GPU, the time inside kernels and memsets, and each
@@ -39,23 +40,22 @@ H = 4
 def program(op: str, g, k: int):
   n = g.shape[0]
   A = jst.SparseMatrix.from_scipy(g)
-  if op.startswith(("attn", "xla")):
-    d = int(re.search(r"\d+", op).group())
-    fns = ba.methods(1.0 / math.sqrt(d))
+  attn = re.fullmatch(r"(attn|xla)(\d+)(bwd)?", op)
+  if attn:
+    kind, d, bwd = attn.group(1), int(attn.group(2)), attn.group(3)
+    f = ba.methods(1.0 / math.sqrt(d))["fused" if kind == "attn" else "xla"]
+    graph = A if kind == "attn" else tuple(jnp.asarray(a) for a in ba.csr_edges(g))
     q, kk, v = (ba.normal_f16(i, (H, n, d)) for i in range(3))
-    if op.startswith("xla"):
-      edges = tuple(jnp.asarray(a) for a in ba.csr_edges(g))
-      return _chain(lambda e, k_, v_, q_: fns["xla"](e, q_, k_, v_), k), (edges, kk, v, q)
-    if op.endswith("bwd"):
-      grad = ba.with_grad(fns["fused"])
+    if bwd:  # q <- q + 1e-3 (dq + dk + dv), as bench_chained
+      grad = ba.with_grad(f)
       w = jnp.ones((H, n, d), jnp.float32)
 
-      def step(A_, k_, v_, w_, q_):
-        dq, dk, dv = grad(A_, q_, k_, v_, w_)
-        return (q_.astype(jnp.float32) + 1e-3 * (dq + dk + dv).astype(jnp.float32)).astype(q_.dtype)
+      def step(G, k_, v_, w_, q_):
+        dq, dk, dv = grad(G, q_, k_, v_, w_)
+        return (q_ + 1e-3 * (dq + dk + dv)).astype(q_.dtype)
 
-      return _chain(step, k), (A, kk, v, w, q)
-    return _chain(lambda A_, k_, v_, q_: fns["fused"](A_, q_, k_, v_), k), (A, kk, v, q)
+      return _chain(step, k), (graph, kk, v, w, q)
+    return _chain(lambda G, k_, v_, q_: f(G, q_, k_, v_), k), (graph, kk, v, q)
   x = jnp.asarray(jax.random.normal(jax.random.key(0), (n, 128)), jnp.float16)
   if op == "spmm":
     An = A.with_values(jnp.asarray(A.values, jnp.float16) / 8)
