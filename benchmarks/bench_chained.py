@@ -61,6 +61,20 @@ def _chain(f, k: int):
   return jax.jit(run)
 
 
+def grad_step(f):
+  """One fwd+bwd call of a chain: q <- q + 1e-3 (dq + dk + dv), the gradients of
+  sum(f(G, q, k, v) * w), so every gradient is used."""
+  import bench_attention
+
+  grad = bench_attention.with_grad(f)
+
+  def step(G, k_, v_, w_, q_):
+    dq, dk, dv = grad(G, q_, k_, v_, w_)
+    return (q_ + 1e-3 * (dq + dk + dv)).astype(q_.dtype)
+
+  return step
+
+
 def _time_jax(prog, args, k: int) -> tuple[float, float]:
   """(device, wall) microseconds per call of a k-call program."""
   return common.time_jax_device(prog, args, k)
@@ -194,12 +208,7 @@ def run(quick: bool = False) -> list[dict]:
         if m == n:  # fwd+bwd: q <- q + 1e-3 (dq + dk + dv), every gradient used
           w = jnp.asarray(rng.standard_normal((h, m, da)), jnp.float32)
           for impl, graph in (("fused", A), ("xla-unfused", edges)):
-            grad = bench_attention.with_grad(meths["xla" if impl == "xla-unfused" else impl])
-
-            def step(G, k_, v_, w_, q_, grad=grad):
-              dq, dk, dv = grad(G, q_, k_, v_, w_)
-              return (q_ + 1e-3 * (dq + dk + dv)).astype(q_.dtype)
-
+            step = grad_step(meths["xla" if impl == "xla-unfused" else impl])
             try:
               us = _time_jax(_chain(step, ka_), (graph, ka, va, w, qa), ka_)
             except Exception as e:  # noqa: BLE001 - XLA's unfused backward may not fit

@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import bench_attention as ba  # noqa: E402
 import common  # noqa: E402
 import jaxsparse_tc as jst  # noqa: E402
-from bench_chained import _chain  # noqa: E402
+from bench_chained import _chain, grad_step  # noqa: E402
 
 H = 4
 
@@ -46,15 +46,9 @@ def program(op: str, g, k: int):
     f = ba.methods(1.0 / math.sqrt(d))["fused" if kind == "attn" else "xla"]
     graph = A if kind == "attn" else tuple(jnp.asarray(a) for a in ba.csr_edges(g))
     q, kk, v = (ba.normal_f16(i, (H, n, d)) for i in range(3))
-    if bwd:  # q <- q + 1e-3 (dq + dk + dv), as bench_chained
-      grad = ba.with_grad(f)
+    if bwd:
       w = jnp.ones((H, n, d), jnp.float32)
-
-      def step(G, k_, v_, w_, q_):
-        dq, dk, dv = grad(G, q_, k_, v_, w_)
-        return (q_ + 1e-3 * (dq + dk + dv)).astype(q_.dtype)
-
-      return _chain(step, k), (graph, kk, v, w, q)
+      return _chain(grad_step(f), k), (graph, kk, v, w, q)
     return _chain(lambda G, k_, v_, q_: f(G, q_, k_, v_), k), (graph, kk, v, q)
   x = jnp.asarray(jax.random.normal(jax.random.key(0), (n, 128)), jnp.float16)
   if op == "spmm":
