@@ -38,12 +38,18 @@ import common  # noqa: E402
 # The tensor-core kernels, forced (the default picks the CUDA-core row kernels for sparse blocks).
 SPMM_TC = {"JAXSPARSE_TC_SPMM_VARIANT": "async"}
 SDDMM_TC = {"JAXSPARSE_TC_SDDMM_VARIANT": "tc"}
-# Kernel experiments: BENCH_CHAINED_SPMM_VARIANTS="name=VAR:VALUE;VAR:VALUE,..." adds SpMM rows
-# "ours-<dtype>-<name>" with those environment variables set.
-SPMM_VARIANTS = {
-    name: dict(kv.split(":", 1) for kv in spec.split(";"))
-    for name, spec in (v.split("=", 1) for v in
-                       os.environ.get("BENCH_CHAINED_SPMM_VARIANTS", "").split(",") if v)}
+
+
+def _variants(var: str) -> dict[str, dict[str, str]]:
+  """Kernel experiments: VAR="name=ENV:VALUE;ENV:VALUE,..." adds rows "ours-<dtype>-<name>" run
+  with those environment variables set (BENCH_CHAINED_SPMM_VARIANTS, ..._SDDMM_VARIANTS)."""
+  return {name: dict(kv.split(":", 1) for kv in spec.split(";"))
+          for name, spec in (v.split("=", 1) for v in os.environ.get(var, "").split(",") if v)}
+
+
+SPMM_VARIANTS = _variants("BENCH_CHAINED_SPMM_VARIANTS")
+SDDMM_VARIANTS = _variants("BENCH_CHAINED_SDDMM_VARIANTS")
+ATTENTION_VARIANTS = _variants("BENCH_CHAINED_ATTENTION_VARIANTS")  # rows "fused-<name>"
 
 COLUMNS = ["graph", "op", "d", "H", "impl", "us_per_call", "wall_us", "how", "K"]
 
@@ -180,10 +186,15 @@ def run(quick: bool = False) -> list[dict]:
       ks = max(4, min(k, int(4e9 // ((m + n) * d * 2))))
       qs = tuple(jnp.asarray(rng.standard_normal((m, d)), jnp.float16) for _ in range(ks))
       ys = tuple(jnp.asarray(rng.standard_normal((n, d)), jnp.float16) for _ in range(ks))
-      ours = jax.jit(lambda A, qs, ys: tuple(jst.sddmm(A, q, y).values for q, y in zip(qs, ys)))
-      add("sddmm", "ours-fp16", _time_jax(ours, (A, qs, ys), ks), how="jit fan", kk=ks)
-      with common.environ(SDDMM_TC):
-        add("sddmm", "ours-fp16-tc", _time_jax(ours, (A, qs, ys), ks), how="jit fan", kk=ks)
+      # A new program per variant: a handler reads its switches when XLA records it into a
+      # command buffer, and a program replays that record while its buffers stay put.
+      ours = lambda: jax.jit(lambda A, qs, ys: tuple(jst.sddmm(A, q, y).values  # noqa: E731
+                                                     for q, y in zip(qs, ys)))
+      add("sddmm", "ours-fp16", _time_jax(ours(), (A, qs, ys), ks), how="jit fan", kk=ks)
+      for vname, env in {"tc": SDDMM_TC, **SDDMM_VARIANTS}.items():  # same inputs, forced
+        with common.environ(env):
+          add("sddmm", f"ours-fp16-{vname}", _time_jax(ours(), (A, qs, ys), ks), how="jit fan",
+              kk=ks)
       gather = jax.jit(lambda qs, ys: tuple(
           jnp.sum(q[r_idx].astype(jnp.float32) * y[c_idx].astype(jnp.float32), -1).astype(q.dtype)
           for q, y in zip(qs, ys)))
@@ -201,16 +212,21 @@ def run(quick: bool = False) -> list[dict]:
         meths = bench_attention.methods(1.0 / np.sqrt(da))
         fused = lambda A, k_, v_, q_: meths["fused"](A, q_, k_, v_)
         xla = lambda e, k_, v_, q_: meths["xla"](e, q_, k_, v_)
-        add("attention fwd", "fused", _time_jax(_chain(fused, ka_), (A, ka, va, qa), ka_), h=h,
-            dd=da, kk=ka_)
+        for vname, env in {"": {}, **ATTENTION_VARIANTS}.items():
+          with common.environ(env):
+            add("attention fwd", "fused" + (vname and f"-{vname}"),
+                _time_jax(_chain(fused, ka_), (A, ka, va, qa), ka_), h=h, dd=da, kk=ka_)
         add("attention fwd", "xla-unfused", _time_jax(_chain(xla, ka_), (edges, ka, va, qa), ka_),
             h=h, dd=da, kk=ka_)
         if m == n:  # fwd+bwd: q <- q + 1e-3 (dq + dk + dv), every gradient used
           w = jnp.asarray(rng.standard_normal((h, m, da)), jnp.float32)
-          for impl, graph in (("fused", A), ("xla-unfused", edges)):
-            step = grad_step(meths["xla" if impl == "xla-unfused" else impl])
+          runs = [("fused", A, {}), *((f"fused-{nm}", A, env) for nm, env in
+                                      ATTENTION_VARIANTS.items()), ("xla-unfused", edges, {})]
+          for impl, graph, env in runs:
+            step = grad_step(meths["xla" if impl == "xla-unfused" else "fused"])
             try:
-              us = _time_jax(_chain(step, ka_), (graph, ka, va, w, qa), ka_)
+              with common.environ(env):
+                us = _time_jax(_chain(step, ka_), (graph, ka, va, w, qa), ka_)
             except Exception as e:  # noqa: BLE001 - XLA's unfused backward may not fit
               if "RESOURCE_EXHAUSTED" not in str(e) and "out of memory" not in str(e).lower():
                 raise

@@ -41,6 +41,7 @@ struct SddmmParams : KernelPattern {
   int heads;
   int sub;   // warps per schedule item (each takes an equal, even share of its blocks)
   int min_share;  // row kernels: fewest entries of a CTA item one group takes (cta_min_share)
+  int stream;     // row kernels on large graphs: whole rows per stream (rows_per_stream)
   bool vec;  // d % 8 == 0: every thread's 8 features are in range together, 16-byte aligned
 };
 
@@ -240,55 +241,163 @@ __device__ __forceinline__ void row_dots(const SddmmParams& p, const RowView& rv
   }
 }
 
-// CTA items (the schedule's prefix) first, CTA-strided, group g taking the g-th of the CTA's
-// equal shares of the entries, at least p.min_share each (cta_min_share; groups left without a
-// share go on to their whole rows), with half the gathers per batch (so the whole-row path,
-// which holds most entries, keeps 64 registers without spills); then one whole row per group.
+// Whole rows of a large graph as one stream per group: the group walks items first,
+// first + stride, ... (below last), one batch of U entries per step. While a batch's gathers are in
+// flight it loads the next batch's entries (of the same row, or the first of the next item, whose
+// schedule entry was loaded when the current item began), and the next row's X slice is
+// requested once the row's last batch is summed, so it travels with that row's first gathers.
+// A batch thus waits on its own gathers alone, where one row per group waited on the schedule,
+// then on the entries and X, then on the gathers (three round trips for rmat20's ~8 entries).
+// Rows come longest first, so a group stops at its first empty item. The loop runs while any
+// group of the warp has work, so reduce_many's shuffles take the full mask.
+template <class T, class O, int L, int NS, int U, bool VEC>
+__device__ __forceinline__ void row_stream(const SddmmParams& p, const RowView& rv, int h,
+                                           int item, int items, int stride, int li) {
+  constexpr int E = kRowVec<T>, NW = Words<T, E>::N, G = L / U;  // G: lanes per summed entry
+  O* oh = static_cast<O*>(p.out) + int64_t(h) * p.nnz;
+  LaneRows<T, E, VEC> x[NS], y[NS];  // the lane's slice of X and of Y, per slab
+#pragma unroll
+  for (int s = 0; s < NS; ++s) {
+    const int64_t f = (int64_t(s) * L + li) * E;
+    x[s] = LaneRows<T, E, VEC>(static_cast<const T*>(p.x) + h * p.x_head_stride, f, p.d);
+    y[s] = LaneRows<T, E, VEC>(static_cast<const T*>(p.y) + h * p.y_head_stride, f, p.d);
+  }
+  int4 it = item < items ? rv.sched[item] : make_int4(0, 0, 0, kWholeRow);
+  while (item < items && it.w != kWholeRow) {  // skip the CTA items (the schedule's prefix)
+    item += stride;
+    if (item < items) it = rv.sched[item];
+  }
+  bool live = item < items && it.y < it.z;
+  int row = it.x, k = it.y, end = it.z;
+  int4 next = live && item + stride < items ? rv.sched[item + stride] : make_int4(0, 0, 0, 0);
+  uint32_t xw[NS][NW];
+#pragma unroll
+  for (int s = 0; s < NS; ++s) x[s].gather(live && x[s].active, row, xw[s]);
+  int2 en[U];
+  int n = load_entries<U>(rv.entries, k, live ? end : k, en);
+  while (__any_sync(kFullWarp, live)) {
+    uint32_t yw[U][NS][NW];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int s = 0; s < NS; ++s) y[s].gather(u < n && y[s].active, en[u].x, yw[u][s]);
+    int pos = 0;  // entry li / G's format position (lane li % G == 0 writes it)
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (li / G == u) pos = en[u].y;
+    const bool write = li % G == 0 && li / G < n;
+    const bool row_done = k + U >= end;
+    if (row_done) {
+      item += stride;
+      row = next.x;
+      k = next.y;
+      end = next.z;
+      live = live && item < items && k < end;
+      if (live && item + stride < items) next = rv.sched[item + stride];
+    } else {
+      k += U;
+    }
+    n = load_entries<U>(rv.entries, k, live ? end : k, en);
+    float dot[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) dot[u] = 0.f;
+#pragma unroll
+    for (int s = 0; s < NS; ++s) {
+      float xf[E];
+      unpack_words<T, E>(xw[s], xf);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        float yf[E];
+        unpack_words<T, E>(yw[u][s], yf);
+#pragma unroll
+        for (int e = 0; e < E; ++e) dot[u] = fmaf(xf[e], yf[e], dot[u]);
+      }
+    }
+    const float v = reduce_many<L, U>(dot, kFullWarp, li);
+    if (write) oh[pos] = from_f32<O>(v);
+    if (row_done) {
+#pragma unroll
+      for (int s = 0; s < NS; ++s) x[s].gather(live && x[s].active, row, xw[s]);
+    }
+  }
+}
 
+// CTA items (the schedule's prefix) first, CTA-strided, group g taking the g-th of the CTA's
+// equal shares of the entries, at least p.min_share each (cta_min_share), with half the gathers
+// per batch (so the whole-row path, which holds most entries, keeps 64 registers without
+// spills); then the whole rows, as MODE says (row_view.cuh WholeRows): one per group, groups
+// left without a CTA item's share going on to theirs (kOneRow); one per group of the CTA's
+// second half while the first half takes the CTA items (kSplitCta); p.stream per group as a
+// stream (kStream, row_stream).
 // SMALL (graphs under kSmallGraphNnz nonzeros, whose time is their longest chain): no register
 // cap, and CTA items take all U gathers per batch. VEC: rows are 16-byte aligned.
-template <class T, class O, int L, int NS, bool SMALL, bool VEC>
+template <class T, class O, int L, int NS, bool SMALL, bool VEC, WholeRows MODE>
 __global__ void __launch_bounds__(kRowThreads, SMALL ? 1 : NS == 1 ? 4 : 3)
     sddmm_rows(const SddmmParams p, const RowView rv) {
   constexpr int NG = kRowThreads / L;
+  constexpr int NC = cta_item_groups(NG, MODE);  // groups sharing a CTA item
   // Gathers per lane per batch: U * NS (half without VEC: element loads need more registers).
   constexpr int U0 = (VEC ? 8 : 4) / NS, U = U0 < L ? U0 : L;
+  constexpr int US = U / 2 > 0 ? U / 2 : 1;  // the stream's: its next batch's entries take registers
   const int li = threadIdx.x % L, g = threadIdx.x / L;
   const int h = blockIdx.y;
-  for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
-    const int4 it = rv.sched[c];
-    if (it.w == kWholeRow) break;
-    const int2 share = cta_share(it.y, it.z, NG, g, p.min_share);
-    row_dots<T, O, L, NS, (SMALL || U == 1 ? U : U / 2), VEC>(p, rv, h, it.x, share.x, share.y,
-                                                              li);
+  if (g < NC) {
+    for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
+      const int4 it = rv.sched[c];
+      if (it.w == kWholeRow) break;
+      const int2 share = cta_share(it.y, it.z, NC, g, p.min_share);
+      row_dots<T, O, L, NS, (SMALL || U == 1 ? U : U / 2), VEC>(p, rv, h, it.x, share.x,
+                                                                share.y, li);
+    }
+    if constexpr (MODE == WholeRows::kSplitCta) return;
   }
-  const int3 it = whole_row_or_empty(rv, int64_t(blockIdx.x) * NG + g);
-  row_dots<T, O, L, NS, U, VEC>(p, rv, h, it.x, it.y, it.z, li);
+  if constexpr (MODE == WholeRows::kStream) {
+    // Items c * NG + g + j * gridDim.x * NG, j < p.stream: strided over the schedule, so every
+    // group's rows are a like mix of long and short (rows come longest first).
+    const int64_t stride = int64_t(gridDim.x) * NG;
+    row_stream<T, O, L, NS, US, VEC>(
+        p, rv, h, int(blockIdx.x) * NG + g,
+        int(std::min<int64_t>(rv.num_items, stride * p.stream)), int(stride), li);
+  } else {
+    const int3 it = whole_row_or_empty(rv, whole_row_slot(NG, MODE, g));
+    row_dots<T, O, L, NS, U, VEC>(p, rv, h, it.x, it.y, it.z, li);
+  }
 }
 
 // Row kernels hold at most two slabs of 32 lanes x 16 bytes of X per lane: d * sizeof(T) <= 1 KB.
-template <class T, class O, bool SMALL, bool VEC>
+template <class T, class O, int L, int NS, bool SMALL, bool VEC, WholeRows MODE>
+void launch_rows_k(const SddmmParams& p, const RowView& rv, cudaStream_t stream) {
+  const int64_t grid = whole_row_ctas(rv.num_items, kRowThreads / L, MODE, p.stream);
+  sddmm_rows<T, O, L, NS, SMALL, VEC, MODE>
+      <<<dim3(unsigned(grid), unsigned(p.heads)), kRowThreads, 0, stream>>>(p, rv);
+}
+
+template <class T, class O, bool SMALL, bool VEC, WholeRows MODE>
 void launch_rows_v(const SddmmParams& p, const RowView& rv, cudaStream_t stream) {
-  const int lanes = row_lanes<T>(p.d);
-  const int64_t groups_per_cta = kRowThreads / lanes;
-  const dim3 grid(unsigned((rv.num_items + groups_per_cta - 1) / groups_per_cta),
-                  unsigned(p.heads));
   if (p.d > 32 * kRowVec<T>) {
-    sddmm_rows<T, O, 32, 2, SMALL, VEC><<<grid, kRowThreads, 0, stream>>>(p, rv);
+    launch_rows_k<T, O, 32, 2, SMALL, VEC, MODE>(p, rv, stream);
     return;
   }
-  with_lanes(lanes, [&](auto l) {
-    sddmm_rows<T, O, l.value, 1, SMALL, VEC><<<grid, kRowThreads, 0, stream>>>(p, rv);
+  with_lanes(row_lanes<T>(p.d), [&](auto l) {
+    launch_rows_k<T, O, l.value, 1, SMALL, VEC, MODE>(p, rv, stream);
   });
+}
+
+template <class T, class O, bool SMALL, bool VEC>
+void launch_rows_m(const SddmmParams& p, const RowView& rv, WholeRows mode, cudaStream_t stream) {
+  if (mode == WholeRows::kSplitCta) launch_rows_v<T, O, SMALL, VEC, WholeRows::kSplitCta>(p, rv, stream);
+  else if (mode == WholeRows::kStream) launch_rows_v<T, O, SMALL, VEC, WholeRows::kStream>(p, rv, stream);
+  else launch_rows_v<T, O, SMALL, VEC, WholeRows::kOneRow>(p, rv, stream);
 }
 
 template <class T, class O>
 void launch_rows(const SddmmParams& p, const RowView& rv, cudaStream_t stream) {
   const bool small = p.nnz < kSmallGraphNnz;
-  if (small && p.vec) launch_rows_v<T, O, true, true>(p, rv, stream);
-  else if (small) launch_rows_v<T, O, true, false>(p, rv, stream);
-  else if (p.vec) launch_rows_v<T, O, false, true>(p, rv, stream);
-  else launch_rows_v<T, O, false, false>(p, rv, stream);
+  const WholeRows mode = whole_rows_mode(p.nnz, p.stream);
+  if (small && p.vec) launch_rows_m<T, O, true, true>(p, rv, mode, stream);
+  else if (small) launch_rows_m<T, O, true, false>(p, rv, mode, stream);
+  else if (p.vec) launch_rows_m<T, O, false, true>(p, rv, mode, stream);
+  else launch_rows_m<T, O, false, false>(p, rv, mode, stream);
 }
 
 // Kernel family: the row kernels where blocks are sparse (sparse_blocks) or for exact fp32,
@@ -347,6 +456,7 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
     p.vec = (p.d * esize) % 16 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
             reinterpret_cast<uintptr_t>(p.y) % 16 == 0;
     p.min_share = cta_min_share(p.nnz);
+    p.stream = rows_per_stream();
     if (dtype == ffi::DataType::F32) launch_rows<float, float>(p, rv, stream);
     else if (dtype == ffi::DataType::F16 && f32_out) launch_rows<__half, float>(p, rv, stream);
     else if (dtype == ffi::DataType::F16) launch_rows<__half, __half>(p, rv, stream);

@@ -764,18 +764,6 @@ __global__ void row_split_prep(const RowView rv, const RowSplit rs, int per_slot
   }
 }
 
-// A group's next U entries from k (of a range ending at `end`), read by every lane of the group
-// alike: a broadcast load, so gathers need no shuffles (whose convergence checks, when the two
-// groups of a warp walk different rows, cost more than the load; NOTES session 11). Returns how
-// many of the U exist.
-template <int U>
-__device__ __forceinline__ int load_entries(const int2* entries, int k, int end, int2 (&en)[U]) {
-  const int2* e = entries + k;
-#pragma unroll
-  for (int u = 0; u < U; ++u) en[u] = ldg8_if(k + u < end, e + u);
-  return max(0, min(U, end - k));
-}
-
 // Issues the gathers of the first n entries: the lane's E features of each entry's X row and the
 // entry's raw value. Invalid entries read zeros.
 template <class T, int E, bool VEC, int U>

@@ -64,6 +64,14 @@ def _pattern(rng, kind: str):
     cols = np.concatenate([hub_cols, mid_cols, tail_cols])
     empty = np.arange(8, 16)  # a whole empty window
     return rows, cols, (m, n), empty
+  if kind == "large":  # past kSmallGraphNnz: whole rows streamed per lane group, CTA items
+    m, n = 6007, 3001
+    deg = rng.integers(0, 33, m)  # rows of 0..32 entries: row changes inside and between batches
+    deg[5], deg[77] = 2500, 400  # a row of several CTA items; a row of one
+    rows = np.repeat(np.arange(m), deg)
+    cols = rng.integers(0, n, rows.size)
+    empty = np.setdiff1d(np.arange(m), rows)
+    return rows, cols, (m, n), empty
   if kind == "cora":
     g = load_graph("cora")
     if g is None:
@@ -121,7 +129,7 @@ def test_spmm(rng, kind, dt, d):
 
 @pytest.mark.parametrize("d", DS)
 @pytest.mark.parametrize("dt", list(DTYPES))
-@pytest.mark.parametrize("kind", ["random", "heavy", "cora"])
+@pytest.mark.parametrize("kind", ["random", "heavy", "cora", "large"])
 def test_sddmm(rng, kind, dt, d):
   dtype, precision, tol = DTYPES[dt]
   A, _ = _matrix(rng, kind)
@@ -412,10 +420,16 @@ def test_spmm_cuda_core_many_heads_split(rng, monkeypatch):
 
 @pytest.mark.parametrize("d", DS + [320])
 @pytest.mark.parametrize("dt", list(DTYPES))
-@pytest.mark.parametrize("kind", ["random", "heavy", "cora"])
-def test_sddmm_cuda_core(rng, monkeypatch, kind, dt, d):
+@pytest.mark.parametrize("kind", ["random", "heavy", "cora", "large"])
+@pytest.mark.parametrize("stream", ["1", "0"])
+def test_sddmm_cuda_core(rng, monkeypatch, kind, dt, d, stream):
   """The row-view SDDMM kernels (lane groups for small d, two slabs past 32 lanes, scalar
-  tails, long rows as CTA items, the heavy rows as several), every dtype (fp32 exact) and heads x 1 / 1 x heads."""
+  tails, long rows as CTA items, the heavy rows as several; on the large graph whole rows as
+  streams, or one per group with JAXSPARSE_TC_SDDMM_STREAM=0), every dtype (fp32 exact) and
+  heads x 1 / 1 x heads."""
+  if stream == "0" and kind != "large":
+    pytest.skip("the switch only acts past kSmallGraphNnz nonzeros")
+  monkeypatch.setenv("JAXSPARSE_TC_SDDMM_STREAM", stream)
   monkeypatch.setenv("JAXSPARSE_TC_SDDMM_VARIANT", "cuda_core")
   dtype, precision, tol = DTYPES[dt]
   if dtype == jnp.float32:
