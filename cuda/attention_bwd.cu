@@ -118,53 +118,37 @@ __device__ __forceinline__ void row_edges(const BwdParams& p, const RowView& rv,
 }
 
 // UNROLL 4: 8 gathers in flight per lane, up to 128 registers (16 warps/SM); UNROLL 2: 4 at 64
-// registers (32 warps/SM). VEC: 16-byte rows (BwdParams::vec). MODE: kOneRow or kSplitCta
-// (row_view.cuh WholeRows).
-template <class T, int L, int UNROLL, bool VEC, WholeRows MODE>
+// registers (32 warps/SM). VEC: 16-byte rows (BwdParams::vec).
+template <class T, int L, int UNROLL, bool VEC>
 __global__ void __launch_bounds__(kRowThreads, UNROLL >= 4 ? 2 : 4)
     attention_bwd_edges(const BwdParams p, const RowView rv) {
-  static_assert(MODE != WholeRows::kStream, "no streams here");
   constexpr int NG = kRowThreads / L;
-  constexpr int NC = cta_item_groups(NG, MODE);  // groups sharing a CTA item
   constexpr int U = UNROLL < L / 2 ? UNROLL : L / 2;  // reduce_many: 2U values over L lanes
   const int li = threadIdx.x % L, g = threadIdx.x / L;
   const int h = blockIdx.y;
   // CTA items (the schedule's prefix), CTA-strided: group g takes the g-th share.
-  if (g < NC) {
-    for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
-      const int4 it = rv.sched[c];
-      if (it.w == kWholeRow) break;
-      const int2 share = cta_share(it.y, it.z, NC, g, p.min_share);
-      row_edges<T, L, U, VEC>(p, rv, h, it.x, share.x, share.y, li);
-    }
-    if constexpr (MODE == WholeRows::kSplitCta) return;
+  for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
+    const int4 it = rv.sched[c];
+    if (it.w == kWholeRow) break;
+    const int2 share = cta_share(it.y, it.z, NG, g, p.min_share);
+    row_edges<T, L, U, VEC>(p, rv, h, it.x, share.x, share.y, li);
   }
-  const int3 it = whole_row_or_empty(rv, whole_row_slot(NG, MODE, g));
+  const int3 it = whole_row_or_empty(rv, int64_t(blockIdx.x) * NG + g);
   row_edges<T, L, U, VEC>(p, rv, h, it.x, it.y, it.z, li);
 }
 
 // Entries per batch (JAXSPARSE_TC_ATTN_BWD_UNROLL=2|4 overrides, read per launch). Large graphs
 // take 2 (32 warps/SM: rmat17, d=64, H=4: 574 us against 1125 with 4), small ones 4 (their time
 // is their longest chain of batches: Cora 11 us against 22; NOTES, session 10).
-template <class T, int L, WholeRows MODE>
-void launch_m(const BwdParams& p, const RowView& rv, cudaStream_t st) {
-  const dim3 grid(unsigned(whole_row_ctas(rv.num_items, kRowThreads / L, MODE, 0)),
-                  unsigned(p.heads));
-  const bool u2 = env_int("JAXSPARSE_TC_ATTN_BWD_UNROLL", p.nnz < kSmallGraphNnz ? 4 : 2) == 2;
-  if (u2 && p.vec) attention_bwd_edges<T, L, 2, true, MODE><<<grid, kRowThreads, 0, st>>>(p, rv);
-  else if (u2) attention_bwd_edges<T, L, 2, false, MODE><<<grid, kRowThreads, 0, st>>>(p, rv);
-  else if (p.vec) attention_bwd_edges<T, L, 4, true, MODE><<<grid, kRowThreads, 0, st>>>(p, rv);
-  else attention_bwd_edges<T, L, 4, false, MODE><<<grid, kRowThreads, 0, st>>>(p, rv);
-}
-
-// Small graphs split each CTA between its CTA items and whole rows (whole_rows_mode; this pass
-// has no streams: large graphs take one row per group).
 template <class T, int L>
 void launch_l(const BwdParams& p, const RowView& rv, cudaStream_t st) {
-  if (whole_rows_mode(p.nnz, 0) == WholeRows::kSplitCta)
-    launch_m<T, L, WholeRows::kSplitCta>(p, rv, st);
-  else
-    launch_m<T, L, WholeRows::kOneRow>(p, rv, st);
+  const dim3 grid(unsigned((rv.num_items + kRowThreads / L - 1) / (kRowThreads / L)),
+                  unsigned(p.heads));
+  const bool u2 = env_int("JAXSPARSE_TC_ATTN_BWD_UNROLL", p.nnz < kSmallGraphNnz ? 4 : 2) == 2;
+  if (u2 && p.vec) attention_bwd_edges<T, L, 2, true><<<grid, kRowThreads, 0, st>>>(p, rv);
+  else if (u2) attention_bwd_edges<T, L, 2, false><<<grid, kRowThreads, 0, st>>>(p, rv);
+  else if (p.vec) attention_bwd_edges<T, L, 4, true><<<grid, kRowThreads, 0, st>>>(p, rv);
+  else attention_bwd_edges<T, L, 4, false><<<grid, kRowThreads, 0, st>>>(p, rv);
 }
 
 template <class T>

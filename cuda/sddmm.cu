@@ -41,7 +41,7 @@ struct SddmmParams : KernelPattern {
   int heads;
   int sub;   // warps per schedule item (each takes an equal, even share of its blocks)
   int min_share;  // row kernels: fewest entries of a CTA item one group takes (cta_min_share)
-  int stream;     // row kernels on large graphs: whole rows per stream (rows_per_stream)
+  int stream;     // row kernels on large graphs: whole rows per group's stream (0: one)
   bool vec;  // d % 8 == 0: every thread's 8 features are in range together, 16-byte aligned
 };
 
@@ -323,81 +323,74 @@ __device__ __forceinline__ void row_stream(const SddmmParams& p, const RowView& 
 }
 
 // CTA items (the schedule's prefix) first, CTA-strided, group g taking the g-th of the CTA's
-// equal shares of the entries, at least p.min_share each (cta_min_share), with half the gathers
-// per batch (so the whole-row path, which holds most entries, keeps 64 registers without
-// spills); then the whole rows, as MODE says (row_view.cuh WholeRows): one per group, groups
-// left without a CTA item's share going on to theirs (kOneRow); one per group of the CTA's
-// second half while the first half takes the CTA items (kSplitCta); p.stream per group as a
-// stream (kStream, row_stream).
+// equal shares of the entries, at least p.min_share each (cta_min_share; groups left without a
+// share go on to their whole rows), with half the gathers per batch (so the whole-row path,
+// which holds most entries, keeps 64 registers without spills); then the whole rows, one per
+// group, or with STREAM p.stream per group as one stream (row_stream).
 // SMALL (graphs under kSmallGraphNnz nonzeros, whose time is their longest chain): no register
 // cap, and CTA items take all U gathers per batch. VEC: rows are 16-byte aligned.
-template <class T, class O, int L, int NS, bool SMALL, bool VEC, WholeRows MODE>
+template <class T, class O, int L, int NS, bool SMALL, bool VEC, bool STREAM>
 __global__ void __launch_bounds__(kRowThreads, SMALL ? 1 : NS == 1 ? 4 : 3)
     sddmm_rows(const SddmmParams p, const RowView rv) {
   constexpr int NG = kRowThreads / L;
-  constexpr int NC = cta_item_groups(NG, MODE);  // groups sharing a CTA item
   // Gathers per lane per batch: U * NS (half without VEC: element loads need more registers).
   constexpr int U0 = (VEC ? 8 : 4) / NS, U = U0 < L ? U0 : L;
   constexpr int US = U / 2 > 0 ? U / 2 : 1;  // the stream's: its next batch's entries take registers
   const int li = threadIdx.x % L, g = threadIdx.x / L;
   const int h = blockIdx.y;
-  if (g < NC) {
-    for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
-      const int4 it = rv.sched[c];
-      if (it.w == kWholeRow) break;
-      const int2 share = cta_share(it.y, it.z, NC, g, p.min_share);
-      row_dots<T, O, L, NS, (SMALL || U == 1 ? U : U / 2), VEC>(p, rv, h, it.x, share.x,
-                                                                share.y, li);
-    }
-    if constexpr (MODE == WholeRows::kSplitCta) return;
+  for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
+    const int4 it = rv.sched[c];
+    if (it.w == kWholeRow) break;
+    const int2 share = cta_share(it.y, it.z, NG, g, p.min_share);
+    row_dots<T, O, L, NS, (SMALL || U == 1 ? U : U / 2), VEC>(p, rv, h, it.x, share.x, share.y,
+                                                              li);
   }
-  if constexpr (MODE == WholeRows::kStream) {
+  if constexpr (STREAM) {
     // Items c * NG + g + j * gridDim.x * NG, j < p.stream: strided over the schedule, so every
-    // group's rows are a like mix of long and short (rows come longest first).
+    // group's rows are a like mix of long and short (rows come longest first; blocks of
+    // consecutive items gave the first CTAs all the longest rows: 2.6x slower on rmat17 at 16).
     const int64_t stride = int64_t(gridDim.x) * NG;
     row_stream<T, O, L, NS, US, VEC>(
         p, rv, h, int(blockIdx.x) * NG + g,
         int(std::min<int64_t>(rv.num_items, stride * p.stream)), int(stride), li);
   } else {
-    const int3 it = whole_row_or_empty(rv, whole_row_slot(NG, MODE, g));
+    const int3 it = whole_row_or_empty(rv, int64_t(blockIdx.x) * NG + g);
     row_dots<T, O, L, NS, U, VEC>(p, rv, h, it.x, it.y, it.z, li);
   }
 }
 
 // Row kernels hold at most two slabs of 32 lanes x 16 bytes of X per lane: d * sizeof(T) <= 1 KB.
-template <class T, class O, int L, int NS, bool SMALL, bool VEC, WholeRows MODE>
+// The grid covers the whole rows: NG per CTA, p.stream per group with STREAM.
+template <class T, class O, int L, int NS, bool SMALL, bool VEC, bool STREAM>
 void launch_rows_k(const SddmmParams& p, const RowView& rv, cudaStream_t stream) {
-  const int64_t grid = whole_row_ctas(rv.num_items, kRowThreads / L, MODE, p.stream);
-  sddmm_rows<T, O, L, NS, SMALL, VEC, MODE>
+  const int64_t rows_per_cta = int64_t(kRowThreads / L) * (STREAM ? p.stream : 1);
+  const int64_t grid = (rv.num_items + rows_per_cta - 1) / rows_per_cta;
+  sddmm_rows<T, O, L, NS, SMALL, VEC, STREAM>
       <<<dim3(unsigned(grid), unsigned(p.heads)), kRowThreads, 0, stream>>>(p, rv);
 }
 
-template <class T, class O, bool SMALL, bool VEC, WholeRows MODE>
+template <class T, class O, bool SMALL, bool VEC, bool STREAM>
 void launch_rows_v(const SddmmParams& p, const RowView& rv, cudaStream_t stream) {
   if (p.d > 32 * kRowVec<T>) {
-    launch_rows_k<T, O, 32, 2, SMALL, VEC, MODE>(p, rv, stream);
+    launch_rows_k<T, O, 32, 2, SMALL, VEC, STREAM>(p, rv, stream);
     return;
   }
   with_lanes(row_lanes<T>(p.d), [&](auto l) {
-    launch_rows_k<T, O, l.value, 1, SMALL, VEC, MODE>(p, rv, stream);
+    launch_rows_k<T, O, l.value, 1, SMALL, VEC, STREAM>(p, rv, stream);
   });
 }
 
-template <class T, class O, bool SMALL, bool VEC>
-void launch_rows_m(const SddmmParams& p, const RowView& rv, WholeRows mode, cudaStream_t stream) {
-  if (mode == WholeRows::kSplitCta) launch_rows_v<T, O, SMALL, VEC, WholeRows::kSplitCta>(p, rv, stream);
-  else if (mode == WholeRows::kStream) launch_rows_v<T, O, SMALL, VEC, WholeRows::kStream>(p, rv, stream);
-  else launch_rows_v<T, O, SMALL, VEC, WholeRows::kOneRow>(p, rv, stream);
-}
-
+// Small graphs take one whole row per group (their time is their longest chain); large ones
+// streams of p.stream rows (JAXSPARSE_TC_SDDMM_STREAM=0: one row per group there too).
 template <class T, class O>
 void launch_rows(const SddmmParams& p, const RowView& rv, cudaStream_t stream) {
-  const bool small = p.nnz < kSmallGraphNnz;
-  const WholeRows mode = whole_rows_mode(p.nnz, p.stream);
-  if (small && p.vec) launch_rows_m<T, O, true, true>(p, rv, mode, stream);
-  else if (small) launch_rows_m<T, O, true, false>(p, rv, mode, stream);
-  else if (p.vec) launch_rows_m<T, O, false, true>(p, rv, mode, stream);
-  else launch_rows_m<T, O, false, false>(p, rv, mode, stream);
+  const bool small = p.nnz < kSmallGraphNnz, streams = p.stream > 0;
+  if (small && p.vec) launch_rows_v<T, O, true, true, false>(p, rv, stream);
+  else if (small) launch_rows_v<T, O, true, false, false>(p, rv, stream);
+  else if (p.vec && streams) launch_rows_v<T, O, false, true, true>(p, rv, stream);
+  else if (p.vec) launch_rows_v<T, O, false, true, false>(p, rv, stream);
+  else if (streams) launch_rows_v<T, O, false, false, true>(p, rv, stream);
+  else launch_rows_v<T, O, false, false, false>(p, rv, stream);
 }
 
 // Kernel family: the row kernels where blocks are sparse (sparse_blocks) or for exact fp32,
@@ -456,7 +449,9 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
     p.vec = (p.d * esize) % 16 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
             reinterpret_cast<uintptr_t>(p.y) % 16 == 0;
     p.min_share = cta_min_share(p.nnz);
-    p.stream = rows_per_stream();
+    // Whole rows per stream on large graphs (JAXSPARSE_TC_SDDMM_STREAM, read per launch; 0: one
+    // row per group). 4: rmat17-d16 / rmat20-d8 fp16 d=128, H100 (NOTES, session 14).
+    p.stream = std::max(0, env_int("JAXSPARSE_TC_SDDMM_STREAM", 4));
     if (dtype == ffi::DataType::F32) launch_rows<float, float>(p, rv, stream);
     else if (dtype == ffi::DataType::F16 && f32_out) launch_rows<__half, float>(p, rv, stream);
     else if (dtype == ffi::DataType::F16) launch_rows<__half, __half>(p, rv, stream);

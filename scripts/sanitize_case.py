@@ -1,9 +1,10 @@
 """A small SpMM/SDDMM/edge-softmax/attention case for `compute-sanitizer --tool memcheck` (scripts/gpu_check.sh
 --sanitize): every dtype and precision, a split window, a partial last window, d not a multiple
-of 8, rows that lane groups, CTAs and several CTAs walk. Buffers come from plain cudaMalloc (platform allocator) so out-of-bounds accesses are seen.
+of 8, rows that lane groups, CTAs and several CTAs walk, and a graph past kSmallGraphNnz whose SDDMM rows run as streams (`python3 scripts/sanitize_case.py streams`: that part alone). Buffers come from plain cudaMalloc (platform allocator) so out-of-bounds accesses are seen.
 """
 
 import os
+import sys
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
@@ -13,6 +14,25 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxsparse_tc as jst  # noqa: E402
+
+
+def streams(rng) -> None:
+  """A graph past kSmallGraphNnz: the SDDMM row kernel walks whole rows as streams."""
+  big_m, big_n = 5003, 2003
+  deg = rng.integers(0, 33, big_m)
+  deg[3] = 1500  # a row of several CTA items
+  br = np.repeat(np.arange(big_m), deg)
+  B = jst.SparseMatrix.from_coo(br, rng.integers(0, big_n, br.size), shape=(big_m, big_n))
+  assert B.nnz >= 1 << 16, B.nnz
+  for dtype, d in ((jnp.float16, 64), (jnp.bfloat16, 5), (jnp.float32, 40)):
+    q = jnp.asarray(rng.standard_normal((2, big_m, d)), dtype)
+    x = jnp.asarray(rng.standard_normal((big_n, d)), dtype)
+    s = jax.jit(lambda B, q, x: jst.sddmm(B, q, x, precision="highest").values)(B, q, x)
+    r, c = np.asarray(B.rows), np.asarray(B.cols)
+    sref = np.einsum("hkd,kd->hk", np.asarray(q, np.float64)[:, r], np.asarray(x, np.float64)[c])
+    serr = np.linalg.norm(np.asarray(s, np.float64) - sref) / np.linalg.norm(sref)
+    print(f"{np.dtype(dtype).name:9s} d={d:3d} sddmm, {B.nnz} nonzeros (streams) {serr:.2e}")
+    assert serr < 2e-2, serr
 
 
 def main() -> None:
@@ -42,6 +62,7 @@ def main() -> None:
       print(f"{np.dtype(dtype).name:9s} {precision or 'default':8s} d={d:3d} spmm {err:.2e} "
             f"sddmm {serr:.2e}")
   assert worst < 2e-2, worst
+  streams(rng)
   # edge softmax and attention (forward, jvp, grad through the backward row pass), every dtype
   for dtype in (jnp.float32, jnp.float16, jnp.bfloat16):
     for d in (24, 64):
@@ -61,4 +82,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  main()
+  if sys.argv[1:] == ["streams"]:  # that part alone
+    streams(np.random.default_rng(0))
+  else:
+    main()

@@ -421,13 +421,13 @@ def test_spmm_cuda_core_many_heads_split(rng, monkeypatch):
 @pytest.mark.parametrize("d", DS + [320])
 @pytest.mark.parametrize("dt", list(DTYPES))
 @pytest.mark.parametrize("kind", ["random", "heavy", "cora", "large"])
-@pytest.mark.parametrize("stream", ["1", "0"])
+@pytest.mark.parametrize("stream", ["4", "0", "13"])
 def test_sddmm_cuda_core(rng, monkeypatch, kind, dt, d, stream):
   """The row-view SDDMM kernels (lane groups for small d, two slabs past 32 lanes, scalar
   tails, long rows as CTA items, the heavy rows as several; on the large graph whole rows as
-  streams, or one per group with JAXSPARSE_TC_SDDMM_STREAM=0), every dtype (fp32 exact) and
-  heads x 1 / 1 x heads."""
-  if stream == "0" and kind != "large":
+  streams of 4 (the default) or 13 rows per group, or one row per group with
+  JAXSPARSE_TC_SDDMM_STREAM=0), every dtype (fp32 exact) and heads x 1 / 1 x heads."""
+  if stream != "4" and kind != "large":
     pytest.skip("the switch only acts past kSmallGraphNnz nonzeros")
   monkeypatch.setenv("JAXSPARSE_TC_SDDMM_STREAM", stream)
   monkeypatch.setenv("JAXSPARSE_TC_SDDMM_VARIANT", "cuda_core")

@@ -12,10 +12,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #include "jaxsparse_tc/cuda_common.cuh"
@@ -86,50 +83,6 @@ template <class T> constexpr int kRowVec = 16 / int(sizeof(T));  // features per
 // row operands, first entries) is paid on enough entries; on small graphs, whose time is their
 // longest chain, a row piece (Cora's fp16 d=128 SDDMM 18.7 -> 9.2 us, NOTES session 9).
 inline int cta_min_share(int64_t nnz) { return nnz < kSmallGraphNnz ? kSmallGraphPiece : 32; }
-
-// How a row kernel's lane groups take the whole rows (items after the CTA-item prefix):
-// kOneRow: one row per group, groups first taking their shares of the CTA's CTA items;
-// kSplitCta: the CTA's first half of groups takes the CTA items while the second half takes a
-//   row each, so no group walks a CTA item and then a row (small graphs, whose time is their
-//   longest chain: on Cora ~1 row in 10 is past a piece, so most CTAs held both in a row);
-// kStream: each group walks `stream` rows as one stream of batches, the next batch's metadata
-//   loaded while the current batch's gathers are in flight (large graphs).
-enum class WholeRows { kOneRow, kSplitCta, kStream };
-
-// The mode for a graph of nnz nonzeros. JAXSPARSE_TC_ROWS_MODE=one|split|stream (benchmarks,
-// tests; read per launch) forces one; kStream needs stream > 0 rows per stream.
-inline WholeRows whole_rows_mode(int64_t nnz, int stream) {
-  const char* v = std::getenv("JAXSPARSE_TC_ROWS_MODE");
-  const std::string forced = v ? v : "";
-  if (forced == "one") return WholeRows::kOneRow;
-  if (forced == "split") return WholeRows::kSplitCta;
-  if (forced == "stream" && stream > 0) return WholeRows::kStream;
-  if (nnz < kSmallGraphNnz) return WholeRows::kSplitCta;
-  return stream > 0 ? WholeRows::kStream : WholeRows::kOneRow;
-}
-
-// Whole rows per stream: JAXSPARSE_TC_ROWS_STREAM (read per launch), default 4 (rmat17-d16 and
-// rmat20-d8 fp16 d=128 SDDMM, H100: NOTES session 14).
-inline int rows_per_stream() { return std::max(0, env_int("JAXSPARSE_TC_ROWS_STREAM", 4)); }
-
-// Groups of a CTA (of ng) that take shares of its CTA items.
-constexpr int cta_item_groups(int ng, WholeRows mode) {
-  return mode == WholeRows::kSplitCta ? ng / 2 : ng;
-}
-
-// The whole-row item of group g of this CTA (kOneRow, kSplitCta; past the prefix or the
-// schedule, whole_row_or_empty gives an empty range).
-__device__ __forceinline__ int64_t whole_row_slot(int ng, WholeRows mode, int g) {
-  const int nr = ng - (mode == WholeRows::kSplitCta ? cta_item_groups(ng, mode) : 0);
-  return int64_t(blockIdx.x) * nr + (g - (ng - nr));
-}
-
-// CTAs covering `items` whole-row slots with ng groups per CTA.
-inline int64_t whole_row_ctas(int64_t items, int ng, WholeRows mode, int stream) {
-  const int64_t per_cta = mode == WholeRows::kSplitCta ? ng - cta_item_groups(ng, mode)
-                          : mode == WholeRows::kStream ? int64_t(ng) * stream : ng;
-  return (items + per_cta - 1) / per_cta;
-}
 
 // Lanes per group for d features of T.
 template <class T>
