@@ -12,7 +12,9 @@ each other through their data, so none can be merged or dropped and nothing is a
 them: SpMM
 x <- A_norm x (A_norm: rows scaled by 1/degree, so values stay bounded), attention q <- out;
 SDDMM (whose output is not an input) runs on K different operand pairs and returns all K
-outputs (independent calls: XLA may fuse some of its K into one kernel, which favours it).
+outputs (independent calls: XLA may fuse some of its K into one kernel, which favours it); the
+"-serial" rows order each call after the previous one's output (an optimization barrier, no
+work added), so that every call stands alone on both sides.
 cuSPARSE: the same K-step SpMM chain captured in one CUDA graph and replayed (if capture fails,
 K launches timed with CUDA events; the `how` column says which).
 
@@ -65,6 +67,22 @@ def _chain(f, k: int):
     return x
 
   return jax.jit(run)
+
+
+def _serial(f):
+  """(G, qs, ys) -> the tuple of f(G, q_i, y_i), call i ordered after call i - 1's output by an
+  optimization barrier: XLA may neither fuse nor overlap the calls, and adds no work."""
+  import jax
+
+  def run(G, qs, ys):
+    outs = []
+    for q, y in zip(qs, ys):
+      if outs:
+        q, _ = jax.lax.optimization_barrier((q, outs[-1]))
+      outs.append(f(G, q, y))
+    return tuple(outs)
+
+  return run
 
 
 def grad_step(f):
@@ -195,10 +213,18 @@ def run(quick: bool = False) -> list[dict]:
         with common.environ(env):
           add("sddmm", f"ours-fp16-{vname}", _time_jax(ours(), (A, qs, ys), ks), how="jit fan",
               kk=ks)
-      gather = jax.jit(lambda qs, ys: tuple(
-          jnp.sum(q[r_idx].astype(jnp.float32) * y[c_idx].astype(jnp.float32), -1).astype(q.dtype)
-          for q, y in zip(qs, ys)))
+      gather_one = lambda q, y: jnp.sum(  # noqa: E731
+          q[r_idx].astype(jnp.float32) * y[c_idx].astype(jnp.float32), -1).astype(q.dtype)
+      gather = jax.jit(lambda qs, ys: tuple(gather_one(q, y) for q, y in zip(qs, ys)))
       add("sddmm", "xla-gather-fp16", _time_jax(gather, (qs, ys), ks), how="jit fan", kk=ks)
+      # The same fans with each call ordered after the previous one (no compute added), so that
+      # XLA cannot fuse calls across the fan: each call stands alone, as in a model.
+      add("sddmm", "ours-fp16-serial",
+          _time_jax(jax.jit(_serial(lambda A, q, y: jst.sddmm(A, q, y).values)), (A, qs, ys), ks),
+          how="jit serial fan", kk=ks)
+      add("sddmm", "xla-gather-fp16-serial",
+          _time_jax(jax.jit(_serial(lambda _, q, y: gather_one(q, y))), (None, qs, ys), ks),
+          how="jit serial fan", kk=ks)
       del qs, ys
 
     if "attention" in ops:
@@ -258,6 +284,8 @@ def summary(rows: list[dict]) -> list[dict]:
            ("SpMM ours-tf32 vs xla-segment_sum-fp32", "spmm", "ours-tf32",
             "xla-segment_sum-fp32", 128),
            ("SDDMM ours-fp16 vs xla-gather-fp16", "sddmm", "ours-fp16", "xla-gather-fp16", 128),
+           ("SDDMM serial fans: ours vs xla-gather", "sddmm", "ours-fp16-serial",
+            "xla-gather-fp16-serial", 128),
            ("attention fwd H=4 d=64: fused vs xla", "attention fwd", "fused", "xla-unfused", 64),
            ("attention fwd H=4 d=128: fused vs xla", "attention fwd", "fused", "xla-unfused", 128),
            ("attention fwd+bwd H=4 d=64: fused vs xla", "attention fwd+bwd", "fused",
