@@ -16,6 +16,17 @@ import numpy as np  # noqa: E402
 import jaxsparse_tc as jst  # noqa: E402
 
 
+def rel_err(out, ref) -> float:
+  return float(np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref))
+
+
+def sddmm_err(A, q, x, s) -> float:
+  """Relative error of SDDMM values s ([H, nnz]) against float64 <q_h[row], x[col]>."""
+  r, c = np.asarray(A.rows), np.asarray(A.cols)
+  return rel_err(s, np.einsum("hkd,kd->hk", np.asarray(q, np.float64)[:, r],
+                              np.asarray(x, np.float64)[c]))
+
+
 def streams(rng) -> None:
   """A graph past kSmallGraphNnz: the SDDMM row kernel walks whole rows as streams."""
   big_m, big_n = 5003, 2003
@@ -28,9 +39,7 @@ def streams(rng) -> None:
     q = jnp.asarray(rng.standard_normal((2, big_m, d)), dtype)
     x = jnp.asarray(rng.standard_normal((big_n, d)), dtype)
     s = jax.jit(lambda B, q, x: jst.sddmm(B, q, x, precision="highest").values)(B, q, x)
-    r, c = np.asarray(B.rows), np.asarray(B.cols)
-    sref = np.einsum("hkd,kd->hk", np.asarray(q, np.float64)[:, r], np.asarray(x, np.float64)[c])
-    serr = np.linalg.norm(np.asarray(s, np.float64) - sref) / np.linalg.norm(sref)
+    serr = sddmm_err(B, q, x, s)
     print(f"{np.dtype(dtype).name:9s} d={d:3d} sddmm, {B.nnz} nonzeros (streams) {serr:.2e}")
     assert serr < 2e-2, serr
 
@@ -54,10 +63,8 @@ def main() -> None:
       dense = np.zeros((2, m, n))
       dense[:, np.asarray(A.rows), np.asarray(A.cols)] = np.asarray(A.values.astype(dtype), np.float64)
       ref = dense @ np.asarray(x, np.float64)
-      err = np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref)
-      r, c = np.asarray(A.rows), np.asarray(A.cols)
-      sref = np.einsum("hkd,kd->hk", np.asarray(q, np.float64)[:, r], np.asarray(x, np.float64)[c])
-      serr = np.linalg.norm(np.asarray(s, np.float64) - sref) / np.linalg.norm(sref)
+      err = rel_err(out, ref)
+      serr = sddmm_err(A, q, x, s)
       worst = max(worst, err, serr)
       print(f"{np.dtype(dtype).name:9s} {precision or 'default':8s} d={d:3d} spmm {err:.2e} "
             f"sddmm {serr:.2e}")
