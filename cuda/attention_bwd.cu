@@ -140,15 +140,20 @@ __global__ void __launch_bounds__(kRowThreads, UNROLL >= 4 ? 2 : 4)
 // Entries per batch (JAXSPARSE_TC_ATTN_BWD_UNROLL=2|4 overrides, read per launch). Large graphs
 // take 2 (32 warps/SM: rmat17, d=64, H=4: 574 us against 1125 with 4), small ones 4 (their time
 // is their longest chain of batches: Cora 11 us against 22; NOTES, session 10).
+template <class T, int L, int UNROLL, bool VEC>
+void launch_k(const BwdParams& p, const RowView& rv, cudaStream_t st) {
+  constexpr auto kernel = attention_bwd_edges<T, L, UNROLL, VEC>;
+  const int64_t grid = row_ctas(rv.num_items, kRowThreads / L, resident_ctas<kernel>(kRowThreads, 0));
+  kernel<<<dim3(unsigned(grid), unsigned(p.heads)), kRowThreads, 0, st>>>(p, rv);
+}
+
 template <class T, int L>
 void launch_l(const BwdParams& p, const RowView& rv, cudaStream_t st) {
-  const dim3 grid(unsigned((rv.num_items + kRowThreads / L - 1) / (kRowThreads / L)),
-                  unsigned(p.heads));
   const bool u2 = env_int("JAXSPARSE_TC_ATTN_BWD_UNROLL", p.nnz < kSmallGraphNnz ? 4 : 2) == 2;
-  if (u2 && p.vec) attention_bwd_edges<T, L, 2, true><<<grid, kRowThreads, 0, st>>>(p, rv);
-  else if (u2) attention_bwd_edges<T, L, 2, false><<<grid, kRowThreads, 0, st>>>(p, rv);
-  else if (p.vec) attention_bwd_edges<T, L, 4, true><<<grid, kRowThreads, 0, st>>>(p, rv);
-  else attention_bwd_edges<T, L, 4, false><<<grid, kRowThreads, 0, st>>>(p, rv);
+  if (u2 && p.vec) launch_k<T, L, 2, true>(p, rv, st);
+  else if (u2) launch_k<T, L, 2, false>(p, rv, st);
+  else if (p.vec) launch_k<T, L, 4, true>(p, rv, st);
+  else launch_k<T, L, 4, false>(p, rv, st);
 }
 
 template <class T>

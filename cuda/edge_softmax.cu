@@ -1,14 +1,16 @@
-// CUDA edge softmax over the format (docs/FORMAT.md): one warp per (window, head). The window's
-// values are contiguous (blocks of the window, in order); lanes take blocks round-robin and
-// decode each block's bitmap (bit c*8+r: row r), keeping per-row max / sum for the window's 8
-// rows in registers; warp reductions combine them. Three passes over the window's values
-// (max, sum, write) -- the second and third hit L1/L2. float32 math.
-// edge_softmax_bwd: out = y * (t - rowsum(y * t)), same walk, two passes.
+// CUDA edge softmax over the format (docs/FORMAT.md): one warp per (window, head). A window's
+// values are contiguous (its blocks', in order), so the warp's lanes stride over them, coalesced,
+// reading each value's row from the per-value rows array; per-row max / sum for the window's 8
+// rows stay in registers and warp reductions combine them. A window of up to kHeld values per
+// lane is loaded once and its three passes (max, sum, write) run on registers; a larger one
+// reloads per pass (L1/L2 hits). float32 math. edge_softmax_bwd: out = y * (t - rowsum(y * t)),
+// the same walk, two passes.
+// (The first version walked the blocks: a lane decoded its blocks' bitmaps one value at a
+// time, a chain of dependent loads per block, three times over; Cora's hub window took ~15 us.)
 #include <cfloat>
 #include <cstdint>
 
 #include "jaxsparse_tc/ffi_cuda.cuh"
-#include "jaxsparse_tc/bitmap.cuh"
 #include "jaxsparse_tc/cuda_common.cuh"
 #include "jaxsparse_tc/format.h"
 
@@ -16,6 +18,8 @@ namespace jaxsparse_tc {
 namespace {
 
 constexpr int kWarps = 4;
+constexpr int kHeld = 8;  // values per lane held in registers across passes
+constexpr int kNoRow = 8;  // a register slot past the window's values
 
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll
@@ -28,92 +32,116 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// f(row, value_index) for every nonzero of the window's blocks handled by this lane.
-template <class F>
-__device__ __forceinline__ void lane_walk(const int32_t* wbp, const uint32_t* bitmap,
-                                          const int32_t* bvp, int64_t w, int lane, F&& f) {
-  for (int64_t b = wbp[w] + lane; b < wbp[w + 1]; b += 32) {
-    uint64_t bits = load_block_bits(bitmap, b);
-    int64_t idx = bvp[b];
-    while (bits) {
-      const int bit = __ffsll(static_cast<long long>(bits)) - 1;
-      bits &= bits - 1;
-      f(bit & 7, idx++);
+// The value range [begin, end) of window w (its blocks' values are contiguous).
+__device__ __forceinline__ int2 window_values(const int32_t* wbp, const int32_t* bvp, int64_t w) {
+  return make_int2(bvp[wbp[w]], bvp[wbp[w + 1]]);
+}
+
+// A chunk of a window's values: lane `lane` holds values base + lane + 32 k, k < kHeld, and
+// their rows in the window (kNoRow past the end). NV arrays of values per chunk (softmax 1,
+// backward 2).
+template <class T, int NV>
+struct Chunk {
+  float x[NV][kHeld];
+  int r[kHeld];
+
+  __device__ __forceinline__ void load(const T* const (&src)[NV], const int32_t* rows, int base,
+                                       int end, int lane) {
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) {
+      const int i = base + lane + 32 * k;
+      const bool ok = i < end;
+      r[k] = ok ? rows[i] & 7 : kNoRow;
+#pragma unroll
+      for (int a = 0; a < NV; ++a) x[a][k] = ok ? to_f32<T>(src[a][i]) : 0.f;
     }
   }
+};
+
+// f(k): once per held value, for every chunk of [begin, end), the chunk held in c (loaded
+// here unless the window is one chunk and `loaded`).
+template <class T, int NV, class F>
+__device__ __forceinline__ void each_chunk(Chunk<T, NV>& c, const T* const (&src)[NV],
+                                           const int32_t* rows, int2 range, int lane, bool loaded,
+                                           F&& f) {
+  constexpr int kSpan = 32 * kHeld;
+  const bool one = range.y - range.x <= kSpan;
+  for (int base = range.x; base < range.y; base += kSpan) {
+    if (!(one && loaded)) c.load(src, rows, base, range.y, lane);
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) f(k, base + lane + 32 * k);
+  }
+}
+
+// The per-row slot of a held value's row (registers indexed by unrolled compares, not memory).
+template <class F>
+__device__ __forceinline__ void at_row(int r, F&& f) {
+#pragma unroll
+  for (int rr = 0; rr < 8; ++rr)
+    if (rr == r) f(rr);
 }
 
 template <class T>
 __global__ void __launch_bounds__(32 * kWarps)
 edge_softmax_kernel(const T* __restrict__ v, T* __restrict__ out, const int32_t* wbp,
-                    const uint32_t* bitmap, const int32_t* bvp, int64_t W, int64_t heads,
-                    int64_t nnz) {
+                    const int32_t* bvp, const int32_t* __restrict__ rows, int64_t W,
+                    int64_t heads, int64_t nnz) {
   const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (unit >= W * heads) return;
   const int64_t w = unit / heads, h = unit % heads;
   const int lane = threadIdx.x % 32;
-  const T* vh = v + h * nnz;
+  const T* const src[1] = {v + h * nnz};
   T* oh = out + h * nnz;
+  const int2 range = window_values(wbp, bvp, w);
   float mx[8], sm[8];
 #pragma unroll
   for (int r = 0; r < 8; ++r) mx[r] = -FLT_MAX, sm[r] = 0.f;
-  lane_walk(wbp, bitmap, bvp, w, lane, [&](int r, int64_t i) {
-    const float x = to_f32<T>(vh[i]);
-#pragma unroll
-    for (int rr = 0; rr < 8; ++rr) if (rr == r) mx[rr] = fmaxf(mx[rr], x);
+  Chunk<T, 1> c;
+  each_chunk(c, src, rows, range, lane, false, [&](int k, int) {
+    at_row(c.r[k], [&](int rr) { mx[rr] = fmaxf(mx[rr], c.x[0][k]); });
   });
 #pragma unroll
   for (int r = 0; r < 8; ++r) mx[r] = warp_max(mx[r]);
-  lane_walk(wbp, bitmap, bvp, w, lane, [&](int r, int64_t i) {
-    const float x = to_f32<T>(vh[i]);
-#pragma unroll
-    for (int rr = 0; rr < 8; ++rr) if (rr == r) sm[rr] += __expf(x - mx[rr]);
+  each_chunk(c, src, rows, range, lane, true, [&](int k, int) {
+    at_row(c.r[k], [&](int rr) { sm[rr] += __expf(c.x[0][k] - mx[rr]); });
   });
 #pragma unroll
-  for (int r = 0; r < 8; ++r) sm[r] = 1.0f / warp_sum(sm[r]);
-  lane_walk(wbp, bitmap, bvp, w, lane, [&](int r, int64_t i) {
-    const float x = to_f32<T>(vh[i]);
-    float y = 0.f;
-#pragma unroll
-    for (int rr = 0; rr < 8; ++rr) if (rr == r) y = __expf(x - mx[rr]) * sm[rr];
-    oh[i] = from_f32<T>(y);
+  for (int r = 0; r < 8; ++r) sm[r] = 1.0f / warp_sum(sm[r]);  // a row with values has sum >= 1
+  each_chunk(c, src, rows, range, lane, true, [&](int k, int i) {
+    at_row(c.r[k], [&](int rr) { oh[i] = from_f32<T>(__expf(c.x[0][k] - mx[rr]) * sm[rr]); });
   });
 }
 
 template <class T>
 __global__ void __launch_bounds__(32 * kWarps)
 edge_softmax_bwd_kernel(const T* __restrict__ y, const T* __restrict__ t, T* __restrict__ out,
-                        const int32_t* wbp, const uint32_t* bitmap, const int32_t* bvp,
+                        const int32_t* wbp, const int32_t* bvp, const int32_t* __restrict__ rows,
                         int64_t W, int64_t heads, int64_t hy, int64_t ht, int64_t nnz) {
   const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (unit >= W * heads) return;
   const int64_t w = unit / heads, h = unit % heads;
   const int lane = threadIdx.x % 32;
-  const T* yh = y + (hy == 1 ? 0 : h) * nnz;
-  const T* th = t + (ht == 1 ? 0 : h) * nnz;
+  const T* const src[2] = {y + (hy == 1 ? 0 : h) * nnz, t + (ht == 1 ? 0 : h) * nnz};
   T* oh = out + h * nnz;
+  const int2 range = window_values(wbp, bvp, w);
   float dot[8];
 #pragma unroll
   for (int r = 0; r < 8; ++r) dot[r] = 0.f;
-  lane_walk(wbp, bitmap, bvp, w, lane, [&](int r, int64_t i) {
-    const float p = to_f32<T>(yh[i]) * to_f32<T>(th[i]);
-#pragma unroll
-    for (int rr = 0; rr < 8; ++rr) if (rr == r) dot[rr] += p;
+  Chunk<T, 2> c;
+  each_chunk(c, src, rows, range, lane, false, [&](int k, int) {
+    at_row(c.r[k], [&](int rr) { dot[rr] += c.x[0][k] * c.x[1][k]; });
   });
 #pragma unroll
   for (int r = 0; r < 8; ++r) dot[r] = warp_sum(dot[r]);
-  lane_walk(wbp, bitmap, bvp, w, lane, [&](int r, int64_t i) {
-    float d = 0.f;
-#pragma unroll
-    for (int rr = 0; rr < 8; ++rr) if (rr == r) d = dot[rr];
-    oh[i] = from_f32<T>(to_f32<T>(yh[i]) * (to_f32<T>(th[i]) - d));
+  each_chunk(c, src, rows, range, lane, true, [&](int k, int i) {
+    at_row(c.r[k], [&](int rr) { oh[i] = from_f32<T>(c.x[0][k] * (c.x[1][k] - dot[rr])); });
   });
 }
 
 }  // namespace
 
 static ffi::Error edge_softmax_cuda(cudaStream_t stream, ffi::AnyBuffer values, I32 wcp, I32 wc,
-                                    I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
+                                    I32 wbp, U32 bitmap, I32 bvp, I32 schedule, I32 rows,
                                     ffi::Result<ffi::AnyBuffer> out) {
   const int64_t heads = values.dimensions()[0], nnz = values.dimensions()[1];
   const int64_t W = int64_t(wcp.element_count()) - 1;
@@ -126,7 +154,7 @@ static ffi::Error edge_softmax_cuda(cudaStream_t stream, ffi::AnyBuffer values, 
     using T = decltype(tag);
     edge_softmax_kernel<T><<<grid, 32 * kWarps, 0, stream>>>(
         static_cast<const T*>(values.untyped_data()), static_cast<T*>(out->untyped_data()),
-        wbp.typed_data(), bitmap.typed_data(), bvp.typed_data(), W, heads, nnz);
+        wbp.typed_data(), bvp.typed_data(), rows.typed_data(), W, heads, nnz);
   });
   if (e.failure()) return e;
   return launch_status("edge_softmax");
@@ -134,7 +162,7 @@ static ffi::Error edge_softmax_cuda(cudaStream_t stream, ffi::AnyBuffer values, 
 
 static ffi::Error edge_softmax_bwd_cuda(cudaStream_t stream, ffi::AnyBuffer y, ffi::AnyBuffer t,
                                         I32 wcp, I32 wc, I32 wbp, U32 bitmap, I32 bvp,
-                                        I32 schedule, ffi::Result<ffi::AnyBuffer> out) {
+                                        I32 schedule, I32 rows, ffi::Result<ffi::AnyBuffer> out) {
   const int64_t heads = out->dimensions()[0], nnz = out->dimensions()[1];
   const int64_t W = int64_t(wcp.element_count()) - 1;
   if (y.element_type() != t.element_type() || out->element_type() != y.element_type())
@@ -146,8 +174,8 @@ static ffi::Error edge_softmax_bwd_cuda(cudaStream_t stream, ffi::AnyBuffer y, f
     using T = decltype(tag);
     edge_softmax_bwd_kernel<T><<<grid, 32 * kWarps, 0, stream>>>(
         static_cast<const T*>(y.untyped_data()), static_cast<const T*>(t.untyped_data()),
-        static_cast<T*>(out->untyped_data()), wbp.typed_data(), bitmap.typed_data(),
-        bvp.typed_data(), W, heads, y.dimensions()[0], t.dimensions()[0], nnz);
+        static_cast<T*>(out->untyped_data()), wbp.typed_data(), bvp.typed_data(),
+        rows.typed_data(), W, heads, y.dimensions()[0], t.dimensions()[0], nnz);
   });
   if (e.failure()) return e;
   return launch_status("edge_softmax_bwd");
@@ -158,6 +186,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EdgeSoftmaxCuda, edge_softmax_cuda,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()  // values [H, nnz]
                                   JAXSPARSE_TC_PATTERN_ARGS
+                                  .Arg<I32>()  // rows [nnz]: each value's row
                                   .Ret<ffi::AnyBuffer>(),
                               JAXSPARSE_TC_CAPTURABLE);
 
@@ -167,6 +196,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EdgeSoftmaxBwdCuda, edge_softmax_bwd_cuda,
                                   .Arg<ffi::AnyBuffer>()  // y [Hy, nnz]
                                   .Arg<ffi::AnyBuffer>()  // t [Ht, nnz]
                                   JAXSPARSE_TC_PATTERN_ARGS
+                                  .Arg<I32>()  // rows [nnz]: each value's row
                                   .Ret<ffi::AnyBuffer>(),
                               JAXSPARSE_TC_CAPTURABLE);
 

@@ -360,13 +360,14 @@ __global__ void __launch_bounds__(kRowThreads, SMALL ? 1 : NS == 1 ? 4 : 3)
 }
 
 // Row kernels hold at most two slabs of 32 lanes x 16 bytes of X per lane: d * sizeof(T) <= 1 KB.
-// The grid covers the whole rows: NG per CTA, p.stream per group with STREAM.
+// The grid covers the whole rows (NG per CTA, p.stream per group with STREAM) and the CTA items
+// (row_ctas).
 template <class T, class O, int L, int NS, bool SMALL, bool VEC, bool STREAM>
 void launch_rows_k(const SddmmParams& p, const RowView& rv, cudaStream_t stream) {
-  const int64_t rows_per_cta = int64_t(kRowThreads / L) * (STREAM ? p.stream : 1);
-  const int64_t grid = (rv.num_items + rows_per_cta - 1) / rows_per_cta;
-  sddmm_rows<T, O, L, NS, SMALL, VEC, STREAM>
-      <<<dim3(unsigned(grid), unsigned(p.heads)), kRowThreads, 0, stream>>>(p, rv);
+  constexpr auto kernel = sddmm_rows<T, O, L, NS, SMALL, VEC, STREAM>;
+  const int64_t grid = row_ctas(rv.num_items, int64_t(kRowThreads / L) * (STREAM ? p.stream : 1),
+                                resident_ctas<kernel>(kRowThreads, 0));
+  kernel<<<dim3(unsigned(grid), unsigned(p.heads)), kRowThreads, 0, stream>>>(p, rv);
 }
 
 template <class T, class O, bool SMALL, bool VEC, bool STREAM>

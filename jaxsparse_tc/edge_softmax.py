@@ -19,7 +19,7 @@ from jax.interpreters import ad, batching
 
 from jaxsparse_tc import checks, heads, rules
 from jaxsparse_tc.lowering import register_ffi_lowering
-from jaxsparse_tc.pattern import NUM_PATTERN_OPERANDS
+from jaxsparse_tc.pattern import NUM_PATTERN_OPERANDS, ROWS
 
 edge_softmax_p = Primitive("jaxsparse_tc_edge_softmax")
 edge_softmax_bwd_p = Primitive("jaxsparse_tc_edge_softmax_bwd")
@@ -73,7 +73,9 @@ def _batch(args, dims):
 edge_softmax_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[edge_softmax_p] = _jvp
 batching.primitive_batchers[edge_softmax_p] = _batch
-register_ffi_lowering(edge_softmax_p, "jaxsparse_tc_edge_softmax", 7)
+# CUDA also reads each value's row (its kernel strides over a window's values).
+register_ffi_lowering(edge_softmax_p, "jaxsparse_tc_edge_softmax", 7,
+                      cuda_extra_operands=(1 + ROWS,))
 
 
 # -- edge_softmax_bwd_p(y, t) = y * (t - rowsum(y * t)) -----------------------------------------
@@ -123,4 +125,5 @@ edge_softmax_bwd_p.def_abstract_eval(_bwd_abstract_eval)
 ad.primitive_jvps[edge_softmax_bwd_p] = _bwd_jvp
 ad.primitive_transposes[edge_softmax_bwd_p] = _bwd_transpose
 batching.primitive_batchers[edge_softmax_bwd_p] = _bwd_batch
-register_ffi_lowering(edge_softmax_bwd_p, "jaxsparse_tc_edge_softmax_bwd", 8)
+register_ffi_lowering(edge_softmax_bwd_p, "jaxsparse_tc_edge_softmax_bwd", 8,
+                      cuda_extra_operands=(2 + ROWS,))

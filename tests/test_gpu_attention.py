@@ -48,6 +48,30 @@ def test_gpu_edge_softmax(rng, dtype):
                 atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_edge_softmax_long_windows(rng, dtype):
+  """Windows of more values than a warp holds in registers (8 per lane: 256; then each pass
+  reloads them) beside shorter ones, a 2000-value hub row, empty rows, two heads: the forward,
+  and the backward kernel through jvp and vjp, against float64."""
+  A = on_gpu(hub_pattern(rng, 200, 3000, hub=2000, density=0.01))
+  spans = np.diff(np.asarray(A.pattern.block_value_ptr)[np.asarray(A.pattern.window_block_ptr)])
+  assert spans.max() > 256 and spans.min() < 256
+  v = gpu(jnp.asarray(rng.standard_normal((2, A.nnz)) * 4, dtype))
+  t = gpu(jnp.asarray(rng.standard_normal((2, A.nnz)), dtype))
+  f = jax.jit(lambda x: jst.edge_softmax(A, x).values)
+  y = softmax_ref(A, np.asarray(v, np.float64))
+  assert rel_err(f(v), y) < TOL[dtype] * 2
+  # d/dx softmax applied to t (self-adjoint, so the vjp is the same map)
+  r = np.asarray(A.rows)
+  yt = y * np.asarray(t, np.float64)
+  rowsum = np.stack([np.bincount(r, yt[h], minlength=200)[r] for h in range(2)])
+  ref = y * (np.asarray(t, np.float64) - rowsum)
+  _, tangent = jax.jit(lambda x, dx: jax.jvp(f, (x,), (dx,)))(v, t)
+  assert rel_err(tangent, ref) < TOL[dtype] * 4
+  cot = jax.jit(lambda x, g: jax.vjp(f, x)[1](g)[0])(v, t)
+  assert rel_err(cot, ref) < TOL[dtype] * 4
+
+
 # d = dv in {32, 64, 128} with fp16/bf16 takes the tensor-core kernel; others the scalar one.
 @pytest.mark.parametrize("d,dv", [(32, 32), (64, 64), (128, 128), (16, 24)])
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -12,6 +12,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -83,6 +84,16 @@ template <class T> constexpr int kRowVec = 16 / int(sizeof(T));  // features per
 // row operands, first entries) is paid on enough entries; on small graphs, whose time is their
 // longest chain, a row piece (Cora's fp16 d=128 SDDMM 18.7 -> 9.2 us, NOTES session 9).
 inline int cta_min_share(int64_t nnz) { return nnz < kSmallGraphNnz ? kSmallGraphPiece : 32; }
+
+// CTAs of a row kernel (per slab and head): enough for its whole-row items, `per_cta` per CTA,
+// and one per item up to `resident` (the CTAs the GPU holds at once; 0 where unknown). CTAs
+// take the CTA items (the schedule's prefix) strided, so a grid sized for the whole rows alone
+// left narrow groups (small d: 128 groups of 2 lanes per CTA) few CTAs, each walking many CTA
+// items one after another: Cora's float32 SpMM at d=7 had 22 CTAs for 204 CTA items, ~17 us.
+inline int64_t row_ctas(int64_t items, int64_t per_cta, int resident) {
+  const int64_t whole = (items + per_cta - 1) / per_cta;
+  return std::max(whole, std::min<int64_t>(items, resident));
+}
 
 // Lanes per group for d features of T.
 template <class T>
