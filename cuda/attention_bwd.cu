@@ -143,7 +143,8 @@ __global__ void __launch_bounds__(kRowThreads, UNROLL >= 4 ? 2 : 4)
 template <class T, int L, int UNROLL, bool VEC>
 void launch_k(const BwdParams& p, const RowView& rv, cudaStream_t st) {
   constexpr auto kernel = attention_bwd_edges<T, L, UNROLL, VEC>;
-  const int64_t grid = row_ctas(rv.num_items, kRowThreads / L, resident_ctas<kernel>(kRowThreads, 0));
+  const int64_t grid = row_ctas(rv.num_items, kRowThreads / L,
+                                resident_ctas<kernel>(kRowThreads, 0), p.heads);
   kernel<<<dim3(unsigned(grid), unsigned(p.heads)), kRowThreads, 0, st>>>(p, rv);
 }
 

@@ -366,7 +366,7 @@ template <class T, class O, int L, int NS, bool SMALL, bool VEC, bool STREAM>
 void launch_rows_k(const SddmmParams& p, const RowView& rv, cudaStream_t stream) {
   constexpr auto kernel = sddmm_rows<T, O, L, NS, SMALL, VEC, STREAM>;
   const int64_t grid = row_ctas(rv.num_items, int64_t(kRowThreads / L) * (STREAM ? p.stream : 1),
-                                resident_ctas<kernel>(kRowThreads, 0));
+                                resident_ctas<kernel>(kRowThreads, 0), p.heads);
   kernel<<<dim3(unsigned(grid), unsigned(p.heads)), kRowThreads, 0, stream>>>(p, rv);
 }
 

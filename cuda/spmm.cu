@@ -986,7 +986,7 @@ void launch_rows_l(const SpmmParams& p, const RowView& rv, const RowSplit& rs,
                    cudaStream_t stream) {
   auto kernel = spmm_rows<T, L, U, VEC>;
   const int ctas = resident_ctas<spmm_rows<T, L, U, VEC>>(kRowThreads, 0);
-  int64_t grid = row_ctas(rv.num_items, kRowThreads / L, ctas);
+  int64_t grid = row_ctas(rv.num_items, kRowThreads / L, ctas, int64_t(p.nslab) * p.heads);
   if (ctas > 0 && env_int("JAXSPARSE_TC_ROWS_PERSIST", 1) != 0) grid = std::min<int64_t>(grid, ctas);
   kernel<<<dim3(unsigned(grid), unsigned(p.nslab), unsigned(p.heads)), kRowThreads, 0, stream>>>(
       p, rv, rs);

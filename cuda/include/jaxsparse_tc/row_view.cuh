@@ -85,14 +85,17 @@ template <class T> constexpr int kRowVec = 16 / int(sizeof(T));  // features per
 // longest chain, a row piece (Cora's fp16 d=128 SDDMM 18.7 -> 9.2 us, NOTES session 9).
 inline int cta_min_share(int64_t nnz) { return nnz < kSmallGraphNnz ? kSmallGraphPiece : 32; }
 
-// CTAs of a row kernel (per slab and head): enough for its whole-row items, `per_cta` per CTA,
-// and one per item up to `resident` (the CTAs the GPU holds at once; 0 where unknown). CTAs
-// take the CTA items (the schedule's prefix) strided, so a grid sized for the whole rows alone
-// left narrow groups (small d: 128 groups of 2 lanes per CTA) few CTAs, each walking many CTA
-// items one after another: Cora's float32 SpMM at d=7 had 22 CTAs for 204 CTA items, ~17 us.
-inline int64_t row_ctas(int64_t items, int64_t per_cta, int resident) {
+// CTAs of a row kernel per slab and head (`copies` = slabs x heads of them): enough for its
+// whole-row items, `per_cta` per CTA, and one per item up to the CTAs the GPU holds at once
+// (`resident`, 0 where unknown) shared by the copies. CTAs take the CTA items (the schedule's
+// prefix) strided, so a grid sized for the whole rows alone left narrow groups (small d: 128
+// groups of 2 lanes per CTA) few CTAs, each walking many CTA items one after another: Cora's
+// float32 SpMM at d=7 had 22 CTAs for 204 CTA items, ~17 us (5 us with this floor).
+// JAXSPARSE_TC_ROW_CTAS=0 (benchmarks): the whole rows' count alone.
+inline int64_t row_ctas(int64_t items, int64_t per_cta, int resident, int64_t copies) {
   const int64_t whole = (items + per_cta - 1) / per_cta;
-  return std::max(whole, std::min<int64_t>(items, resident));
+  if (env_int("JAXSPARSE_TC_ROW_CTAS", 1) == 0) return whole;
+  return std::max(whole, std::min<int64_t>(items, resident / std::max<int64_t>(copies, 1)));
 }
 
 // Lanes per group for d features of T.
