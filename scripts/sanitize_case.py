@@ -77,12 +77,15 @@ def main() -> None:
       k = jnp.asarray(rng.standard_normal((2, n, d)), dtype)
       v = jnp.asarray(rng.standard_normal((2, n, d)), dtype)
       p = jax.jit(lambda A: jst.edge_softmax(A.with_values(A.values.astype(dtype))).values)(A)
+      soft = lambda w: jst.edge_softmax(A.with_values(w)).values  # noqa: E731
+      w = A.values.astype(dtype)
+      _, pt = jax.jit(lambda w: jax.jvp(soft, (w,), (w,)))(w)  # the backward kernel
       f = lambda q, k, v: jst.sparse_attention(A, q, k, v)
       o = jax.jit(f)(q, k, v)
       _, t = jax.jit(lambda q: jax.jvp(lambda q: f(q, k, v), (q,), (q,)))(q)
       g = jax.jit(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) ** 2),
                            argnums=(0, 1, 2)))(q, k, v)
-      ok = all(bool(jnp.all(jnp.isfinite(a.astype(jnp.float32)))) for a in (p, o, t, *g))
+      ok = all(bool(jnp.all(jnp.isfinite(a.astype(jnp.float32)))) for a in (p, pt, o, t, *g))
       print(f"{np.dtype(dtype).name:9s} d={d:3d} edge_softmax/attention finite: {ok}")
       assert ok
   print("sanitize case ok")
