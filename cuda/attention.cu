@@ -13,12 +13,17 @@
 // features of one gathered row and its O^T fragment maps back to consecutive output features.
 // Q stays in registers for the whole window; the nnz-sized score matrix is never written.
 // Windows are taken in the schedule's order (heaviest first, Fused3S reordering). A window split
-// into several schedule items (pieces of the schedule's split size: 32 blocks, 4 on small graphs)
-// is processed by one warp per piece: each writes its partial (row max, row sum, unnormalised O)
-// to a workspace slot, and the piece that completes the window (a per-window counter) merges
-// them in one pass, FlashAttention-style (flash-decoding split-KV), several pieces' partials per
-// round trip. Without this a hub row's window was one warp's serial tail (docs/NOTES.md). Windows
-// whose pieces do not fit the workspace cap are processed whole by their first piece's warp.
+// into several schedule items is processed by one warp per piece, whose partials (row max, row
+// sum, unnormalised O) are merged FlashAttention-style (flash-decoding split-KV). Without this a
+// hub row's window was one warp's serial tail (docs/NOTES.md). Two ways to merge:
+// - grouped schedules (small graphs, pattern.py): a window's pieces (2 or 4) are warps of one
+//   CTA; the others leave their partials in shared memory and the first piece merges them after
+//   a named barrier. No workspace, no counters, no memset, no GPU-scope fences.
+// - otherwise (pieces of 32 blocks, or 4 on small graphs with windows too large to group): each
+//   piece writes its partial to a workspace slot, and the piece that completes the window (a
+//   per-window counter, zeroed before the launch) merges them in one pass, several pieces'
+//   partials per round trip. Windows whose pieces do not fit the workspace cap are processed
+//   whole by their first piece's warp.
 // Writes O and the row log-sum-exp (fp32) for the backward.
 //
 // Scalar path (float32 in, other head sizes, and the jvp): CUDA cores, one warp per
@@ -65,6 +70,39 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
 // (registers: 2 rows x (DV/8 + 2) floats per piece and thread).
 template <int DV> constexpr int kMergeChunk = DV > 64 ? 2 : 4;
 
+// Folds C partials of split pieces (per row: max in the log2 domain and sum; unnormalised O
+// features) into this thread's running (m, l, o) for rows 2t, 2t+1, FlashAttention-style. A
+// partial without a row has max -inf and adds nothing.
+template <int DV, int C>
+__device__ __forceinline__ void fold_partials(float (&m)[2], float (&l)[2], float (&o)[2][DV / 8],
+                                              const float2 (&ml)[C][2],
+                                              const float (&oj)[C][2][DV / 8]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = m[r];
+#pragma unroll
+    for (int c = 0; c < C; ++c) mx = fmaxf(mx, ml[c][r].x);
+    const float base = mx == -INFINITY ? 0.f : mx;
+    const float alpha = exp2f(m[r] - base);  // 0 while no piece had this row
+    l[r] *= alpha;
+#pragma unroll
+    for (int e = 0; e < DV / 8; ++e) o[r][e] *= alpha;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const float w = exp2f(ml[c][r].x - base);
+      l[r] += w * ml[c][r].y;
+#pragma unroll
+      for (int e = 0; e < DV / 8; ++e) o[r][e] += w * oj[c][r][e];
+    }
+    m[r] = mx;
+  }
+}
+
+// Shared memory of a CTA whose warps merge a grouped window's pieces: per warp, two rows of DV
+// floats (float4 per lane) and a (max, sum) pair per row and lane.
+template <int DV>
+constexpr int kGroupSmemBytes = kGroupItems * 2 * 32 * (DV / 32 * 16 + 8);
+
 template <class T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return raw16(from_f32<T>(lo)) | (raw16(from_f32<T>(hi)) << 16);
@@ -88,25 +126,35 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
             const int32_t* __restrict__ bvp, const int32_t* __restrict__ schedule,
             int64_t num_items, int64_t heads, Heads hc, int64_t m, int64_t n, int64_t nnz,
             float scale, int has_bias, float* __restrict__ ws, float2* __restrict__ ws_ml,
-            int* __restrict__ done, int64_t cap, int head_major) {
+            int* __restrict__ done, int64_t cap, int head_major, int grouped) {
+  // Grouped schedules: each head's items padded to whole groups, so that the warps of a CTA take
+  // one aligned group of one head's items.
+  static_assert(kWarps == kGroupItems, "a CTA holds one group of a grouped schedule");
+  const int64_t per_head = grouped ? (num_items + kGroupItems - 1) / kGroupItems * kGroupItems
+                                   : num_items;
   const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (unit >= num_items * heads) return;
+  if (unit >= per_head * heads) return;
   // Head-major: the GPU works through one head's windows at a time, so the K and V rows it
   // gathers are one head's (a quarter of the bytes at H = 4), which keeps hub rows in L2.
-  const int64_t item = head_major ? unit % num_items : unit / heads;
-  const int64_t h = head_major ? unit / num_items : unit % heads;
+  const bool hm = grouped || head_major;
+  const int64_t item = hm ? unit % per_head : unit / heads;
+  const int64_t h = hm ? unit / per_head : unit % heads;
+  if (item >= num_items) return;
   const int64_t w = schedule[4 * item];
   const int64_t wb = wbp[w], wend = wbp[w + 1];
   const int64_t b_first = schedule[4 * item + 1];
   int64_t b_end = schedule[4 * item + 2];
   // Split windows (pieces of `split` blocks): piece p of the window is item first + p
-  // (docs/FORMAT.md); first < 0 where the warp covers its whole window.
+  // (docs/FORMAT.md); first < 0 where the warp covers its whole window. `local`: the pieces are
+  // warps of this CTA (grouped schedule).
   int64_t first = -1, pieces = 1;
+  bool local = false;
   if (const int64_t split = schedule[4 * item + 3]) {
     const int64_t piece = (b_first - wb) / split;
     pieces = (wend - wb + split - 1) / split;
     first = item - piece;
-    if (first + pieces > cap) {  // no workspace slots: the first piece does the whole window
+    local = grouped && pieces <= kGroupItems && first % kGroupItems + pieces <= kGroupItems;
+    if (!local && first + pieces > cap) {  // no way to merge: the first piece does it all
       if (piece != 0) return;
       first = -1;
       b_end = wend;
@@ -240,7 +288,52 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
 #pragma unroll
     for (int s = 0; s < MS; ++s) { o[r][2 * s] = acc[s][r]; o[r][2 * s + 1] = acc[s][r + 2]; }
   }
-  if (first >= 0) {
+  if (local) {
+    // The other pieces leave their partials in this CTA's shared memory (slot = warp; each thread
+    // its own rows and features, lanes adjacent per float4) and arrive at the window's barrier;
+    // the first piece waits there and folds them in.
+    extern __shared__ float4 part[];  // [kGroupItems][2 rows][DV/32][32 lanes] float4
+    float2* part_ml = reinterpret_cast<float2*>(part + kGroupItems * 2 * (DV / 32) * 32);
+    const int slot = int(item % kGroupItems), lead = int(first % kGroupItems);
+    const int threads = int(pieces) * 32;
+    // The window's barrier: 1 + its first piece's warp (a CTA may hold two windows).
+    auto window_barrier = [&](bool wait) {
+      switch (lead) {
+        case 0: wait ? barrier_sync<1>(threads) : barrier_arrive<1>(threads); break;
+        case 1: wait ? barrier_sync<2>(threads) : barrier_arrive<2>(threads); break;
+        case 2: wait ? barrier_sync<3>(threads) : barrier_arrive<3>(threads); break;
+        default: wait ? barrier_sync<4>(threads) : barrier_arrive<4>(threads); break;
+      }
+    };
+    if (slot != lead) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int x = 0; x < DV / 32; ++x)
+          part[((slot * 2 + r) * (DV / 32) + x) * 32 + lane] =
+              make_float4(o[r][4 * x], o[r][4 * x + 1], o[r][4 * x + 2], o[r][4 * x + 3]);
+        part_ml[(slot * 2 + r) * 32 + lane] = make_float2(mrow[r], lsum[r]);
+      }
+      window_barrier(false);
+      return;
+    }
+    window_barrier(true);
+    for (int j = lead + 1; j < lead + pieces; ++j) {
+      float2 ml[1][2];
+      float oj[1][2][DV / 8];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        ml[0][r] = part_ml[(j * 2 + r) * 32 + lane];
+#pragma unroll
+        for (int x = 0; x < DV / 32; ++x) {
+          const float4 v = part[((j * 2 + r) * (DV / 32) + x) * 32 + lane];
+          oj[0][r][4 * x] = v.x; oj[0][r][4 * x + 1] = v.y;
+          oj[0][r][4 * x + 2] = v.z; oj[0][r][4 * x + 3] = v.w;
+        }
+      }
+      fold_partials<DV, 1>(mrow, lsum, o, ml, oj);
+    }
+  } else if (first >= 0) {
     // Partial of a piece in slot (item, h): unnormalised O rows [8][DV] (16-byte aligned, so
     // each thread stores its DV/8 features as vectors) and (max in the log2 domain, sum) per row.
     // The piece that completes the window merges every piece's partial into o, mrow, lsum.
@@ -287,25 +380,7 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
           }
         }
       }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = mrow[r];
-#pragma unroll
-        for (int c = 0; c < C; ++c) mx = fmaxf(mx, ml[c][r].x);
-        const float base = mx == -INFINITY ? 0.f : mx;
-        const float alpha = exp2f(mrow[r] - base);  // 0 while no piece had this row
-        lsum[r] *= alpha;
-#pragma unroll
-        for (int e = 0; e < DV / 8; ++e) o[r][e] *= alpha;
-#pragma unroll
-        for (int c = 0; c < C; ++c) {
-          const float w = exp2f(ml[c][r].x - base);  // 0 for a piece without this row
-          lsum[r] += w * ml[c][r].y;
-#pragma unroll
-          for (int e = 0; e < DV / 8; ++e) o[r][e] += w * oj[c][r][e];
-        }
-        mrow[r] = mx;
-      }
+      fold_partials<DV, C>(mrow, lsum, o, ml, oj);
     }
   }
   // normalise, write rows 2t and 2t+1 (features g*DV/8 ..) and their log-sum-exp
@@ -449,36 +524,42 @@ struct SplitWorkspace {
 constexpr int64_t kSplitWorkspaceBytes = 128 << 20;
 
 template <class T, int D>
-void launch_tc(cudaStream_t st, unsigned grid, const T* q, const T* k, const T* v, const T* b,
+void launch_tc(cudaStream_t st, const T* q, const T* k, const T* v, const T* b,
                T* o, float* l, const PatternView& p, int64_t heads, Heads hc, int64_t m,
                int64_t n, int64_t nnz, float scale, int has_bias, const SplitWorkspace& sw,
-               bool pf) {
+               bool pf, bool grouped) {
   // JAXSPARSE_TC_ATTN_HEAD_MAJOR=0 (benchmarks): a window's heads adjacent, the order before
   // session 12 (NOTES: head-major was 10% faster at d=128 on R-MAT).
   auto kernel = pf ? attn_fwd_tc<T, D, D, true> : attn_fwd_tc<T, D, D, false>;
-  kernel<<<grid, 32 * kWarps, 0, st>>>(
+  const int64_t per_head = grouped ? (p.num_items + kGroupItems - 1) / kGroupItems * kGroupItems
+                                   : p.num_items;
+  kernel<<<grid_for(per_head * heads), 32 * kWarps, grouped ? kGroupSmemBytes<D> : 0, st>>>(
       q, k, v, b, o, l, p.window_col_ptr, p.window_cols, p.window_block_ptr, p.block_bitmap,
       p.block_value_ptr, p.schedule, p.num_items, heads, hc, m, n, nnz, scale, has_bias, sw.ws,
-      sw.ws_ml, sw.done, sw.cap, env_int("JAXSPARSE_TC_ATTN_HEAD_MAJOR", 1));
+      sw.ws_ml, sw.done, sw.cap, env_int("JAXSPARSE_TC_ATTN_HEAD_MAJOR", 1), int(grouped));
 }
 
 }  // namespace
 
 // Split windows' workspace of the fused forward (tensor-core path: 16-bit, d == dv in {32, 64,
-// 128}; JAXSPARSE_TC_ATTN_SPLIT=0, for tests and benchmarks: no slots, whole windows per warp):
+// 128}; JAXSPARSE_TC_ATTN_SPLIT=0, for tests and benchmarks: no merges, whole windows per warp):
 // per slot and head, 8 rows of unnormalised O, then of (running max, sum), then a piece counter per
-// slot and head. Slots beyond the cap are windows done whole by their first piece.
+// slot and head. Slots beyond the cap are windows done whole by their first piece. A grouped
+// schedule merges in shared memory and needs none.
 struct SplitLayout {
   int64_t cap;
   size_t o_bytes, done_offset, total_bytes;  // O, then (max, sum), then counters
+  bool grouped;                              // merges inside CTAs
 };
 
 static SplitLayout attention_split(int esize, int64_t d, int64_t dv, int64_t heads,
-                                   int64_t num_items) {
+                                   int64_t num_items, bool grouped) {
   const bool tc = esize == 2 && d == dv && (d == 32 || d == 64 || d == 128) && num_items > 0;
   const int64_t slot_bytes = heads * 8 * (dv + 2) * 4 + heads * 4;
-  SplitLayout l{0, 0, 0};
-  if (tc && env_int("JAXSPARSE_TC_ATTN_SPLIT", 1) != 0)
+  SplitLayout l{0, 0, 0, 0, false};
+  const bool split = tc && env_int("JAXSPARSE_TC_ATTN_SPLIT", 1) != 0;
+  l.grouped = split && grouped;
+  if (split && !grouped)
     l.cap = std::min<int64_t>(num_items, kSplitWorkspaceBytes / slot_bytes);
   l.o_bytes = size_t(l.cap * heads * 8 * dv) * 4;
   l.done_offset = l.o_bytes + size_t(l.cap * heads * 8) * 8;
@@ -487,8 +568,8 @@ static SplitLayout attention_split(int esize, int64_t d, int64_t dv, int64_t hea
 }
 
 int64_t attention_workspace_bytes(int esize, int64_t d, int64_t dv, int64_t heads,
-                                  int64_t num_items) {
-  return int64_t(attention_split(esize, d, dv, heads, num_items).total_bytes);
+                                  int64_t num_items, bool grouped) {
+  return int64_t(attention_split(esize, d, dv, heads, num_items, grouped).total_bytes);
 }
 
 static ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer k,
@@ -497,7 +578,7 @@ static ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::Any
                                      ffi::Result<ffi::AnyBuffer> o,
                                      ffi::Result<ffi::Buffer<ffi::F32>> lse,
                                      ffi::Result<ffi::AnyBuffer> workspace, float scale,
-                                     int32_t has_bias) {
+                                     int32_t has_bias, int32_t grouped) {
   const PatternView p = make_view(wcp, wc, wbp, bitmap, bvp, schedule);
   const int64_t heads = o->dimensions()[0], m = o->dimensions()[1], dv = o->dimensions()[2];
   const int64_t n = k.dimensions()[1], d = q.dimensions()[2], nnz = bias.dimensions()[1];
@@ -506,7 +587,7 @@ static ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::Any
     return ffi::Error::InvalidArgument("sparse_attention (CUDA): d and dv must be <= 256");
   if (heads == 0 || m == 0) return ffi::Error::Success();
   const int esize = q.element_type() == ffi::DataType::F32 ? 4 : 2;
-  const SplitLayout layout = attention_split(esize, d, dv, heads, p.num_items);
+  const SplitLayout layout = attention_split(esize, d, dv, heads, p.num_items, grouped != 0);
   if (workspace->size_bytes() < layout.total_bytes)
     return ffi::Error::InvalidArgument(
         "sparse_attention: workspace smaller than the launch needs (JAXSPARSE_TC_ATTN_SPLIT "
@@ -534,10 +615,10 @@ static ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::Any
     float* lp = lse->typed_data();
     if constexpr (sizeof(T) == 2) {
       if (d == dv && (d == 32 || d == 64 || d == 128) && p.num_items > 0) {
-        const unsigned grid = grid_for(p.num_items * heads);
-        if (d == 32) launch_tc<T, 32>(st, grid, qp, kp, vp, bp, op, lp, p, heads, hc, m, n, nnz, scale, has_bias, sw, pf);
-        if (d == 64) launch_tc<T, 64>(st, grid, qp, kp, vp, bp, op, lp, p, heads, hc, m, n, nnz, scale, has_bias, sw, pf);
-        if (d == 128) launch_tc<T, 128>(st, grid, qp, kp, vp, bp, op, lp, p, heads, hc, m, n, nnz, scale, has_bias, sw, pf);
+        const bool gr = layout.grouped;
+        if (d == 32) launch_tc<T, 32>(st, qp, kp, vp, bp, op, lp, p, heads, hc, m, n, nnz, scale, has_bias, sw, pf, gr);
+        if (d == 64) launch_tc<T, 64>(st, qp, kp, vp, bp, op, lp, p, heads, hc, m, n, nnz, scale, has_bias, sw, pf, gr);
+        if (d == 128) launch_tc<T, 128>(st, qp, kp, vp, bp, op, lp, p, heads, hc, m, n, nnz, scale, has_bias, sw, pf, gr);
         return;
       }
     }
@@ -592,7 +673,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionFwdCuda, attention_fwd_cuda,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::AnyBuffer>()  // workspace [bytes]
                                   .Attr<float>("scale")
-                                  .Attr<int32_t>("has_bias"),
+                                  .Attr<int32_t>("has_bias")
+                                  .Attr<int32_t>("grouped"),  // the schedule is grouped
                               JAXSPARSE_TC_CAPTURABLE);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionJvpCuda, attention_jvp_cuda,

@@ -22,7 +22,7 @@ int64_t spmm_workspace_bytes(int esize, bool exact, int64_t nnz, int64_t num_blo
                              int64_t num_items, int64_t num_windows, int64_t row_items, int64_t m,
                              int64_t d, int64_t heads, std::string* error);
 int64_t attention_workspace_bytes(int esize, int64_t d, int64_t dv, int64_t heads,
-                                  int64_t num_items);
+                                  int64_t num_items, bool grouped);
 }  // namespace jaxsparse_tc
 
 namespace {

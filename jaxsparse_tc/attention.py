@@ -85,7 +85,8 @@ def sparse_attention(A, Q, K, V, *, scale=None, bias=None):
   o, _ = attention_fwd_p.bind(q.reshape((hs[0],) + q.shape[-2:]),
                               k.reshape((hs[1],) + k.shape[-2:]),
                               v.reshape((hs[2],) + v.shape[-2:]), b, *A.pattern_operands(),
-                              shape=A.shape, scale=scale, has_bias=has_bias)
+                              shape=A.shape, scale=scale, has_bias=has_bias,
+                              grouped=A.grouped[0])
   no_heads = q.ndim == 2 and k.ndim == 2 and v.ndim == 2 and (bias is None or jnp.ndim(bias) == 1)
   return o[0] if no_heads else o
 
@@ -95,7 +96,7 @@ _ATTRS = dict(scale=("scale", np.float32), has_bias=("has_bias", np.int32))
 
 
 # -- forward ----------------------------------------------------------------------------------
-def _fwd_abstract(q, k, v, bias, *pattern, shape, scale, has_bias):
+def _fwd_abstract(q, k, v, bias, *pattern, shape, scale, has_bias, grouped):
   h = heads.num_heads(q.shape[0], k.shape[0], v.shape[0], bias.shape[0])
   m = shape[0]
   return (q.update(shape=(h, m, v.shape[2]), dtype=q.dtype),
@@ -109,7 +110,8 @@ def _fwd_jvp(primals, tangents, **params):
   if all(type(t) is ad.Zero for t in tans):
     return (o, lse), (rules.zero_tangent(o), rules.zero_tangent(lse))
   tans = [ad.instantiate_zeros(t) for t in tans]
-  do = attention_jvp_p.bind(q, k, v, bias, o, lse, *tans, *pattern, **params)
+  do = attention_jvp_p.bind(q, k, v, bias, o, lse, *tans, *pattern, shape=params["shape"],
+                            scale=params["scale"], has_bias=params["has_bias"])
   return (o, lse), (do, rules.zero_tangent(lse))
 
 
@@ -126,14 +128,15 @@ def _fwd_cuda_workspace(avals_in, avals_out, params):
   q, v, schedule = avals_in[0], avals_in[2], avals_in[9]
   h = avals_out[0].shape[0]
   return cuda_extension().attention_workspace_bytes(q.dtype.itemsize, q.shape[2], v.shape[2], h,
-                                                    schedule.shape[0])
+                                                    schedule.shape[0], params["grouped"])
 
 
 attention_fwd_p.def_abstract_eval(_fwd_abstract)
 ad.primitive_jvps[attention_fwd_p] = _fwd_jvp
 batching.primitive_batchers[attention_fwd_p] = _fwd_batch
 register_ffi_lowering(attention_fwd_p, "jaxsparse_tc_attention_fwd", 4 + 6,
-                      cuda_workspace=_fwd_cuda_workspace, **_ATTRS)
+                      cuda_workspace=_fwd_cuda_workspace, grouped="grouped",
+                      cuda_only_attrs=("grouped",), **_ATTRS)
 
 
 # -- jvp (linear in operands 6..9) --------------------------------------------------------------

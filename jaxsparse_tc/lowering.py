@@ -18,7 +18,7 @@ except ImportError:  # pragma: no cover
 
 def register_ffi_lowering(prim, target: str, num_kernel_operands: int, *,
                           cuda_extra_operands: tuple[int, ...] = (), cuda_workspace=None,
-                          cpu_rule=None, **static_attrs):
+                          cpu_rule=None, cuda_only_attrs: tuple[str, ...] = (), **static_attrs):
   """Lowers `prim` to FFI `target` on CPU (always) and CUDA (when built).
 
   Primitives carry both orientations of the pattern for their transpose rules; a kernel reads
@@ -33,13 +33,15 @@ def register_ffi_lowering(prim, target: str, num_kernel_operands: int, *,
   when the handler returns, while a CUDA graph captured from the handler keeps the address.)
 
   `cpu_rule`: a lowering rule for CPU in place of an FFI target (an operator whose CPU
-  reference is composed from other primitives).
+  reference is composed from other primitives). `cuda_only_attrs`: attributes the CPU handler
+  does not take.
   """
   attr_types = {attr: src if isinstance(src, tuple) else (src, np.int32)
                 for attr, src in static_attrs.items()}
 
-  def lower(ctx, operands, params, picked, workspace=None):
-    attrs = {attr: typ(params[name]) for attr, (name, typ) in attr_types.items()}
+  def lower(ctx, operands, params, picked, workspace=None, cuda=False):
+    attrs = {attr: typ(params[name]) for attr, (name, typ) in attr_types.items()
+             if cuda or attr not in cuda_only_attrs}
     avals_in = [ctx.avals_in[i] for i in picked]
     if workspace is None:
       sub = ctx.replace(avals_in=avals_in)
@@ -57,7 +59,7 @@ def register_ffi_lowering(prim, target: str, num_kernel_operands: int, *,
       raise NotImplementedError(
           f"{prim.name}: float64 runs on the CPU kernels only; cast to float32 on GPU")
     return lower(ctx, operands, params, [*range(num_kernel_operands), *cuda_extra_operands],
-                 cuda_workspace)
+                 cuda_workspace, cuda=True)
 
   prim.def_impl(functools.partial(apply_primitive, prim))
   mlir.register_lowering(prim, cpu_rule or rule, platform="cpu")

@@ -40,24 +40,59 @@ class Pattern(NamedTuple):
     return self.block_bitmap.shape[0]
 
 
-def window_schedule(window_block_ptr: np.ndarray, size: int = SPLIT_BLOCKS) -> np.ndarray:
+def window_schedule(window_block_ptr: np.ndarray, size: int = SPLIT_BLOCKS,
+                    grouped: bool = False) -> np.ndarray:
   """Work items (window, block_begin, block_end, split): windows by decreasing block count, a
   window of more than `size` blocks cut into pieces of that many (split = the piece size; 0 for
   a whole window), a split window's pieces contiguous and in order (so split items are the
   schedule's prefix and piece p of a window whose first piece is item s is item s + p; kernels
-  rely on both)."""
+  rely on both).
+
+  `grouped` (grouped_schedule_fits must hold): each window is cut into grouped_pieces() pieces
+  of equal size instead (1, 2 or 4), so that every split window's pieces lie in one aligned
+  group of GROUP_ITEMS items, which the attention forward merges inside one CTA."""
   ptr = np.asarray(window_block_ptr, dtype=np.int64)
   counts = np.diff(ptr)
-  pieces = np.maximum(1, -(-counts // size))
+  if grouped:
+    pieces = grouped_pieces(counts)
+    sizes = np.maximum(1, -(-counts // pieces))
+    assert np.array_equal(pieces, np.maximum(1, -(-counts // sizes)))
+  else:
+    pieces = np.maximum(1, -(-counts // size))
+    sizes = np.full(counts.shape, size)
   window = np.repeat(np.arange(counts.size, dtype=np.int64), pieces)
   first_item = np.cumsum(pieces) - pieces
   piece = np.arange(window.size, dtype=np.int64) - np.repeat(first_item, pieces)
-  begin = ptr[window] + piece * size
-  end = np.minimum(begin + size, ptr[window + 1])
-  split = np.where(pieces[window] > 1, size, 0)
+  begin = ptr[window] + piece * sizes[window]
+  end = np.minimum(begin + sizes[window], ptr[window + 1])
+  split = np.where(pieces[window] > 1, sizes[window], 0)
   items = np.stack([window, begin, end, split], axis=1)
   order = np.argsort(-counts[window], kind="stable")
   return np.ascontiguousarray(items[order], dtype=np.int32)
+
+
+# Grouped schedules (small graphs whose windows have at most GROUPED_MAX_BLOCKS blocks): a window
+# of up to SMALL_GRAPH_SPLIT blocks is one item, up to 9 blocks two pieces, more four (from 10
+# blocks on, four pieces of ceil(count / 4) blocks are exactly four). Sorted by block count, the
+# four-piece windows come first, then the two-piece ones, so each lands in one aligned group.
+GROUP_ITEMS = 4
+GROUPED_MAX_BLOCKS = 32
+
+
+def grouped_pieces(counts: np.ndarray) -> np.ndarray:
+  counts = np.asarray(counts)
+  return np.where(counts <= SMALL_GRAPH_SPLIT, 1, np.where(counts <= 9, 2, GROUP_ITEMS))
+
+
+def grouped_schedule_fits(window_block_ptr: np.ndarray, nnz: int) -> bool:
+  """Whether a pattern gets a grouped schedule: a small graph (SMALL_GRAPH_NNZ) whose windows
+  have at most GROUPED_MAX_BLOCKS blocks (larger ones keep pieces of SMALL_GRAPH_SPLIT blocks,
+  merged across CTAs), unless JAXSPARSE_TC_SPLIT_BLOCKS forces a piece size or
+  JAXSPARSE_TC_GROUPED=0 (benchmarks)."""
+  if os.environ.get("JAXSPARSE_TC_SPLIT_BLOCKS") or os.environ.get("JAXSPARSE_TC_GROUPED") == "0":
+    return False
+  counts = np.diff(np.asarray(window_block_ptr, dtype=np.int64))
+  return nnz < SMALL_GRAPH_NNZ and (counts.size == 0 or int(counts.max()) <= GROUPED_MAX_BLOCKS)
 
 
 SMALL_GRAPH_NNZ = 1 << 16  # graphs this small get row pieces of SMALL_GRAPH_PIECE entries
@@ -127,22 +162,25 @@ def row_schedule(row_ptr: np.ndarray, piece: int) -> np.ndarray:
   return np.ascontiguousarray(np.stack([row, begin, end, slot], axis=1), dtype=np.int32)
 
 
-def build(rows: np.ndarray, cols: np.ndarray, m: int, n: int) -> tuple[Pattern, np.ndarray]:
-  """Builds the pattern of validated int64 COO indices; returns it and input_to_format."""
+def build(rows: np.ndarray, cols: np.ndarray, m: int, n: int) -> tuple[Pattern, np.ndarray, bool]:
+  """Builds the pattern of validated int64 COO indices; returns it, input_to_format and whether
+  its schedule is grouped (window_schedule)."""
   raw = _cpu.build_pattern(rows, cols, m, n)
+  nnz = raw["rows"].shape[0]
+  grouped = grouped_schedule_fits(raw["window_block_ptr"], nnz)
   pattern = Pattern(
       window_col_ptr=raw["window_col_ptr"],
       window_cols=raw["window_cols"],
       window_block_ptr=raw["window_block_ptr"],
       block_bitmap=raw["block_bitmap"],
       block_value_ptr=raw["block_value_ptr"],
-      schedule=window_schedule(raw["window_block_ptr"], split_blocks(raw["rows"].shape[0])),
+      schedule=window_schedule(raw["window_block_ptr"], split_blocks(nnz), grouped),
       rows=raw["rows"],
       cols=raw["cols"],
       row_entries=raw["row_entries"],
-      row_schedule=row_schedule(raw["row_ptr"], row_piece(raw["rows"].shape[0])),
+      row_schedule=row_schedule(raw["row_ptr"], row_piece(nnz)),
   )
-  return pattern, raw["input_to_format"]
+  return pattern, raw["input_to_format"], grouped
 
 
 # A primitive's pattern operands, in order: A's kernel arrays (6), A^T's (6), perm_t, perm_t_inv,

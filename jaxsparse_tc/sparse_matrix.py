@@ -88,7 +88,7 @@ class SparseMatrix:
   """
 
   def __init__(self, values, pattern: Pattern, pattern_t: Pattern, perm_t, perm_t_inv,
-               input_to_format, shape: tuple[int, int]):
+               input_to_format, shape: tuple[int, int], grouped: tuple[bool, bool] = (False, False)):
     self.values = values
     self.pattern = pattern
     self.pattern_t = pattern_t
@@ -96,16 +96,20 @@ class SparseMatrix:
     self.perm_t_inv = perm_t_inv
     self.input_to_format = input_to_format
     self.shape = tuple(shape)
+    # Whether A's and A^T's schedules are grouped (pattern.window_schedule): static, so that a
+    # kernel can be told at trace time that no split window needs a cross-CTA merge.
+    self.grouped = tuple(bool(g) for g in grouped)
 
   # -- pytree ---------------------------------------------------------------------------------
   def tree_flatten(self):
     children = (self.values, self.pattern, self.pattern_t, self.perm_t, self.perm_t_inv,
                 self.input_to_format)
-    return children, self.shape
+    return children, (self.shape, self.grouped)
 
   @classmethod
-  def tree_unflatten(cls, shape, children):
-    return cls(*children, shape=shape)
+  def tree_unflatten(cls, aux, children):
+    shape, grouped = aux
+    return cls(*children, shape=shape, grouped=grouped)
 
   # -- construction ---------------------------------------------------------------------------
   @classmethod
@@ -122,8 +126,8 @@ class SparseMatrix:
     # The builder releases the GIL: build A and A^T on two cores at once.
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
       job_t = pool.submit(pattern_lib.build, cols, rows, n, m)
-      pattern, to_format = pattern_lib.build(rows, cols, m, n)
-      pattern_t, to_format_t = job_t.result()
+      pattern, to_format, grouped = pattern_lib.build(rows, cols, m, n)
+      pattern_t, to_format_t, grouped_t = job_t.result()
     nnz = pattern.rows.shape[0]
     perm_t = np.empty(nnz, np.int32)
     perm_t[to_format_t] = to_format
@@ -132,7 +136,8 @@ class SparseMatrix:
     values_f = _sum_into(v, to_format, nnz)
     put = jax.device_put
     return cls(put(values_f), Pattern(*map(put, pattern)), Pattern(*map(put, pattern_t)),
-               put(perm_t), put(perm_t_inv), put(to_format.astype(np.int32)), shape)
+               put(perm_t), put(perm_t_inv), put(to_format.astype(np.int32)), shape,
+               (grouped, grouped_t))
 
   @classmethod
   def from_scipy(cls, m) -> "SparseMatrix":
@@ -188,7 +193,7 @@ class SparseMatrix:
       raise ValueError(f"values must have shape [{self.nnz}] or [H, {self.nnz}] for a "
                        f"matrix of shape {self.shape}; got {values.shape}")
     return SparseMatrix(values, self.pattern, self.pattern_t, self.perm_t, self.perm_t_inv,
-                        self.input_to_format, self.shape)
+                        self.input_to_format, self.shape, self.grouped)
 
   def values_from_input(self, values) -> jax.Array:
     """Input-order values (as given to the constructor) to format order; duplicates add up."""
@@ -206,7 +211,7 @@ class SparseMatrix:
     """The transpose (its pattern was built with this one; values are permuted)."""
     return SparseMatrix(self.values[..., self.perm_t], self.pattern_t, self.pattern,
                         self.perm_t_inv, self.perm_t, self.perm_t_inv[self.input_to_format],
-                        self.shape[::-1])
+                        self.shape[::-1], self.grouped[::-1])
 
   def pattern_operands(self) -> tuple:
     """What primitives take besides values: both orientations' kernel arrays and perms."""

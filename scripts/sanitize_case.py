@@ -44,6 +44,26 @@ def streams(rng) -> None:
     assert serr < 2e-2, serr
 
 
+def grouped(rng) -> None:
+  """The attention forward on a grouped schedule (windows of 0 .. 32 blocks merged inside
+  CTAs, three heads: each head's items padded to whole groups), fp16, d = 32 and 128."""
+  rows, cols = [], []
+  for w in range(33):
+    pool = rng.choice(2000, size=8 * w, replace=False)
+    for r in range(8):
+      c = pool[rng.random(pool.size) < 0.5]
+      rows += [np.full(c.size, 8 * w + r)]
+      cols += [c]
+  A = jst.SparseMatrix.from_coo(np.concatenate(rows), np.concatenate(cols), shape=(264, 2000))
+  assert A.grouped[0]
+  for d in (32, 128):
+    q, k, v = (jnp.asarray(rng.standard_normal((3, s, d)), jnp.float16) for s in (264, 2000, 2000))
+    o = jax.jit(lambda q, k, v: jst.sparse_attention(A, q, k, v))(q, k, v)
+    ok = bool(jnp.all(jnp.isfinite(o.astype(jnp.float32))))
+    print(f"grouped attention d={d:3d} finite: {ok}")
+    assert ok
+
+
 def main() -> None:
   rng = np.random.default_rng(0)
   m, n = 21, 3001
@@ -70,6 +90,7 @@ def main() -> None:
             f"sddmm {serr:.2e}")
   assert worst < 2e-2, worst
   streams(rng)
+  grouped(rng)
   # edge softmax and attention (forward, jvp, grad through the backward row pass), every dtype
   for dtype in (jnp.float32, jnp.float16, jnp.bfloat16):
     for d in (24, 64):

@@ -82,6 +82,20 @@ def random_coo(rng, m, n, density, duplicates=0.1):
   return rows, cols, vals
 
 
+def window_blocks_coo(rng, max_blocks: int = 32, n: int = 4000, keep: float = 0.6):
+  """COO indices of 8 * (max_blocks + 1) rows in which the rows of window w draw from a shared
+  pool of 8 * w columns: windows of 0 .. max_blocks blocks (every piece count of a grouped
+  schedule), some rows empty."""
+  rows, cols = [], []
+  for w in range(max_blocks + 1):
+    pool = rng.choice(n, size=8 * w, replace=False)
+    for r in range(8):
+      c = pool[rng.random(pool.size) < keep]
+      rows.append(np.full(c.size, 8 * w + r))
+      cols.append(c)
+  return np.concatenate(rows), np.concatenate(cols), (8 * (max_blocks + 1), n)
+
+
 def rel_err(out, ref) -> float:
   out = np.asarray(out, np.float64)
   ref = np.asarray(ref, np.float64)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from conftest import random_coo
+from conftest import random_coo, window_blocks_coo
 from jaxsparse_tc import SparseMatrix
 from jaxsparse_tc.pattern import SPLIT_BLOCKS, split_blocks, window_schedule
 
@@ -104,6 +104,80 @@ def test_schedule_covers_every_block_once(rng):
     p = (sched[i, 1] - ptr[sched[i, 0]]) // piece
     assert sched[i - p, 0] == sched[i, 0] and sched[i - p, 1] == ptr[sched[i, 0]]
     assert sched[i, 1] == ptr[sched[i, 0]] + p * piece
+
+
+def _check_grouped_schedule(sched: np.ndarray, ptr: np.ndarray) -> None:
+  """Every block once; a split window's 2 or 4 pieces equal-sized, in order, and inside one
+  aligned group of GROUP_ITEMS items (what the attention forward's in-CTA merge needs)."""
+  from jaxsparse_tc.pattern import GROUP_ITEMS, grouped_pieces
+
+  counts = np.diff(ptr)
+  seen = np.zeros(ptr[-1], np.int64)
+  for i, (w, b0, b1, split) in enumerate(sched):
+    seen[b0:b1] += 1
+    want = grouped_pieces(counts[w])
+    if want == 1:
+      assert split == 0 and (b0, b1) == (ptr[w], ptr[w + 1])
+      continue
+    pieces = -(-counts[w] // split)  # what the kernels compute
+    piece = (b0 - ptr[w]) // split
+    assert pieces == want and b0 == ptr[w] + piece * split and b1 - b0 <= split
+    first = i - piece
+    assert sched[first, 0] == w and first % GROUP_ITEMS + pieces <= GROUP_ITEMS
+  assert np.all(seen == 1)
+  assert np.all(np.diff(counts[sched[:, 0]]) <= 0), "heaviest windows first"
+
+
+def test_grouped_schedule_on_small_graphs(rng):
+  from jaxsparse_tc.pattern import GROUPED_MAX_BLOCKS
+
+  rows, cols, shape = window_blocks_coo(rng, GROUPED_MAX_BLOCKS)
+  A = SparseMatrix.from_coo(rows, cols, shape=shape)
+  ptr = np.asarray(A.pattern.window_block_ptr)
+  assert np.diff(ptr).max() <= GROUPED_MAX_BLOCKS and A.grouped[0]
+  sched = np.asarray(A.pattern.schedule)
+  split = sched[:, 3]
+  pieces = np.where(split > 0, -(-np.diff(ptr)[sched[:, 0]] // np.maximum(split, 1)), 1)
+  assert set(pieces.tolist()) == {1, 2, 4}, "whole windows, two and four pieces"
+  _check_grouped_schedule(sched, ptr)
+  assert A.T.grouped == A.grouped[::-1] and A.with_values(A.values).grouped == A.grouped
+  leaves, tree = jax.tree_util.tree_flatten(A)
+  assert jax.tree_util.tree_unflatten(tree, leaves).grouped == A.grouped
+  assert jax.jit(lambda B: B)(A).grouped == A.grouped
+
+
+def test_grouped_schedule_only_where_it_fits(rng, monkeypatch):
+  from jaxsparse_tc.pattern import GROUPED_MAX_BLOCKS, grouped_schedule_fits
+
+  # one window past GROUPED_MAX_BLOCKS blocks: pieces of 4 merged across CTAs instead
+  ptr = np.array([0, 3, GROUPED_MAX_BLOCKS + 4])
+  assert grouped_schedule_fits(np.array([0, 3, GROUPED_MAX_BLOCKS]), 1000)
+  assert not grouped_schedule_fits(ptr, 1000)
+  assert not grouped_schedule_fits(np.array([0, 3]), 1 << 20), "large graphs are never grouped"
+  rows = np.repeat(np.arange(8), 300)
+  A = SparseMatrix.from_coo(rows, rng.integers(0, 5000, rows.size), shape=(8, 5000))
+  assert not A.grouped[0] and np.asarray(A.pattern.schedule)[:, 3].max() == 4
+  for var in ("JAXSPARSE_TC_GROUPED", "JAXSPARSE_TC_SPLIT_BLOCKS"):
+    with monkeypatch.context() as mp:
+      mp.setenv(var, "0" if var == "JAXSPARSE_TC_GROUPED" else "4")
+      assert not grouped_schedule_fits(np.array([0, 12]), 1000)
+  for count in range(1, GROUPED_MAX_BLOCKS + 1):
+    _check_grouped_schedule(window_schedule(np.array([0, count, count + 1]), grouped=True),
+                            np.array([0, count, count + 1]))
+
+
+def test_group_items_match_the_kernels():
+  """The attention forward maps a CTA onto one group of a grouped schedule (format.h)."""
+  import re
+  from pathlib import Path
+
+  from jaxsparse_tc.pattern import GROUP_ITEMS
+
+  header = Path(__file__).parents[1] / "cuda/include/jaxsparse_tc/format.h"
+  if not header.exists():
+    pytest.skip("kernel sources not in this checkout")
+  found = re.search(r"constexpr int kGroupItems = (\d+);", header.read_text())
+  assert found and int(found.group(1)) == GROUP_ITEMS
 
 
 def test_row_view_is_csr_of_the_format(rng):

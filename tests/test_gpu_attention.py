@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from conftest import rel_err
+from conftest import rel_err, window_blocks_coo
 from test_attention import (DTYPES, attention_grads_ref, attention_ref, hub_pattern, make_pattern,
                             qkv, softmax_jvp_ref, softmax_ref)
 import jaxsparse_tc as jst
@@ -112,6 +112,42 @@ def test_gpu_attention_hub_window(rng, monkeypatch, d, split):
       assert rel_err(out, attention_ref(A, q, k, v, None, b)) < 2 * TOL[dtype]
       np.testing.assert_array_equal(out[:, 1], 0.0)
   # The backward starts from the merged row log-sum-exp: gradients as on the CPU.
+  def loss(M, a, kk, vv, bb):
+    return jnp.sum(jst.sparse_attention(M, a, kk, vv, bias=bb).astype(jnp.float32))
+
+  got = jax.jit(jax.grad(loss, argnums=(1, 2, 3, 4)))(A, q, k, v, bias)
+  cpu = jax.devices("cpu")[0]
+  with jax.default_device(cpu):
+    ref = jax.grad(loss, argnums=(1, 2, 3, 4))(jax.device_put(Ac, cpu),
+                                               *jax.device_put((q, k, v, bias), cpu))
+  for g, r in zip(got, ref):
+    assert rel_err(g, r) < 3e-2
+
+
+@pytest.mark.parametrize("grouped", ["1", "0"])
+@pytest.mark.parametrize("d", [32, 64, 128])
+def test_gpu_attention_grouped_windows(rng, monkeypatch, d, grouped):
+  """A small graph with windows of 0 .. 32 blocks: whole windows and windows of two and four
+  pieces, merged inside a CTA (grouped schedule), or across CTAs through the workspace
+  (JAXSPARSE_TC_GROUPED=0). Three heads (each head's items padded to whole groups), empty rows,
+  bias with logits ~1e3 whose maxima differ between pieces, and the gradients after it."""
+  monkeypatch.setenv("JAXSPARSE_TC_GROUPED", grouped)
+  rows, cols, shape = window_blocks_coo(rng, 32, keep=0.5)
+  Ac = SparseMatrix.from_coo(rows, cols, shape=shape)
+  assert Ac.grouped[0] == (grouped == "1")
+  A = on_gpu(Ac)
+  H = 3
+  for dtype in (jnp.float16, jnp.bfloat16):
+    q, k, v = (gpu(x) for x in qkv(rng, A, d=d, dv=d, dtype=dtype, h=H))
+    bias = gpu(jnp.asarray(rng.uniform(-1e3, 1e3, (H, A.nnz)), dtype))
+    for b in (None, bias):
+      out = np.asarray(jax.jit(lambda *a: jst.sparse_attention(A, *a[:3], bias=a[3]))(
+          q, k, v, b), np.float64)
+      assert np.all(np.isfinite(out))
+      assert rel_err(out, attention_ref(A, q, k, v, None, b)) < 2 * TOL[dtype]
+      empty = np.setdiff1d(np.arange(shape[0]), rows)
+      np.testing.assert_array_equal(out[:, empty], 0.0)
+
   def loss(M, a, kk, vv, bb):
     return jnp.sum(jst.sparse_attention(M, a, kk, vv, bias=bb).astype(jnp.float32))
 

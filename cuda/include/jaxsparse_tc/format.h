@@ -12,6 +12,9 @@ constexpr int kBlockCols = 8;    // condensed columns per block
 // small graphs); piece p starts at the window's block p * size and is schedule item s + p, s the
 // window's first piece; split items form the schedule's prefix (docs/FORMAT.md).
 constexpr int kSplitBlocks = 32;
+// Items per group of a grouped schedule (pattern.py GROUP_ITEMS; a test checks they agree): a
+// split window's pieces lie in one group, items g * kGroupItems .. + kGroupItems - 1.
+constexpr int kGroupItems = 4;
 
 struct PatternView {
   const int32_t* window_col_ptr;    // [W+1]
