@@ -121,9 +121,8 @@ template <class T, int D, int DV, bool PF>
 __global__ void __launch_bounds__(32 * kWarps, D == 128 ? 3 : 4)
 attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
             const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ lse,
-            const int32_t* __restrict__ wcp, const int32_t* __restrict__ wc,
-            const int32_t* __restrict__ wbp, const uint32_t* __restrict__ bitmap,
-            const int32_t* __restrict__ bvp, const int32_t* __restrict__ schedule,
+            const int32_t* __restrict__ wc, const int32_t* __restrict__ wbp,
+            const uint32_t* __restrict__ bitmap, const int32_t* __restrict__ bvp, const int32_t* __restrict__ schedule,
             int64_t num_items, int64_t heads, Heads hc, int64_t m, int64_t n, int64_t nnz,
             float scale, int has_bias, float* __restrict__ ws, float2* __restrict__ ws_ml,
             int* __restrict__ done, int64_t cap, int head_major, int grouped) {
@@ -140,24 +139,25 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
   const int64_t item = hm ? unit % per_head : unit / heads;
   const int64_t h = hm ? unit / per_head : unit % heads;
   if (item >= num_items) return;
-  const int64_t w = schedule[4 * item];
-  const int64_t wb = wbp[w], wend = wbp[w + 1];
-  const int64_t b_first = schedule[4 * item + 1];
-  int64_t b_end = schedule[4 * item + 2];
-  // Split windows (pieces of `split` blocks): piece p of the window is item first + p
-  // (docs/FORMAT.md); first < 0 where the warp covers its whole window. `local`: the pieces are
-  // warps of this CTA (grouped schedule).
+  // The item carries its first condensed column and its window's end column, piece count and
+  // first piece (docs/FORMAT.md), so its column indices load right after it.
+  const int4 s0 = reinterpret_cast<const int4*>(schedule)[2 * item];
+  const int4 s1 = reinterpret_cast<const int4*>(schedule)[2 * item + 1];
+  const int64_t w = s0.x, b_first = s0.y;
+  int64_t b_end = s0.z;
+  const int64_t c_first = s1.x, c_end = s1.y;
+  // Split windows: piece p of the window is item first + p; first < 0 where the warp covers its
+  // whole window. `local`: the pieces are warps of this CTA (grouped schedule).
   int64_t first = -1, pieces = 1;
   bool local = false;
-  if (const int64_t split = schedule[4 * item + 3]) {
-    const int64_t piece = (b_first - wb) / split;
-    pieces = (wend - wb + split - 1) / split;
-    first = item - piece;
+  if (s0.w) {
+    first = s1.z;
+    pieces = s1.w;
     local = grouped && pieces <= kGroupItems && first % kGroupItems + pieces <= kGroupItems;
     if (!local && first + pieces > cap) {  // no way to merge: the first piece does it all
-      if (piece != 0) return;
+      if (item != first) return;
       first = -1;
-      b_end = wend;
+      b_end = wbp[w + 1];
     }
   }
   const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
@@ -188,7 +188,6 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
 #pragma unroll
   for (int s = 0; s < MS; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.f;
 
-  const int64_t c_begin = wcp[w], c_end = wcp[w + 1];
   // A pair's bitmaps and the column indices this thread gathers (-1 past the window's end). With
   // PF they are loaded one pair ahead, so that a pair waits on one round trip (its K and V rows)
   // rather than two.
@@ -196,7 +195,7 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
     PairCols pc;
     pc.bits0 = load_block_bits(bitmap, b0);
     pc.bits1 = b0 + 1 < b_end ? load_block_bits(bitmap, b0 + 1) : 0ull;
-    const int64_t cbase = c_begin + 8 * (b0 - wb);
+    const int64_t cbase = c_first + 8 * (b0 - b_first);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int64_t c = cbase + 8 * i + g;  // K rows: condensed columns g and g+8
@@ -534,7 +533,7 @@ void launch_tc(cudaStream_t st, const T* q, const T* k, const T* v, const T* b,
   const int64_t per_head = grouped ? (p.num_items + kGroupItems - 1) / kGroupItems * kGroupItems
                                    : p.num_items;
   kernel<<<grid_for(per_head * heads), 32 * kWarps, grouped ? kGroupSmemBytes<D> : 0, st>>>(
-      q, k, v, b, o, l, p.window_col_ptr, p.window_cols, p.window_block_ptr, p.block_bitmap,
+      q, k, v, b, o, l, p.window_cols, p.window_block_ptr, p.block_bitmap,
       p.block_value_ptr, p.schedule, p.num_items, heads, hc, m, n, nnz, scale, has_bias, sw.ws,
       sw.ws_ml, sw.done, sw.cap, env_int("JAXSPARSE_TC_ATTN_HEAD_MAJOR", 1), int(grouped));
 }

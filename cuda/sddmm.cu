@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kWarps * 32) sddmm_tc(const SddmmParams p) {
   const int64_t unit = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   const int64_t item = unit / p.sub;
   if (item >= p.num_items) return;
-  const int4 it = p.sched[item];
+  const int4 it = p.sched[2 * item];
   const int w = it.x;
   const int share = ((it.z - it.y + p.sub - 1) / p.sub + 1) & ~1;  // even: whole block pairs
   const int b0 = it.y + int(unit % p.sub) * share, b1 = min(it.z, b0 + share);
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kWarps * 32) sddmm_f32_exact(const SddmmParams
   const int lane = threadIdx.x & 31;
   const int64_t item = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (item >= p.num_items) return;
-  const int4 it = p.sched[item];
+  const int4 it = p.sched[2 * item];
   const int w = it.x, b0 = it.y, b1 = it.z;
   const int wb = p.wbp[w];
   const int cb = p.wcp[w], ncols_w = p.wcp[w + 1] - cb;

@@ -60,7 +60,7 @@ struct SpmmParams : KernelPattern {
 __global__ void split_prep(SpmmParams p) {
   const int64_t slot_floats = int64_t(p.heads) * 8 * p.d;
   for (int64_t s = blockIdx.x; s < p.num_items; s += gridDim.x) {
-    const int4 it = p.sched[s];
+    const int4 it = p.sched[2 * s];
     if (!it.w) return;  // split items are the schedule's prefix
     if (it.y != p.wbp[it.x]) continue;
     const int64_t slot = s < p.cap ? s : -1;
@@ -133,7 +133,7 @@ struct Unit {
 // window got no workspace slot (the window's first piece then does the whole window).
 __device__ __forceinline__ bool decode_unit(const SpmmParams& p, int64_t item, int h, int slab,
                                             Unit& u) {
-  const int4 s = p.sched[item];
+  const int4 s = p.sched[2 * item];
   u.w = s.x;
   u.b0 = s.y;
   u.b1 = s.z;

@@ -21,7 +21,7 @@ class Pattern(NamedTuple):
   window_block_ptr: np.ndarray  # int32 [W+1]
   block_bitmap: np.ndarray  # uint32 [B, 2]
   block_value_ptr: np.ndarray  # int32 [B+1]
-  schedule: np.ndarray  # int32 [S, 4]
+  schedule: np.ndarray  # int32 [S, SCHEDULE_FIELDS]
   rows: np.ndarray  # int32 [nnz]
   cols: np.ndarray  # int32 [nnz]
   row_entries: np.ndarray  # int32 [nnz, 2]: the row view, (column, format position) in CSR order
@@ -40,18 +40,25 @@ class Pattern(NamedTuple):
     return self.block_bitmap.shape[0]
 
 
+SCHEDULE_FIELDS = 8
+
+
 def window_schedule(window_block_ptr: np.ndarray, size: int = SPLIT_BLOCKS,
-                    grouped: bool = False) -> np.ndarray:
-  """Work items (window, block_begin, block_end, split): windows by decreasing block count, a
-  window of more than `size` blocks cut into pieces of that many (split = the piece size; 0 for
-  a whole window), a split window's pieces contiguous and in order (so split items are the
-  schedule's prefix and piece p of a window whose first piece is item s is item s + p; kernels
-  rely on both).
+                    grouped: bool = False, window_col_ptr: np.ndarray | None = None) -> np.ndarray:
+  """Work items (window, block_begin, block_end, split, col_begin, col_end, first, pieces):
+  windows by decreasing block count, a window of more than `size` blocks cut into pieces of that
+  many (split = the piece size; 0 for a whole window), a split window's pieces contiguous and in
+  order (so split items are the schedule's prefix and piece p of a window whose first piece is
+  item s is item s + p; kernels rely on both). The last four fields spare a kernel a round trip
+  to the window pointers: the item's first condensed column, the window's end column, the item
+  index of the window's first piece and the window's piece count (the item itself and 1 for a
+  whole window). `window_col_ptr` defaults to 8 condensed columns per block.
 
   `grouped` (grouped_schedule_fits must hold): each window is cut into grouped_pieces() pieces
   of equal size instead (1, 2 or 4), so that every split window's pieces lie in one aligned
   group of GROUP_ITEMS items, which the attention forward merges inside one CTA."""
   ptr = np.asarray(window_block_ptr, dtype=np.int64)
+  cptr = 8 * ptr if window_col_ptr is None else np.asarray(window_col_ptr, dtype=np.int64)
   counts = np.diff(ptr)
   if grouped:
     pieces = grouped_pieces(counts)
@@ -66,8 +73,13 @@ def window_schedule(window_block_ptr: np.ndarray, size: int = SPLIT_BLOCKS,
   begin = ptr[window] + piece * sizes[window]
   end = np.minimum(begin + sizes[window], ptr[window + 1])
   split = np.where(pieces[window] > 1, sizes[window], 0)
-  items = np.stack([window, begin, end, split], axis=1)
+  col_begin = cptr[window] + 8 * (begin - ptr[window])
   order = np.argsort(-counts[window], kind="stable")
+  position = np.empty_like(order)
+  position[order] = np.arange(order.size)
+  first = position[np.repeat(first_item, pieces)]  # pieces stay contiguous in the sorted order
+  items = np.stack([window, begin, end, split, col_begin, cptr[window + 1], first,
+                    pieces[window]], axis=1)
   return np.ascontiguousarray(items[order], dtype=np.int32)
 
 
@@ -174,7 +186,8 @@ def build(rows: np.ndarray, cols: np.ndarray, m: int, n: int) -> tuple[Pattern, 
       window_block_ptr=raw["window_block_ptr"],
       block_bitmap=raw["block_bitmap"],
       block_value_ptr=raw["block_value_ptr"],
-      schedule=window_schedule(raw["window_block_ptr"], split_blocks(nnz), grouped),
+      schedule=window_schedule(raw["window_block_ptr"], split_blocks(nnz), grouped,
+                               raw["window_col_ptr"]),
       rows=raw["rows"],
       cols=raw["cols"],
       row_entries=raw["row_entries"],

@@ -87,8 +87,12 @@ def test_schedule_covers_every_block_once(rng):
   windows = set()
   piece = split_blocks(A.nnz)
   assert piece < SPLIT_BLOCKS, "a small graph: pieces shorter than SPLIT_BLOCKS"
-  for w, b0, b1, split in sched:
+  cptr = np.asarray(A.pattern.window_col_ptr)
+  for i, (w, b0, b1, split, c0, c1, first, pieces) in enumerate(sched):
     assert ptr[w] <= b0 <= b1 <= ptr[w + 1]
+    assert c0 == cptr[w] + 8 * (b0 - ptr[w]) and c1 == cptr[w + 1]
+    assert pieces == max(1, -(-(ptr[w + 1] - ptr[w]) // piece)) and first <= i < first + pieces
+    assert sched[first, 0] == w and sched[first, 1] == ptr[w]
     assert b1 - b0 <= piece
     assert split == (piece if ptr[w + 1] - ptr[w] > piece else 0)
     seen[b0:b1] += 1
@@ -113,16 +117,17 @@ def _check_grouped_schedule(sched: np.ndarray, ptr: np.ndarray) -> None:
 
   counts = np.diff(ptr)
   seen = np.zeros(ptr[-1], np.int64)
-  for i, (w, b0, b1, split) in enumerate(sched):
+  for i, (w, b0, b1, split, _, _, first_field, pieces_field) in enumerate(sched):
     seen[b0:b1] += 1
     want = grouped_pieces(counts[w])
     if want == 1:
       assert split == 0 and (b0, b1) == (ptr[w], ptr[w + 1])
       continue
-    pieces = -(-counts[w] // split)  # what the kernels compute
+    pieces = -(-counts[w] // split)
     piece = (b0 - ptr[w]) // split
-    assert pieces == want and b0 == ptr[w] + piece * split and b1 - b0 <= split
+    assert pieces == want == pieces_field and b0 == ptr[w] + piece * split and b1 - b0 <= split
     first = i - piece
+    assert first == first_field
     assert sched[first, 0] == w and first % GROUP_ITEMS + pieces <= GROUP_ITEMS
   assert np.all(seen == 1)
   assert np.all(np.diff(counts[sched[:, 0]]) <= 0), "heaviest windows first"
@@ -167,17 +172,22 @@ def test_grouped_schedule_only_where_it_fits(rng, monkeypatch):
 
 
 def test_group_items_match_the_kernels():
-  """The attention forward maps a CTA onto one group of a grouped schedule (format.h)."""
+  """The attention forward maps a CTA onto one group of a grouped schedule, and every window
+  kernel reads items of kScheduleFields fields (format.h)."""
   import re
   from pathlib import Path
 
-  from jaxsparse_tc.pattern import GROUP_ITEMS
+  from jaxsparse_tc.pattern import GROUP_ITEMS, SCHEDULE_FIELDS
 
+  A_SCHEDULE_WIDTH = SparseMatrix.from_coo([0, 3], [1, 2]).pattern.schedule.shape[1]
   header = Path(__file__).parents[1] / "cuda/include/jaxsparse_tc/format.h"
   if not header.exists():
     pytest.skip("kernel sources not in this checkout")
-  found = re.search(r"constexpr int kGroupItems = (\d+);", header.read_text())
+  text = header.read_text()
+  found = re.search(r"constexpr int kGroupItems = (\d+);", text)
   assert found and int(found.group(1)) == GROUP_ITEMS
+  found = re.search(r"constexpr int kScheduleFields = (\d+);", text)
+  assert found and int(found.group(1)) == SCHEDULE_FIELDS == A_SCHEDULE_WIDTH
 
 
 def test_row_view_is_csr_of_the_format(rng):

@@ -25,7 +25,7 @@ inline PatternView make_view(I32 window_col_ptr, I32 window_cols, I32 window_blo
   v.schedule = schedule.typed_data();
   v.num_windows = int64_t(window_col_ptr.element_count()) - 1;
   v.num_blocks = int64_t(block_value_ptr.element_count()) - 1;
-  v.num_items = int64_t(schedule.element_count()) / 4;
+  v.num_items = int64_t(schedule.element_count()) / kScheduleFields;
   return v;
 }
 

@@ -100,7 +100,8 @@ struct KernelPattern {
   const int32_t* wbp;     // window_block_ptr
   const uint32_t* bitmap;  // block_bitmap [B, 2]
   const int32_t* bvp;     // block_value_ptr
-  const int4* sched;      // schedule items (window, block_begin, block_end, split)
+  const int4* sched;      // schedule items: sched[2 * item] = (window, block_begin, block_end,
+                          // split), sched[2 * item + 1] = (col_begin, col_end, first, pieces)
   int64_t num_items;
 };
 

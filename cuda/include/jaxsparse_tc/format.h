@@ -15,6 +15,10 @@ constexpr int kSplitBlocks = 32;
 // Items per group of a grouped schedule (pattern.py GROUP_ITEMS; a test checks they agree): a
 // split window's pieces lie in one group, items g * kGroupItems .. + kGroupItems - 1.
 constexpr int kGroupItems = 4;
+// Fields per schedule item (pattern.py SCHEDULE_FIELDS; a test checks): window, block_begin,
+// block_end, split, then col_begin (the item's first condensed column), col_end (its window's),
+// first (the item of the window's first piece) and pieces (1 for a whole window).
+constexpr int kScheduleFields = 8;
 
 struct PatternView {
   const int32_t* window_col_ptr;    // [W+1]
@@ -22,7 +26,7 @@ struct PatternView {
   const int32_t* window_block_ptr;  // [W+1]
   const uint32_t* block_bitmap;     // [B, 2] (lo, hi)
   const int32_t* block_value_ptr;   // [B+1]
-  const int32_t* schedule;          // [S, 4]: window, block_begin, block_end, split
+  const int32_t* schedule;          // [S, kScheduleFields]
   int64_t num_windows;
   int64_t num_blocks;
   int64_t num_items;
