@@ -86,6 +86,33 @@ def test_gpu_attention_forward(rng, dtype, d, dv):
   assert rel_err(out, attention_ref(A, q[0], k[0], v[0])) < TOL[dtype]
 
 
+def _check_forward_and_grads(rng, Ac, d, heads, empty_rows):
+  """The fused forward (fp16 and bf16, d = dv = d, without and with bias ~1e3 whose maxima differ
+  between a split window's pieces) against float64, empty rows exactly zero; then the gradients,
+  which start from the merged row log-sum-exp, against the CPU kernels."""
+  A = on_gpu(Ac)
+  for dtype in (jnp.float16, jnp.bfloat16):
+    q, k, v = (gpu(x) for x in qkv(rng, A, d=d, dv=d, dtype=dtype, h=heads))
+    bias = gpu(jnp.asarray(rng.uniform(-1e3, 1e3, (heads, A.nnz)), dtype))
+    for b in (None, bias):
+      out = np.asarray(jax.jit(lambda *a: jst.sparse_attention(A, *a[:3], bias=a[3]))(
+          q, k, v, b), np.float64)
+      assert np.all(np.isfinite(out))
+      assert rel_err(out, attention_ref(A, q, k, v, None, b)) < 2 * TOL[dtype]
+      np.testing.assert_array_equal(out[:, empty_rows], 0.0)
+
+  def loss(M, a, kk, vv, bb):
+    return jnp.sum(jst.sparse_attention(M, a, kk, vv, bias=bb).astype(jnp.float32))
+
+  got = jax.jit(jax.grad(loss, argnums=(1, 2, 3, 4)))(A, q, k, v, bias)
+  cpu = jax.devices("cpu")[0]
+  with jax.default_device(cpu):
+    ref = jax.grad(loss, argnums=(1, 2, 3, 4))(jax.device_put(Ac, cpu),
+                                               *jax.device_put((q, k, v, bias), cpu))
+  for g, r in zip(got, ref):
+    assert rel_err(g, r) < 3e-2
+
+
 @pytest.mark.parametrize("split", ["1", "0"])
 @pytest.mark.parametrize("d", [32, 64, 128])
 def test_gpu_attention_hub_window(rng, monkeypatch, d, split):
@@ -100,28 +127,8 @@ def test_gpu_attention_hub_window(rng, monkeypatch, d, split):
   cols = np.concatenate([rng.permutation(n)[:c] for c in hubs.values()] +
                         [rng.integers(0, n, 400)])
   Ac = SparseMatrix.from_coo(rows, cols, shape=(m, n))
-  A = on_gpu(Ac)
-  assert np.asarray(A.pattern.schedule)[:, 3].sum() >= 3, "the hubs should split"
-  for dtype in (jnp.float16, jnp.bfloat16):
-    q, k, v = (gpu(x) for x in qkv(rng, A, d=d, dv=d, dtype=dtype, h=2))
-    bias = gpu(jnp.asarray(rng.uniform(-1e3, 1e3, (2, A.nnz)), dtype))
-    for b in (None, bias):
-      out = np.asarray(jax.jit(lambda *a: jst.sparse_attention(A, *a[:3], bias=a[3]))(
-          q, k, v, b), np.float64)
-      assert np.all(np.isfinite(out))
-      assert rel_err(out, attention_ref(A, q, k, v, None, b)) < 2 * TOL[dtype]
-      np.testing.assert_array_equal(out[:, 1], 0.0)
-  # The backward starts from the merged row log-sum-exp: gradients as on the CPU.
-  def loss(M, a, kk, vv, bb):
-    return jnp.sum(jst.sparse_attention(M, a, kk, vv, bias=bb).astype(jnp.float32))
-
-  got = jax.jit(jax.grad(loss, argnums=(1, 2, 3, 4)))(A, q, k, v, bias)
-  cpu = jax.devices("cpu")[0]
-  with jax.default_device(cpu):
-    ref = jax.grad(loss, argnums=(1, 2, 3, 4))(jax.device_put(Ac, cpu),
-                                               *jax.device_put((q, k, v, bias), cpu))
-  for g, r in zip(got, ref):
-    assert rel_err(g, r) < 3e-2
+  assert np.asarray(Ac.pattern.schedule)[:, 3].sum() >= 3, "the hubs should split"
+  _check_forward_and_grads(rng, Ac, d, 2, np.array([1]))
 
 
 @pytest.mark.parametrize("grouped", ["1", "0"])
@@ -135,29 +142,7 @@ def test_gpu_attention_grouped_windows(rng, monkeypatch, d, grouped):
   rows, cols, shape = window_blocks_coo(rng, 32, keep=0.5)
   Ac = SparseMatrix.from_coo(rows, cols, shape=shape)
   assert Ac.grouped[0] == (grouped == "1")
-  A = on_gpu(Ac)
-  H = 3
-  for dtype in (jnp.float16, jnp.bfloat16):
-    q, k, v = (gpu(x) for x in qkv(rng, A, d=d, dv=d, dtype=dtype, h=H))
-    bias = gpu(jnp.asarray(rng.uniform(-1e3, 1e3, (H, A.nnz)), dtype))
-    for b in (None, bias):
-      out = np.asarray(jax.jit(lambda *a: jst.sparse_attention(A, *a[:3], bias=a[3]))(
-          q, k, v, b), np.float64)
-      assert np.all(np.isfinite(out))
-      assert rel_err(out, attention_ref(A, q, k, v, None, b)) < 2 * TOL[dtype]
-      empty = np.setdiff1d(np.arange(shape[0]), rows)
-      np.testing.assert_array_equal(out[:, empty], 0.0)
-
-  def loss(M, a, kk, vv, bb):
-    return jnp.sum(jst.sparse_attention(M, a, kk, vv, bias=bb).astype(jnp.float32))
-
-  got = jax.jit(jax.grad(loss, argnums=(1, 2, 3, 4)))(A, q, k, v, bias)
-  cpu = jax.devices("cpu")[0]
-  with jax.default_device(cpu):
-    ref = jax.grad(loss, argnums=(1, 2, 3, 4))(jax.device_put(Ac, cpu),
-                                               *jax.device_put((q, k, v, bias), cpu))
-  for g, r in zip(got, ref):
-    assert rel_err(g, r) < 3e-2
+  _check_forward_and_grads(rng, Ac, d, 3, np.setdiff1d(np.arange(shape[0]), rows))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
