@@ -98,6 +98,12 @@ __device__ __forceinline__ void fold_partials(float (&m)[2], float (&l)[2], floa
   }
 }
 
+// Work items per head of a launch: a grouped schedule's are padded to whole groups, so that the
+// warps of a CTA take one aligned group of one head's items.
+__host__ __device__ __forceinline__ int64_t items_per_head(int64_t num_items, bool grouped) {
+  return grouped ? (num_items + kGroupItems - 1) / kGroupItems * kGroupItems : num_items;
+}
+
 // Shared memory of a CTA whose warps merge a grouped window's pieces: per warp, two rows of DV
 // floats (float4 per lane) and a (max, sum) pair per row and lane.
 template <int DV>
@@ -122,15 +128,13 @@ __global__ void __launch_bounds__(32 * kWarps, D == 128 ? 3 : 4)
 attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
             const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ lse,
             const int32_t* __restrict__ wc, const int32_t* __restrict__ wbp,
-            const uint32_t* __restrict__ bitmap, const int32_t* __restrict__ bvp, const int32_t* __restrict__ schedule,
+            const uint32_t* __restrict__ bitmap, const int32_t* __restrict__ bvp,
+            const int32_t* __restrict__ schedule,
             int64_t num_items, int64_t heads, Heads hc, int64_t m, int64_t n, int64_t nnz,
             float scale, int has_bias, float* __restrict__ ws, float2* __restrict__ ws_ml,
             int* __restrict__ done, int64_t cap, int head_major, int grouped) {
-  // Grouped schedules: each head's items padded to whole groups, so that the warps of a CTA take
-  // one aligned group of one head's items.
   static_assert(kWarps == kGroupItems, "a CTA holds one group of a grouped schedule");
-  const int64_t per_head = grouped ? (num_items + kGroupItems - 1) / kGroupItems * kGroupItems
-                                   : num_items;
+  const int64_t per_head = items_per_head(num_items, grouped);
   const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (unit >= per_head * heads) return;
   // Head-major: the GPU works through one head's windows at a time, so the K and V rows it
@@ -530,9 +534,8 @@ void launch_tc(cudaStream_t st, const T* q, const T* k, const T* v, const T* b,
   // JAXSPARSE_TC_ATTN_HEAD_MAJOR=0 (benchmarks): a window's heads adjacent, the order before
   // session 12 (NOTES: head-major was 10% faster at d=128 on R-MAT).
   auto kernel = pf ? attn_fwd_tc<T, D, D, true> : attn_fwd_tc<T, D, D, false>;
-  const int64_t per_head = grouped ? (p.num_items + kGroupItems - 1) / kGroupItems * kGroupItems
-                                   : p.num_items;
-  kernel<<<grid_for(per_head * heads), 32 * kWarps, grouped ? kGroupSmemBytes<D> : 0, st>>>(
+  const unsigned grid = grid_for(items_per_head(p.num_items, grouped) * heads);
+  kernel<<<grid, 32 * kWarps, grouped ? kGroupSmemBytes<D> : 0, st>>>(
       q, k, v, b, o, l, p.window_cols, p.window_block_ptr, p.block_bitmap,
       p.block_value_ptr, p.schedule, p.num_items, heads, hc, m, n, nnz, scale, has_bias, sw.ws,
       sw.ws_ml, sw.done, sw.cap, env_int("JAXSPARSE_TC_ATTN_HEAD_MAJOR", 1), int(grouped));

@@ -88,7 +88,8 @@ class SparseMatrix:
   """
 
   def __init__(self, values, pattern: Pattern, pattern_t: Pattern, perm_t, perm_t_inv,
-               input_to_format, shape: tuple[int, int], grouped: tuple[bool, bool] = (False, False)):
+               input_to_format, shape: tuple[int, int],
+               grouped: tuple[bool, bool] = (False, False)):
     self.values = values
     self.pattern = pattern
     self.pattern_t = pattern_t

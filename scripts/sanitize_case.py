@@ -15,9 +15,8 @@ import numpy as np  # noqa: E402
 
 import jaxsparse_tc as jst  # noqa: E402
 
-
-def rel_err(out, ref) -> float:
-  return float(np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from conftest import rel_err, window_blocks_coo  # noqa: E402  (the tests' helpers)
 
 
 def sddmm_err(A, q, x, s) -> float:
@@ -47,17 +46,11 @@ def streams(rng) -> None:
 def grouped(rng) -> None:
   """The attention forward on a grouped schedule (windows of 0 .. 32 blocks merged inside
   CTAs, three heads: each head's items padded to whole groups), fp16, d = 32 and 128."""
-  rows, cols = [], []
-  for w in range(33):
-    pool = rng.choice(2000, size=8 * w, replace=False)
-    for r in range(8):
-      c = pool[rng.random(pool.size) < 0.5]
-      rows += [np.full(c.size, 8 * w + r)]
-      cols += [c]
-  A = jst.SparseMatrix.from_coo(np.concatenate(rows), np.concatenate(cols), shape=(264, 2000))
+  rows, cols, (m, n) = window_blocks_coo(rng, 32, n=2000, keep=0.5)
+  A = jst.SparseMatrix.from_coo(rows, cols, shape=(m, n))
   assert A.grouped[0]
   for d in (32, 128):
-    q, k, v = (jnp.asarray(rng.standard_normal((3, s, d)), jnp.float16) for s in (264, 2000, 2000))
+    q, k, v = (jnp.asarray(rng.standard_normal((3, s, d)), jnp.float16) for s in (m, n, n))
     o = jax.jit(lambda q, k, v: jst.sparse_attention(A, q, k, v))(q, k, v)
     ok = bool(jnp.all(jnp.isfinite(o.astype(jnp.float32))))
     print(f"grouped attention d={d:3d} finite: {ok}")
