@@ -17,12 +17,15 @@ extern "C" XLA_FFI_Error* EdgeSoftmaxBwdCuda(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* AttentionFwdCuda(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* AttentionJvpCuda(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* AttentionBwdCuda(XLA_FFI_CallFrame*);
+extern "C" XLA_FFI_Error* AttentionGradsCuda(XLA_FFI_CallFrame*);
 // Workspace result sizes, from the same plans the handlers launch by (spmm.cu, attention.cu).
 int64_t spmm_workspace_bytes(int esize, bool exact, int64_t nnz, int64_t num_blocks,
                              int64_t num_items, int64_t num_windows, int64_t row_items, int64_t m,
                              int64_t d, int64_t heads, std::string* error);
 int64_t attention_workspace_bytes(int esize, int64_t d, int64_t dv, int64_t heads,
                                   int64_t num_items, bool grouped);
+int64_t attention_grads_workspace_bytes(int64_t d, int64_t heads, int64_t m, int64_t items_a,
+                                        int64_t items_t, bool grouped_a, bool grouped_t);
 }  // namespace jaxsparse_tc
 
 namespace {
@@ -42,6 +45,7 @@ NB_MODULE(_cuda, m) {
     d["jaxsparse_tc_attention_fwd"] = capsule(jaxsparse_tc::AttentionFwdCuda);
     d["jaxsparse_tc_attention_jvp"] = capsule(jaxsparse_tc::AttentionJvpCuda);
     d["jaxsparse_tc_attention_bwd"] = capsule(jaxsparse_tc::AttentionBwdCuda);
+    d["jaxsparse_tc_attention_grads"] = capsule(jaxsparse_tc::AttentionGradsCuda);
     return d;
   });
   m.def("spmm_workspace_bytes",
@@ -55,4 +59,5 @@ NB_MODULE(_cuda, m) {
           return bytes;
         });
   m.def("attention_workspace_bytes", &jaxsparse_tc::attention_workspace_bytes);
+  m.def("attention_grads_workspace_bytes", &jaxsparse_tc::attention_grads_workspace_bytes);
 }

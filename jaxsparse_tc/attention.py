@@ -8,14 +8,18 @@ Three primitives, each with a CPU reference and a CUDA kernel:
   is declared zero: sparse_attention never returns it).
 * `attention_jvp_p(q, k, v, bias, o, lse, dq, dk, dv, dbias) -> do`: the JVP, linear in the
   tangents (dq, dk, dv, dbias), computed by one fused kernel from the saved lse.
-* `attention_bwd_p(q, k, v, bias, o, lse, do) -> (p, ds)`: the backward's per-edge pass (one
-  kernel on CUDA; on CPU composed from SDDMMs).
+* `attention_grads_p(q, k, v, bias, o, lse, do) -> (dq, dk, dv, dbias)`: the backward on
+  tensor cores (16-bit, d = dv in TENSOR_CORE_D): two CUDA kernels, FlashAttention-2 on the
+  window format; on CPU the composed backward below.
+* `attention_bwd_p(q, k, v, bias, o, lse, do) -> (p, ds)`: the composed backward's per-edge
+  pass (one kernel on CUDA; on CPU composed from SDDMMs), followed by three SpMMs.
 
 How the transformations compose: `attention_fwd_p`'s JVP rule runs the fused forward and emits
 `attention_jvp_p` for the tangent; `jax.jvp` evaluates that kernel. `jax.grad`/`jax.vjp`
 linearize the same JVP and transpose `attention_jvp_p`: its transpose rule is the
-FlashAttention-2 backward (`_backward`) from the saved lse: the per-edge pass, then three
-SpMMs, so reverse mode runs the fused forward plus that backward and never a JVP kernel. vmap
+FlashAttention-2 backward (`_backward`) from the saved lse (attention_grads_p, or the per-edge
+pass and three SpMMs), so reverse mode runs the fused forward plus that backward and never a
+JVP kernel. vmap
 folds the batch into the kernels' head axis (heads.py).
 Second derivatives are not implemented and raise NotImplementedError (any route: the JVP
 primitive has no JVP, and the backward refuses to be differentiated because it reads the saved
@@ -86,7 +90,7 @@ def sparse_attention(A, Q, K, V, *, scale=None, bias=None):
                               k.reshape((hs[1],) + k.shape[-2:]),
                               v.reshape((hs[2],) + v.shape[-2:]), b, *A.pattern_operands(),
                               shape=A.shape, scale=scale, has_bias=has_bias,
-                              grouped=A.grouped[0])
+                              grouped=A.grouped[0], grouped_t=A.grouped[1])
   no_heads = q.ndim == 2 and k.ndim == 2 and v.ndim == 2 and (bias is None or jnp.ndim(bias) == 1)
   return o[0] if no_heads else o
 
@@ -96,7 +100,7 @@ _ATTRS = dict(scale=("scale", np.float32), has_bias=("has_bias", np.int32))
 
 
 # -- forward ----------------------------------------------------------------------------------
-def _fwd_abstract(q, k, v, bias, *pattern, shape, scale, has_bias, grouped):
+def _fwd_abstract(q, k, v, bias, *pattern, shape, scale, has_bias, grouped, grouped_t):
   h = heads.num_heads(q.shape[0], k.shape[0], v.shape[0], bias.shape[0])
   m = shape[0]
   return (q.update(shape=(h, m, v.shape[2]), dtype=q.dtype),
@@ -111,7 +115,8 @@ def _fwd_jvp(primals, tangents, **params):
     return (o, lse), (rules.zero_tangent(o), rules.zero_tangent(lse))
   tans = [ad.instantiate_zeros(t) for t in tans]
   do = attention_jvp_p.bind(q, k, v, bias, o, lse, *tans, *pattern, shape=params["shape"],
-                            scale=params["scale"], has_bias=params["has_bias"])
+                            scale=params["scale"], has_bias=params["has_bias"],
+                            grouped=params["grouped"], grouped_t=params["grouped_t"])
   return (o, lse), (do, rules.zero_tangent(lse))
 
 
@@ -140,7 +145,8 @@ register_ffi_lowering(attention_fwd_p, "jaxsparse_tc_attention_fwd", 4 + 6,
 
 
 # -- jvp (linear in operands 6..9) --------------------------------------------------------------
-def _jvp_abstract(q, k, v, bias, o, lse, dq, dk, dv, dbias, *pattern, shape, scale, has_bias):
+def _jvp_abstract(q, k, v, bias, o, lse, dq, dk, dv, dbias, *pattern, shape, scale, has_bias,
+                  grouped, grouped_t):
   h = heads.num_heads(q.shape[0], k.shape[0], v.shape[0], bias.shape[0], dq.shape[0],
                       dk.shape[0], dv.shape[0], dbias.shape[0], o.shape[0])
   return q.update(shape=(h, shape[0], v.shape[2]), dtype=q.dtype)
@@ -154,7 +160,8 @@ def _jvp_transpose(ct, q, k, v, bias, o, lse, dq, dk, dv, dbias, *pattern, **par
   if type(ct) is ad.Zero:
     return outs
   gq, gk, gv, gb = _backward(q, k, v, bias, o, lse, ct, tuple(pattern), params["shape"],
-                             params["scale"], params["has_bias"])
+                             params["scale"], params["has_bias"],
+                             (params["grouped"], params["grouped_t"]))
   for pos, tangent, g in ((6, dq, gq), (7, dk, gk), (8, dv, gv), (9, dbias, gb)):
     if ad.is_undefined_primal(tangent):
       if pos == 9 and not params["has_bias"]:
@@ -242,22 +249,40 @@ register_ffi_lowering(attention_bwd_p, "jaxsparse_tc_attention_bwd", 7,
                       cpu_rule=mlir.lower_fun(_edge_pass, multiple_results=True), **_ATTRS)
 
 
-# The backward reads the saved lse as a constant (its tangent is declared zero), so
-# differentiating it (jax.hessian, grad of grad) would give wrong second derivatives: its JVP
-# rule raises instead.
-@functools.partial(jax.custom_jvp, nondiff_argnums=(8, 9, 10))
-def _backward(q, k, v, bias, o, lse, do, pattern, shape, scale, has_bias):
-  """FlashAttention-2 backward from the saved row log-sum-exp.
+# -- backward on tensor cores ------------------------------------------------------------------
+# attention_grads_p(q, k, v, bias, o, lse, do) -> (dq, dk, dv, dbias): the whole backward in
+# two kernels (cuda/attention_grads.cu, FlashAttention-2 on the window format: dQ over A's
+# windows, dK and dV over A^T's), for 16-bit operands with d = dv in TENSOR_CORE_D. dbias is
+# [H, nnz] in A's format order with a bias, else [H, 0]. On CPU it lowers to the composed
+# backward (_composed_grads).
+attention_grads_p = Primitive("jaxsparse_tc_attention_grads")
+attention_grads_p.multiple_results = True
+TENSOR_CORE_D = (32, 64, 128)
 
-  P = exp(scale QK^T + bias - lse) on A's pattern, dP = dO V^T on the pattern,
-  dS = P (dP - rowsum(dO O)), dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO, dbias = dS:
-  the per-edge pass (attention_bwd_p), then three SpMMs (A^T's pattern for dV and dK).
-  """
+
+def _grads_on_tensor_cores(q, v) -> bool:
+  return ("jaxsparse_tc_attention_grads" in CUDA_TARGETS
+          and q.dtype in (jnp.float16, jnp.bfloat16)
+          and q.shape[2] == v.shape[2] and q.shape[2] in TENSOR_CORE_D)
+
+
+def _grads_abstract(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias, grouped,
+                    grouped_t):
+  h = heads.num_heads(q.shape[0], k.shape[0], v.shape[0], bias.shape[0], o.shape[0],
+                      lse.shape[0], do.shape[0])
+  m, n = shape
+  nnz = pattern[ROWS].shape[0] if has_bias else 0
+  return (q.update(shape=(h, m, q.shape[2])), q.update(shape=(h, n, q.shape[2])),
+          q.update(shape=(h, n, v.shape[2])), q.update(shape=(h, nnz)))
+
+
+def _composed_grads(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias,
+                    edge_pass=None, **_):
+  """The backward from the per-edge pass (attention_bwd_p, or the SDDMMs of _edge_pass) and
+  three SpMMs (A^T's pattern for dK and dV)."""
   from jaxsparse_tc.spmm import spmm_p
 
-  fused = ("jaxsparse_tc_attention_bwd" in CUDA_TARGETS
-           and max(q.shape[2], v.shape[2]) * q.dtype.itemsize <= _BWD_ROW_BYTES)
-  edge_pass = attention_bwd_p.bind if fused else _edge_pass
+  edge_pass = edge_pass or _edge_pass
   p, ds = edge_pass(q, k, v, bias, o, lse, do, *pattern, shape=shape, scale=scale,
                     has_bias=has_bias)
   prec = precision_lib.HIGHEST if q.dtype == jnp.float32 else precision_lib.DEFAULT
@@ -266,9 +291,57 @@ def _backward(q, k, v, bias, o, lse, do, pattern, shape, scale, has_bias):
   gq = spmm_p.bind(ds_scaled, k, *pattern, shape=shape, precision=prec)
   gv = spmm_p.bind(p[:, perm_t], do, *pattern_t, shape=shape[::-1], precision=prec)
   gk = spmm_p.bind(ds_scaled[:, perm_t], q, *pattern_t, shape=shape[::-1], precision=prec)
-  return gq, gk, gv, ds
+  return gq, gk, gv, ds if has_bias else ds[:, :0]
+
+
+def _grads_cuda_workspace(avals_in, avals_out, params):
+  """Bytes of the backward's workspace: delta and the split windows' slots (attention_grads.cu)."""
+  q, schedule, schedule_t = avals_in[0], avals_in[7 + 5], avals_in[7 + 6 + 5]
+  h, m, d = avals_out[0].shape
+  return cuda_extension().attention_grads_workspace_bytes(
+      d, h, m, schedule.shape[0], schedule_t.shape[0], params["grouped"], params["grouped_t"])
+
+
+def _grads_batch(args, dims, **params):
+  rules.check_pattern_unbatched(dims, 7)
+  size = rules.batch_size(args, dims)
+  ops, h = heads.merge_batch_into_heads(list(args[:7]), dims[:7], size)
+  outs = attention_grads_p.bind(*ops, *args[7:], **params)
+  return [x.reshape((size, h) + x.shape[1:]) for x in outs], [0] * len(outs)
+
+
+attention_grads_p.def_abstract_eval(_grads_abstract)
+batching.primitive_batchers[attention_grads_p] = _grads_batch
+# Kernel operands: the 7 arrays, A's and A^T's kernel arrays, perm_t.
+register_ffi_lowering(attention_grads_p, "jaxsparse_tc_attention_grads", 7 + 13,
+                      cuda_workspace=_grads_cuda_workspace,
+                      cpu_rule=mlir.lower_fun(_composed_grads, multiple_results=True),
+                      grouped="grouped", grouped_t="grouped_t", **_ATTRS)
+
+
+# The backward reads the saved lse as a constant (its tangent is declared zero), so
+# differentiating it (jax.hessian, grad of grad) would give wrong second derivatives: its JVP
+# rule raises instead.
+@functools.partial(jax.custom_jvp, nondiff_argnums=(8, 9, 10, 11))
+def _backward(q, k, v, bias, o, lse, do, pattern, shape, scale, has_bias, grouped):
+  """FlashAttention-2 backward from the saved row log-sum-exp.
+
+  P = exp(scale QK^T + bias - lse) on A's pattern, dP = dO V^T on the pattern,
+  dS = P (dP - rowsum(dO O)), dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO, dbias = dS.
+  On CUDA with 16-bit operands and d = dv in TENSOR_CORE_D: two tensor-core kernels
+  (attention_grads_p); otherwise the per-edge pass and three SpMMs (_composed_grads).
+  `grouped`: whether A's and A^T's schedules are grouped.
+  """
+  params = dict(shape=shape, scale=scale, has_bias=has_bias)
+  if _grads_on_tensor_cores(q, v):
+    return tuple(attention_grads_p.bind(q, k, v, bias, o, lse, do, *pattern, **params,
+                                        grouped=grouped[0], grouped_t=grouped[1]))
+  fused = ("jaxsparse_tc_attention_bwd" in CUDA_TARGETS
+           and max(q.shape[2], v.shape[2]) * q.dtype.itemsize <= _BWD_ROW_BYTES)
+  return _composed_grads(q, k, v, bias, o, lse, do, *pattern, **params,
+                         edge_pass=attention_bwd_p.bind if fused else _edge_pass)
 
 
 @_backward.defjvp
-def _backward_jvp(shape, scale, has_bias, primals, tangents):
+def _backward_jvp(shape, scale, has_bias, grouped, primals, tangents):
   raise NotImplementedError(_HIGHER_ORDER)

@@ -42,7 +42,7 @@ def main():
   bias = jnp.zeros((1, 1), jnp.float16)
   fwd = jax.jit(lambda A, ops: [attention.attention_fwd_p.bind(
       q, k, v, bias, *A.pattern_operands(), shape=A.shape, scale=scale, has_bias=False,
-      grouped=A.grouped[0]) for q, k, v, _ in ops])
+      grouped=A.grouped[0], grouped_t=A.grouped[1]) for q, k, v, _ in ops])
   saved = fwd(A, ops)
   print(f"# device: {jax.devices()[0].device_kind}; {name}: {m} rows, nnz {A.nnz}, d={d}, H={h}, "
         f"K={K}")

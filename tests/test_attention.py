@@ -407,7 +407,8 @@ def test_attention_backward_keeps_operands_16bit(rng, dtype):
   assert not upcasts(eqns), "a float32 copy of an [H, n, d] operand"
   o, lse = attention.attention_fwd_p.bind(q, k, v, jnp.zeros((1, 1), dtype),
                                           *A.pattern_operands(), shape=A.shape, scale=0.25,
-                                          has_bias=False, grouped=A.grouped[0])
+                                          has_bias=False, grouped=A.grouped[0],
+                                          grouped_t=A.grouped[1])
   jaxpr = jax.make_jaxpr(functools.partial(
       attention._edge_pass, shape=A.shape, scale=0.25, has_bias=False))(
           q, k, v, jnp.zeros((1, 1), dtype), o, lse, o, *A.pattern_operands()).jaxpr

@@ -1,0 +1,503 @@
+// CUDA sparse attention backward on tensor cores: FlashAttention-2 on the window format, for
+// 16-bit Q, K, V with d = dv in {32, 64, 128} (jaxsparse_tc/attention.py `_backward`). From the
+// forward's saved row log-sum-exp:
+//   P = exp(scale Q K^T + bias - lse)   dP = dO V^T   delta_i = dO_i . O_i   dS = P (dP - delta)
+//   dQ = scale dS K    dK = scale dS^T Q    dV = P^T dO    dbias = dS
+// Two kernels, neither of which writes P or dS to memory (but dS as dbias, when asked):
+// - grads_dq on A's windows, the forward's tile (attention_tile.cuh): per block pair
+//   S^T = K Q^T and dP^T = V dO^T (K and V rows gathered in the row layout, the window's Q and
+//   dO rows in registers), dS^T in registers, dQ^T += K^T dS^T. Also writes delta [H, m].
+// - grads_dkv on A^T's windows (keys are the n=8 side, queries the condensed columns), after it:
+//   S = Q K^T and dP = dO V^T (Q and dO rows gathered), dV^T += dO^T P, dK^T += Q^T dS.
+// Each kernel gathers each of its two operands' rows once per condensed column. Their second
+// product wants them transposed (features as the m=16 side), and movmatrix turns each
+// row-layout word into that A fragment in registers: word x of the rows of columns g (g+8)
+// becomes columns 2t, 2t+1 (2t+8, 2t+9) at feature j_g(x) = (g/2) D/4 + 2x + g%2, and m-tile s
+// takes x = 2s (MMA rows g) and 2s+1 (rows g+8). No atomics on outputs: each row belongs to one
+// window; a split window's pieces add their partials as the forward merges its (in the CTA for
+// grouped schedules, else through workspace slots and a per-window counter).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "jaxsparse_tc/attention_tile.cuh"
+#include "jaxsparse_tc/ffi_cuda.cuh"
+
+namespace jaxsparse_tc {
+namespace {
+
+template <class T>
+struct GradOperands {
+  const T *q, *k, *v, *bias, *o, *dout;
+  const float* lse;
+  const int32_t* perm_t;  // A^T's value order -> A's (the bias in the dK/dV kernel)
+  T *dq, *dk, *dv, *dbias;
+  float* delta;  // [H, m], written by the dQ kernel for the dK/dV kernel
+  int64_t m, n, nnz, heads;
+  int64_t q_hs, k_hs, v_hs, b_hs, o_hs, do_hs, lse_hs;  // head strides, 0 where broadcast
+  float scale;
+  int has_bias;
+};
+
+// One kernel's split-window partials: per slot (the schedule's first `cap` items) and head, NA
+// outputs of [8][D] fp32, and a piece counter per slot and head (zeroed before the launch).
+// Grouped schedules merge in shared memory and have none.
+struct GradSplit {
+  float* ws;
+  int* done;
+  int64_t cap;
+  int grouped;
+};
+
+// C fragments of D/16 m-tiles (feature j_g(2s) at rows 2t, 2t+1 in [s][0..1], j_g(2s+1) in
+// [s][2..3]) -> o[r][e]: row 2t + r, feature g*D/8 + e (the forward's output layout), by one
+// exchange with lane g^1, which holds the other parity of the same features.
+template <int D>
+__device__ __forceinline__ void to_rows(const float (&acc)[D / 16][4], int g,
+                                        float (&o)[2][D / 8]) {
+  constexpr int H = D / 16;
+  const bool odd = g & 1;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float val[D / 8];  // val[x]: feature (g/2) D/4 + 2x + g%2
+#pragma unroll
+    for (int s = 0; s < H; ++s) {
+      val[2 * s] = acc[s][r];
+      val[2 * s + 1] = acc[s][r + 2];
+    }
+#pragma unroll
+    for (int i = 0; i < H; ++i) {
+      const float mine = odd ? val[i + H] : val[i];
+      const float recv = __shfl_xor_sync(0xffffffffu, odd ? val[i] : val[i + H], 4);
+      o[r][2 * i] = odd ? recv : mine;
+      o[r][2 * i + 1] = odd ? mine : recv;
+    }
+  }
+}
+
+template <int D, int NA>
+constexpr int kGradGroupSmemBytes = kGroupItems * NA * 2 * 32 * (D / 32) * 16;
+
+// Adds a split window's partials (NA outputs in the to_rows layout) into the piece that writes
+// the window; returns whether this warp is that piece.
+template <int D, int NA>
+__device__ __forceinline__ bool merge_pieces(float (&o)[NA][2][D / 8], const AttnItem& it,
+                                             int64_t item, int64_t h, int64_t heads,
+                                             const GradSplit& sp, int lane, int g, int t) {
+  if (it.first < 0) return true;
+  if (it.local) {
+    // The other pieces leave their partials in shared memory (slot = warp) and arrive at the
+    // window's barrier; the first piece waits there and adds them.
+    extern __shared__ float4 part[];  // [kGroupItems][NA][2 rows][D/32][32 lanes]
+    const int slot = int(item % kGroupItems), lead = int(it.first % kGroupItems);
+    const int threads = int(it.pieces) * 32;
+    auto at = [&](int s, int a, int r, int x) -> float4& {
+      return part[(((s * NA + a) * 2 + r) * (D / 32) + x) * 32 + lane];
+    };
+    if (slot != lead) {
+#pragma unroll
+      for (int a = 0; a < NA; ++a)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int x = 0; x < D / 32; ++x)
+            at(slot, a, r, x) = make_float4(o[a][r][4 * x], o[a][r][4 * x + 1],
+                                            o[a][r][4 * x + 2], o[a][r][4 * x + 3]);
+      window_barrier(lead, threads, false);
+      return false;
+    }
+    window_barrier(lead, threads, true);
+    for (int j = lead + 1; j < lead + it.pieces; ++j)
+#pragma unroll
+      for (int a = 0; a < NA; ++a)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int x = 0; x < D / 32; ++x) {
+            const float4 v = at(j, a, r, x);
+            o[a][r][4 * x] += v.x; o[a][r][4 * x + 1] += v.y;
+            o[a][r][4 * x + 2] += v.z; o[a][r][4 * x + 3] += v.w;
+          }
+    return true;
+  }
+  // Workspace slot (item, h); the piece that completes the window's count adds the others'.
+  auto row_at = [&](int64_t s, int a, int r) {
+    return sp.ws + ((s * NA + a) * 8 + 2 * t + r) * D + g * (D / 8);
+  };
+  const int64_t mine = item * heads + h;
+#pragma unroll
+  for (int a = 0; a < NA; ++a)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) store_row<float, D / 8>(row_at(mine, a, r), 0, D / 8, true, o[a][r]);
+  fence_acq_rel_gpu();  // the partial is visible before the counter says so
+  __syncwarp();
+  int old = 0;
+  if (lane == 0) old = atomicAdd(sp.done + it.first * heads + h, 1);
+  old = __shfl_sync(0xffffffffu, old, 0);
+  if (old != it.pieces - 1) return false;
+  fence_acq_rel_gpu();  // and the other pieces' partials are visible to this one
+  for (int64_t j = it.first; j < it.first + it.pieces; ++j) {
+    if (j == item) continue;
+#pragma unroll
+    for (int a = 0; a < NA; ++a)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float4* src = reinterpret_cast<const float4*>(row_at(j * heads + h, a, r));
+#pragma unroll
+        for (int x = 0; x < D / 32; ++x) {
+          const float4 v = __ldcg(src + x);
+          o[a][r][4 * x] += v.x; o[a][r][4 * x + 1] += v.y;
+          o[a][r][4 * x + 2] += v.z; o[a][r][4 * x + 3] += v.w;
+        }
+      }
+  }
+  return true;
+}
+
+// The window unit of a launch: head-major, as the forward (one head's rows at a time stay in L2).
+__device__ __forceinline__ bool unit_item(int64_t num_items, int64_t heads, bool grouped,
+                                          int64_t& item, int64_t& h) {
+  const int64_t per_head = items_per_head(num_items, grouped);
+  const int64_t unit = int64_t(blockIdx.x) * kAttnWarps + threadIdx.x / 32;
+  item = unit % per_head;
+  h = unit / per_head;
+  return h < heads && item < num_items;
+}
+
+// The A fragment of features-by-columns (m-tile s) from two row-layout rows (columns g, g+8).
+template <int D>
+__device__ __forceinline__ void transposed_tile(const uint32_t (&r0)[D / 8],
+                                                const uint32_t (&r1)[D / 8], int s,
+                                                uint32_t (&a)[4]) {
+  a[0] = movmatrix_trans(r0[2 * s]);
+  a[1] = movmatrix_trans(r0[2 * s + 1]);
+  a[2] = movmatrix_trans(r1[2 * s]);
+  a[3] = movmatrix_trans(r1[2 * s + 1]);
+}
+
+// Bit (column c, row r) of a pair's tile element e (C layout: c = g + 8 (e / 2), r = 2t + e % 2),
+// and its value's index in the orientation's order when set (-1 otherwise).
+__device__ __forceinline__ int64_t tile_value(const PairRows& pr, const int32_t* bvp, int64_t b0,
+                                              int g, int t, int e) {
+  const uint64_t bits = e < 2 ? pr.bits0 : pr.bits1;
+  const int kb = g * 8 + 2 * t + (e & 1);
+  if (!((bits >> kb) & 1ull)) return -1;
+  return int64_t(bvp[e < 2 ? b0 : b0 + 1]) + __popcll(bits & ((1ull << kb) - 1ull));
+}
+
+// dQ (and delta, dbias) over A's windows. Register caps as the forward's.
+template <class T, int D>
+__global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 3 : 4)
+grads_dq(const GradOperands<T> p, const KernelPattern a, const GradSplit sp) {
+  int64_t item, h;
+  if (!unit_item(a.num_items, p.heads, sp.grouped, item, h)) return;
+  AttnItem it;
+  if (!read_item(a.sched, a.wbp, item, sp.grouped, sp.cap, it)) return;
+  const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  constexpr int W = D / 8;
+  const T* kh = p.k + h * p.k_hs;
+  const T* vh = p.v + h * p.v_hs;
+  const T* bh = p.bias + h * p.b_hs;
+
+  // The window's Q and dO rows (row g) and delta_g = dO_g . O_g.
+  const int64_t i = it.w * 8 + g, row = i < p.m ? i : -1;
+  uint32_t qw[W], dw[W];
+  float delta = 0.f;
+  {
+    uint32_t ow[W];
+    row_words<T, D>(p.q + h * p.q_hs, row, t, qw);
+    row_words<T, D>(p.dout + h * p.do_hs, row, t, dw);
+    row_words<T, D>(p.o + h * p.o_hs, row, t, ow);
+#pragma unroll
+    for (int e = 0; e < D / 4; ++e) delta = fmaf(word_elem<T>(dw, e), word_elem<T>(ow, e), delta);
+    delta += __shfl_xor_sync(0xffffffffu, delta, 1);
+    delta += __shfl_xor_sync(0xffffffffu, delta, 2);
+  }
+  if (row >= 0 && t == 0 && (it.first < 0 || item == it.first)) p.delta[h * p.m + i] = delta;
+  float dl[2], l2[2];  // rows 2t, 2t+1: delta and lse (log2 domain)
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t ri = it.w * 8 + 2 * t + r;
+    dl[r] = __shfl_sync(0xffffffffu, delta, (2 * t + r) * 4);
+    l2[r] = ri < p.m ? p.lse[h * p.lse_hs + ri] * kLog2e : 0.f;
+  }
+  const float sl2 = p.scale * kLog2e;
+  float acc[D / 16][4];
+#pragma unroll
+  for (int s = 0; s < D / 16; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.f;
+
+  for (int64_t b0 = it.b_first; b0 < it.b_end; b0 += 2) {
+    const PairRows pr = pair_rows(a.bitmap, a.wc, it, b0, g);
+    uint32_t kw0[W], kw1[W], vw0[W], vw1[W];
+    row_words<T, D>(kh, pr.col[0], t, kw0);
+    row_words<T, D>(kh, pr.col[1], t, kw1);
+    row_words<T, D>(vh, pr.col[0], t, vw0);
+    row_words<T, D>(vh, pr.col[1], t, vw1);
+    float sc[4], dp[4], ds[4];
+    tile_dots<T, D>(sc, kw0, kw1, qw);  // S^T: (column, row)
+    tile_dots<T, D>(dp, vw0, vw1, dw);  // dP^T
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t idx = tile_value(pr, a.bvp, b0, g, t, e);
+      float x = sc[e] * sl2;
+      if (p.has_bias && idx >= 0) x += to_f32<T>(bh[idx]) * kLog2e;
+      const float pe = idx >= 0 ? exp2f(x - l2[e & 1]) : 0.f;
+      ds[e] = pe * (dp[e] - dl[e & 1]);
+      if (p.has_bias && idx >= 0) p.dbias[h * p.nnz + idx] = from_f32<T>(ds[e]);
+    }
+    const uint32_t db[2] = {movmatrix_trans(pack2<T>(ds[0], ds[1])),
+                            movmatrix_trans(pack2<T>(ds[2], ds[3]))};
+#pragma unroll
+    for (int s = 0; s < D / 16; ++s) {  // dQ^T += K^T dS^T
+      uint32_t kt[4];
+      transposed_tile<D>(kw0, kw1, s, kt);
+      mma_16816(acc[s], kt, db, T{});
+    }
+  }
+  float o[1][2][D / 8];
+  to_rows<D>(acc, g, o[0]);
+  if (!merge_pieces<D, 1>(o, it, item, h, p.heads, sp, lane, g, t)) return;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t ri = it.w * 8 + 2 * t + r;
+    if (ri >= p.m) continue;
+#pragma unroll
+    for (int e = 0; e < D / 8; ++e) o[0][r][e] *= p.scale;
+    store_row<T, D / 8>(p.dq + (h * p.m + ri) * D, int64_t(g) * (D / 8), D, true, o[0][r]);
+  }
+}
+
+// dK and dV over A^T's windows (rows: keys; condensed columns: queries), after grads_dq.
+template <class T, int D>
+__global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 2 : 4)
+grads_dkv(const GradOperands<T> p, const KernelPattern at, const GradSplit sp) {
+  int64_t item, h;
+  if (!unit_item(at.num_items, p.heads, sp.grouped, item, h)) return;
+  AttnItem it;
+  if (!read_item(at.sched, at.wbp, item, sp.grouped, sp.cap, it)) return;
+  const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  constexpr int W = D / 8;
+  const T* qh = p.q + h * p.q_hs;
+  const T* doh = p.dout + h * p.do_hs;
+  const float* lh = p.lse + h * p.lse_hs;
+  const float* deltah = p.delta + h * p.m;
+  const T* bh = p.bias + h * p.b_hs;
+
+  const int64_t j = it.w * 8 + g;  // the window's key row g
+  uint32_t kw[W], vw[W];
+  row_words<T, D>(p.k + h * p.k_hs, j < p.n ? j : -1, t, kw);
+  row_words<T, D>(p.v + h * p.v_hs, j < p.n ? j : -1, t, vw);
+  const float sl2 = p.scale * kLog2e;
+  float ak[D / 16][4], av[D / 16][4];
+#pragma unroll
+  for (int s = 0; s < D / 16; ++s)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) ak[s][e] = av[s][e] = 0.f;
+
+  for (int64_t b0 = it.b_first; b0 < it.b_end; b0 += 2) {
+    const PairRows pr = pair_rows(at.bitmap, at.wc, it, b0, g);
+    uint32_t qc0[W], qc1[W], dc0[W], dc1[W];
+    row_words<T, D>(qh, pr.col[0], t, qc0);
+    row_words<T, D>(qh, pr.col[1], t, qc1);
+    row_words<T, D>(doh, pr.col[0], t, dc0);
+    row_words<T, D>(doh, pr.col[1], t, dc1);
+    float l2[2], dl[2];  // the queries of columns g and g+8
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      l2[c] = pr.col[c] >= 0 ? lh[pr.col[c]] * kLog2e : 0.f;
+      dl[c] = pr.col[c] >= 0 ? deltah[pr.col[c]] : 0.f;
+    }
+    float sc[4], dp[4], pe[4], ds[4];
+    tile_dots<T, D>(sc, qc0, qc1, kw);  // S: (query column, key row)
+    tile_dots<T, D>(dp, dc0, dc1, vw);  // dP
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t idx = tile_value(pr, at.bvp, b0, g, t, e);
+      float x = sc[e] * sl2;
+      if (p.has_bias && idx >= 0) x += to_f32<T>(bh[p.perm_t[idx]]) * kLog2e;
+      pe[e] = idx >= 0 ? exp2f(x - l2[e >> 1]) : 0.f;
+      ds[e] = pe[e] * (dp[e] - dl[e >> 1]);
+    }
+    const uint32_t pb[2] = {movmatrix_trans(pack2<T>(pe[0], pe[1])),
+                            movmatrix_trans(pack2<T>(pe[2], pe[3]))};
+    const uint32_t db[2] = {movmatrix_trans(pack2<T>(ds[0], ds[1])),
+                            movmatrix_trans(pack2<T>(ds[2], ds[3]))};
+#pragma unroll
+    for (int s = 0; s < D / 16; ++s) {
+      uint32_t x[4];
+      transposed_tile<D>(dc0, dc1, s, x);  // dV^T += dO^T P
+      mma_16816(av[s], x, pb, T{});
+      transposed_tile<D>(qc0, qc1, s, x);  // dK^T += Q^T dS
+      mma_16816(ak[s], x, db, T{});
+    }
+  }
+  float o[2][2][D / 8];
+  to_rows<D>(ak, g, o[0]);
+  to_rows<D>(av, g, o[1]);
+  if (!merge_pieces<D, 2>(o, it, item, h, p.heads, sp, lane, g, t)) return;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t kr = it.w * 8 + 2 * t + r;
+    if (kr >= p.n) continue;
+#pragma unroll
+    for (int e = 0; e < D / 8; ++e) o[0][r][e] *= p.scale;
+    store_row<T, D / 8>(p.dk + (h * p.n + kr) * D, int64_t(g) * (D / 8), D, true, o[0][r]);
+    store_row<T, D / 8>(p.dv + (h * p.n + kr) * D, int64_t(g) * (D / 8), D, true, o[1][r]);
+  }
+}
+
+unsigned grid_for(int64_t items, int64_t heads, bool grouped) {
+  return unsigned((items_per_head(items, grouped) * heads + kAttnWarps - 1) / kAttnWarps);
+}
+
+template <class T, int D>
+void launch(cudaStream_t st, const GradOperands<T>& p, const KernelPattern& a,
+            const KernelPattern& at, const GradSplit& sa, const GradSplit& st_) {
+  if (a.num_items > 0)
+    grads_dq<T, D><<<grid_for(a.num_items, p.heads, sa.grouped), 32 * kAttnWarps,
+                     sa.grouped ? kGradGroupSmemBytes<D, 1> : 0, st>>>(p, a, sa);
+  if (at.num_items > 0)
+    grads_dkv<T, D><<<grid_for(at.num_items, p.heads, st_.grouped), 32 * kAttnWarps,
+                      st_.grouped ? kGradGroupSmemBytes<D, 2> : 0, st>>>(p, at, st_);
+}
+
+}  // namespace
+
+// The workspace of one call: delta [H, m] fp32, then each kernel's split slots (A's: dQ, A^T's:
+// dK and dV) and their counters, adjacent so that one memset zeroes both. Grouped schedules (and
+// JAXSPARSE_TC_ATTN_SPLIT=0) have no slots: their split pieces merge in the CTA, or the first
+// piece does the whole window.
+struct GradsLayout {
+  int64_t cap_a, cap_t;
+  size_t ws_a, ws_t, done_a, done_t, total;  // byte offsets; delta at 0
+  bool grouped_a, grouped_t;
+};
+
+static GradsLayout grads_layout(int64_t d, int64_t heads, int64_t m, int64_t items_a,
+                                int64_t items_t, bool grouped_a, bool grouped_t) {
+  constexpr int64_t kBudget = int64_t(128) << 20;  // per kernel, as the forward's
+  const bool split = env_int("JAXSPARSE_TC_ATTN_SPLIT", 1) != 0;
+  auto cap = [&](int64_t items, bool grouped, int na) -> int64_t {
+    if (!split || grouped) return 0;
+    return std::min<int64_t>(items, kBudget / (heads * (8 * na * d * 4 + 4)));
+  };
+  auto round16 = [](size_t x) { return (x + 15) / 16 * 16; };
+  GradsLayout l{};
+  l.grouped_a = split && grouped_a;
+  l.grouped_t = split && grouped_t;
+  l.cap_a = heads > 0 ? cap(items_a, grouped_a, 1) : 0;
+  l.cap_t = heads > 0 ? cap(items_t, grouped_t, 2) : 0;
+  l.ws_a = round16(size_t(heads * m) * 4);
+  l.ws_t = l.ws_a + size_t(l.cap_a * heads * 8 * d) * 4;
+  l.done_a = l.ws_t + size_t(l.cap_t * heads * 16 * d) * 4;
+  l.done_t = l.done_a + size_t(l.cap_a * heads) * 4;
+  l.total = l.done_t + size_t(l.cap_t * heads) * 4;
+  return l;
+}
+
+int64_t attention_grads_workspace_bytes(int64_t d, int64_t heads, int64_t m, int64_t items_a,
+                                        int64_t items_t, bool grouped_a, bool grouped_t) {
+  return int64_t(grads_layout(d, heads, m, items_a, items_t, grouped_a, grouped_t).total);
+}
+
+static int64_t head_stride(int64_t count, int64_t size) { return count == 1 ? 0 : size; }
+
+static ffi::Error attention_grads_cuda(
+    cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
+    ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, I32 wcp, I32 wc, I32 wbp,
+    U32 bitmap, I32 bvp, I32 schedule, I32 wcp_t, I32 wc_t, I32 wbp_t, U32 bitmap_t, I32 bvp_t,
+    I32 schedule_t, I32 perm_t, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+    ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dbias,
+    ffi::Result<ffi::AnyBuffer> workspace, float scale, int32_t has_bias, int32_t grouped,
+    int32_t grouped_t) {
+  const auto dtype = q.element_type();
+  for (ffi::DataType x : {k.element_type(), v.element_type(), bias.element_type(),
+                          o.element_type(), dout.element_type(), dq->element_type(),
+                          dk->element_type(), dv->element_type(), dbias->element_type()})
+    if (x != dtype) return ffi::Error::InvalidArgument("attention gradients: mixed dtypes");
+  const int64_t heads = dq->dimensions()[0], m = dq->dimensions()[1], d = dq->dimensions()[2];
+  const int64_t n = k.dimensions()[1];
+  if (dtype == ffi::DataType::F32 || v.dimensions()[2] != d || (d != 32 && d != 64 && d != 128))
+    return ffi::Error::InvalidArgument(
+        "attention gradients (tensor cores): 16-bit operands with d = dv in {32, 64, 128}");
+  if (heads == 0) return ffi::Error::Success();
+  const KernelPattern a = kernel_pattern(wcp, wc, wbp, bitmap, bvp, schedule);
+  const KernelPattern at = kernel_pattern(wcp_t, wc_t, wbp_t, bitmap_t, bvp_t, schedule_t);
+  const GradsLayout l = grads_layout(d, heads, m, a.num_items, at.num_items, grouped != 0,
+                                     grouped_t != 0);
+  if (workspace->size_bytes() < l.total)
+    return ffi::Error::InvalidArgument(
+        "attention gradients: workspace smaller than the launch needs (JAXSPARSE_TC_ATTN_SPLIT "
+        "changed after the program was compiled?)");
+  char* const mem = static_cast<char*>(workspace->untyped_data());
+  const GradSplit sa{reinterpret_cast<float*>(mem + l.ws_a), reinterpret_cast<int*>(mem + l.done_a),
+                     l.cap_a, int(l.grouped_a)};
+  const GradSplit s_t{reinterpret_cast<float*>(mem + l.ws_t),
+                      reinterpret_cast<int*>(mem + l.done_t), l.cap_t, int(l.grouped_t)};
+  if (l.total > l.done_a &&
+      cudaMemsetAsync(mem + l.done_a, 0, l.total - l.done_a, st) != cudaSuccess)
+    return ffi::Error::Internal("attention gradients: workspace memset failed");
+  ffi::Error e = dispatch_device_float(dtype, "attention gradients", [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (sizeof(T) == 2) {
+      GradOperands<T> p{};
+      p.q = static_cast<const T*>(q.untyped_data());
+      p.k = static_cast<const T*>(k.untyped_data());
+      p.v = static_cast<const T*>(v.untyped_data());
+      p.bias = static_cast<const T*>(bias.untyped_data());
+      p.o = static_cast<const T*>(o.untyped_data());
+      p.dout = static_cast<const T*>(dout.untyped_data());
+      p.lse = lse.typed_data();
+      p.perm_t = perm_t.typed_data();
+      p.dq = static_cast<T*>(dq->untyped_data());
+      p.dk = static_cast<T*>(dk->untyped_data());
+      p.dv = static_cast<T*>(dv->untyped_data());
+      p.dbias = static_cast<T*>(dbias->untyped_data());
+      p.delta = reinterpret_cast<float*>(mem);
+      p.m = m;
+      p.n = n;
+      p.nnz = bias.dimensions()[1];
+      p.heads = heads;
+      p.q_hs = head_stride(q.dimensions()[0], m * d);
+      p.k_hs = head_stride(k.dimensions()[0], n * d);
+      p.v_hs = head_stride(v.dimensions()[0], n * d);
+      p.b_hs = head_stride(bias.dimensions()[0], p.nnz);
+      p.o_hs = head_stride(o.dimensions()[0], m * d);
+      p.do_hs = head_stride(dout.dimensions()[0], m * d);
+      p.lse_hs = head_stride(lse.dimensions()[0], m);
+      p.scale = scale;
+      p.has_bias = has_bias;
+      if (d == 32) launch<T, 32>(st, p, a, at, sa, s_t);
+      if (d == 64) launch<T, 64>(st, p, a, at, sa, s_t);
+      if (d == 128) launch<T, 128>(st, p, a, at, sa, s_t);
+    }
+  });
+  if (e.failure()) return e;
+  return launch_status("attention gradients");
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionGradsCuda, attention_grads_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // q [Hq, m, d]
+                                  .Arg<ffi::AnyBuffer>()  // k [Hk, n, d]
+                                  .Arg<ffi::AnyBuffer>()  // v [Hv, n, d]
+                                  .Arg<ffi::AnyBuffer>()  // bias [Hb, nnz] (or a dummy)
+                                  .Arg<ffi::AnyBuffer>()  // o [Ho, m, d]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // lse [Hl, m]
+                                  .Arg<ffi::AnyBuffer>()  // do [Hd, m, d]
+                                  JAXSPARSE_TC_PATTERN_ARGS  // A's
+                                  JAXSPARSE_TC_PATTERN_ARGS  // A^T's
+                                  .Arg<I32>()             // perm_t
+                                  .Ret<ffi::AnyBuffer>()  // dq [H, m, d]
+                                  .Ret<ffi::AnyBuffer>()  // dk [H, n, d]
+                                  .Ret<ffi::AnyBuffer>()  // dv [H, n, d]
+                                  .Ret<ffi::AnyBuffer>()  // dbias [H, nnz] (or [H, 0])
+                                  .Ret<ffi::AnyBuffer>()  // workspace [bytes]
+                                  .Attr<float>("scale")
+                                  .Attr<int32_t>("has_bias")
+                                  .Attr<int32_t>("grouped")     // A's schedule is grouped
+                                  .Attr<int32_t>("grouped_t"),  // A^T's
+                              JAXSPARSE_TC_CAPTURABLE);
+
+}  // namespace jaxsparse_tc

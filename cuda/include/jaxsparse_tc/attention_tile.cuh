@@ -1,0 +1,124 @@
+// Device pieces shared by the tensor-core attention kernels (attention.cu: the forward,
+// attention_grads.cu: the backward). Their common tile (cuda/attention.cu's header comment):
+// one warp owns one (window, head), the window's 8 rows are the MMA's n=8 side, and a pair of
+// 8x8 blocks (16 condensed columns) is the m=16 side. In the "row layout" thread (g, t) holds
+// features [t*D/4, (t+1)*D/4) of one row: the window's row g (B operand), or the gathered rows
+// of condensed columns g and g+8 (A operand of an SDDMM over the features).
+#pragma once
+#include <cstdint>
+
+#include "jaxsparse_tc/bitmap.cuh"
+#include "jaxsparse_tc/cuda_common.cuh"
+#include "jaxsparse_tc/format.h"
+#include "jaxsparse_tc/mma.cuh"
+
+namespace jaxsparse_tc {
+
+constexpr int kAttnWarps = 4;  // warps per CTA (a grouped schedule's group of items)
+constexpr float kLog2e = 1.4426950408889634f;
+static_assert(kAttnWarps == kGroupItems, "a CTA holds one group of a grouped schedule");
+
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  return raw16(from_f32<T>(lo)) | (raw16(from_f32<T>(hi)) << 16);
+}
+
+// Work items per head of a launch: a grouped schedule's are padded to whole groups, so that the
+// warps of a CTA take one aligned group of one head's items.
+__host__ __device__ __forceinline__ int64_t items_per_head(int64_t num_items, bool grouped) {
+  return grouped ? (num_items + kGroupItems - 1) / kGroupItems * kGroupItems : num_items;
+}
+
+// A schedule item as the attention kernels read it (docs/FORMAT.md): window w, blocks
+// [b_first, b_end), condensed columns from c_first (the window's end column c_end). A split
+// window's piece p is item first + p of `pieces`; first < 0 where the warp covers its whole
+// window. `local`: the pieces are warps of this CTA (grouped schedule, merged in shared memory).
+struct AttnItem {
+  int64_t w, b_first, b_end, c_first, c_end, first, pieces;
+  bool local;
+};
+
+// Reads item `item`. Split pieces that can be merged neither in the CTA nor in one of the
+// `cap` workspace slots fall back to their first piece doing the whole window; the others then
+// have nothing to do (returns false).
+__device__ __forceinline__ bool read_item(const int4* sched, const int32_t* wbp, int64_t item,
+                                          bool grouped, int64_t cap, AttnItem& it) {
+  const int4 s0 = sched[2 * item], s1 = sched[2 * item + 1];
+  it = {s0.x, s0.y, s0.z, s1.x, s1.y, -1, 1, false};
+  if (s0.w) {
+    it.first = s1.z;
+    it.pieces = s1.w;
+    it.local = grouped && it.pieces <= kGroupItems && it.first % kGroupItems + it.pieces <= kGroupItems;
+    if (!it.local && it.first + it.pieces > cap) {
+      if (item != it.first) return false;
+      it.first = -1;
+      it.b_end = wbp[it.w + 1];
+    }
+  }
+  return true;
+}
+
+// The bitmaps of blocks b0, b0 + 1 and the condensed columns g and g+8 of the pair (row layout
+// gathers; -1 past the window's end).
+struct PairRows {
+  uint64_t bits0, bits1;
+  int32_t col[2];
+};
+
+__device__ __forceinline__ PairRows pair_rows(const uint32_t* bitmap, const int32_t* wc,
+                                              const AttnItem& it, int64_t b0, int g) {
+  PairRows pr;
+  pr.bits0 = load_block_bits(bitmap, b0);
+  pr.bits1 = b0 + 1 < it.b_end ? load_block_bits(bitmap, b0 + 1) : 0ull;
+  const int64_t cbase = it.c_first + 8 * (b0 - it.b_first);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t c = cbase + 8 * i + g;
+    pr.col[i] = c < it.c_end ? wc[c] : -1;
+  }
+  return pr;
+}
+
+// Row-layout words (D/8 per thread: features t*D/4 ..) of row `row` of `base`, zeros for row < 0.
+template <class T, int D>
+__device__ __forceinline__ void row_words(const T* base, int64_t row, int t, uint32_t (&w)[D / 8]) {
+  if (row >= 0) {
+    load_row<T, D / 4>(base + row * D, int64_t(t) * (D / 4), D, true, w);
+  } else {
+#pragma unroll
+    for (int x = 0; x < D / 8; ++x) w[x] = 0u;
+  }
+}
+
+// C[16 cols x 8 rows] = A_rows[16 x D] B^T[D x 8], both in the row layout: a0/a1 the gathered
+// rows of columns g and g+8, b the window's row g. C: (col g, rows 2t, 2t+1), (col g+8, ...).
+template <class T, int D>
+__device__ __forceinline__ void tile_dots(float (&c)[4], const uint32_t (&a0)[D / 8],
+                                          const uint32_t (&a1)[D / 8], const uint32_t (&b)[D / 8]) {
+  c[0] = c[1] = c[2] = c[3] = 0.f;
+#pragma unroll
+  for (int s = 0; s < D / 16; ++s) {
+    const uint32_t a[4] = {a0[2 * s], a1[2 * s], a0[2 * s + 1], a1[2 * s + 1]};
+    const uint32_t bb[2] = {b[2 * s], b[2 * s + 1]};
+    mma_16816(c, a, bb, T{});
+  }
+}
+
+// The window's barrier of a grouped schedule: named barrier 1 + the warp of the window's first
+// piece (a CTA may hold two windows); `wait`: the first piece's sync, else the others' arrive.
+__device__ __forceinline__ void window_barrier(int lead, int threads, bool wait) {
+  switch (lead) {
+    case 0: wait ? barrier_sync<1>(threads) : barrier_arrive<1>(threads); break;
+    case 1: wait ? barrier_sync<2>(threads) : barrier_arrive<2>(threads); break;
+    case 2: wait ? barrier_sync<3>(threads) : barrier_arrive<3>(threads); break;
+    default: wait ? barrier_sync<4>(threads) : barrier_arrive<4>(threads); break;
+  }
+}
+
+}  // namespace jaxsparse_tc
