@@ -6,7 +6,8 @@
 // Two kernels, neither of which writes P or dS to memory (but dS as dbias, when asked):
 // - grads_dq on A's windows, the forward's tile (attention_tile.cuh): per block pair
 //   S^T = K Q^T and dP^T = V dO^T (K and V rows gathered in the row layout, the window's Q and
-//   dO rows in registers), dS^T in registers, dQ^T += K^T dS^T. Also writes delta [H, m].
+//   dO rows in registers), dS^T in registers, dQ^T += K^T dS^T. Also writes (lse, delta) [H, m]
+//   for the second kernel, which reads both of a query in one 8-byte load.
 // - grads_dkv on A^T's windows (keys are the n=8 side, queries the condensed columns), after it:
 //   S = Q K^T and dP = dO V^T (Q and dO rows gathered), dV^T += dO^T P, dK^T += Q^T dS.
 // Each kernel gathers each of its two operands' rows once per condensed column. Their second
@@ -22,6 +23,7 @@
 
 #include "jaxsparse_tc/attention_tile.cuh"
 #include "jaxsparse_tc/ffi_cuda.cuh"
+#include "jaxsparse_tc/row_view.cuh"
 
 namespace jaxsparse_tc {
 namespace {
@@ -32,7 +34,7 @@ struct GradOperands {
   const float* lse;
   const int32_t* perm_t;  // A^T's value order -> A's (the bias in the dK/dV kernel)
   T *dq, *dk, *dv, *dbias;
-  float* delta;  // [H, m], written by the dQ kernel for the dK/dV kernel
+  float2* row_stats;  // [H, m] (lse in the log2 domain, delta): the dQ kernel's, for dK/dV
   int64_t m, n, nnz, heads;
   int64_t q_hs, k_hs, v_hs, b_hs, o_hs, do_hs, lse_hs;  // head strides, 0 where broadcast
   float scale;
@@ -75,8 +77,11 @@ __device__ __forceinline__ void to_rows(const float (&acc)[D / 16][4], int g,
   }
 }
 
+// Shared memory per warp: its partial of a grouped window (NA outputs, 2 rows x D/32 float4 per
+// lane), which in grads_dkv first holds the window's K and V B fragments (D/4 words per lane).
 template <int D, int NA>
-constexpr int kGradGroupSmemBytes = kGroupItems * NA * 2 * 32 * (D / 32) * 16;
+constexpr int kGradSlotBytes = NA * 2 * 32 * (D / 32) * 16;
+static_assert(kGradSlotBytes<32, 2> >= 2 * (32 / 16) * 32 * 8, "K and V fragments fit a slot");
 
 // Adds a split window's partials (NA outputs in the to_rows layout) into the piece that writes
 // the window; returns whether this warp is that piece.
@@ -88,7 +93,7 @@ __device__ __forceinline__ bool merge_pieces(float (&o)[NA][2][D / 8], const Att
   if (it.local) {
     // The other pieces leave their partials in shared memory (slot = warp) and arrive at the
     // window's barrier; the first piece waits there and adds them.
-    extern __shared__ float4 part[];  // [kGroupItems][NA][2 rows][D/32][32 lanes]
+    extern __shared__ float4 part[];  // [kGroupItems][NA][2 rows][D/32][32 lanes]: the slots
     const int slot = int(item % kGroupItems), lead = int(it.first % kGroupItems);
     const int threads = int(it.pieces) * 32;
     auto at = [&](int s, int a, int r, int x) -> float4& {
@@ -185,8 +190,9 @@ __device__ __forceinline__ int64_t tile_value(const PairRows& pr, const int32_t*
   return int64_t(bvp[e < 2 ? b0 : b0 + 1]) + __popcll(bits & ((1ull << kb) - 1ull));
 }
 
-// dQ (and delta, dbias) over A's windows. Register caps as the forward's.
-template <class T, int D>
+// dQ (and the row stats, dbias) over A's windows. Register caps as the forward's. PF: the next
+// pair's columns load a pair ahead (large graphs, as the forward).
+template <class T, int D, bool PF>
 __global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 3 : 4)
 grads_dq(const GradOperands<T> p, const KernelPattern a, const GradSplit sp) {
   int64_t item, h;
@@ -213,26 +219,30 @@ grads_dq(const GradOperands<T> p, const KernelPattern a, const GradSplit sp) {
     delta += __shfl_xor_sync(0xffffffffu, delta, 1);
     delta += __shfl_xor_sync(0xffffffffu, delta, 2);
   }
-  if (row >= 0 && t == 0 && (it.first < 0 || item == it.first)) p.delta[h * p.m + i] = delta;
+  const float lse2 = row >= 0 ? p.lse[h * p.lse_hs + i] * kLog2e : 0.f;
+  if (row >= 0 && t == 0 && (it.first < 0 || item == it.first))
+    p.row_stats[h * p.m + i] = make_float2(lse2, delta);
   float dl[2], l2[2];  // rows 2t, 2t+1: delta and lse (log2 domain)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int64_t ri = it.w * 8 + 2 * t + r;
     dl[r] = __shfl_sync(0xffffffffu, delta, (2 * t + r) * 4);
-    l2[r] = ri < p.m ? p.lse[h * p.lse_hs + ri] * kLog2e : 0.f;
+    l2[r] = __shfl_sync(0xffffffffu, lse2, (2 * t + r) * 4);
   }
   const float sl2 = p.scale * kLog2e;
   float acc[D / 16][4];
 #pragma unroll
   for (int s = 0; s < D / 16; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.f;
 
+  PairRows next;
+  if (PF && it.b_first < it.b_end) next = pair_rows(a.bitmap, a.wc, it, it.b_first, g);
   for (int64_t b0 = it.b_first; b0 < it.b_end; b0 += 2) {
-    const PairRows pr = pair_rows(a.bitmap, a.wc, it, b0, g);
+    const PairRows pr = PF ? next : pair_rows(a.bitmap, a.wc, it, b0, g);
     uint32_t kw0[W], kw1[W], vw0[W], vw1[W];
     row_words<T, D>(kh, pr.col[0], t, kw0);
     row_words<T, D>(kh, pr.col[1], t, kw1);
     row_words<T, D>(vh, pr.col[0], t, vw0);
     row_words<T, D>(vh, pr.col[1], t, vw1);
+    if (PF && b0 + 2 < it.b_end) next = pair_rows(a.bitmap, a.wc, it, b0 + 2, g);
     float sc[4], dp[4], ds[4];
     tile_dots<T, D>(sc, kw0, kw1, qw);  // S^T: (column, row)
     tile_dots<T, D>(dp, vw0, vw1, dw);  // dP^T
@@ -268,8 +278,8 @@ grads_dq(const GradOperands<T> p, const KernelPattern a, const GradSplit sp) {
 }
 
 // dK and dV over A^T's windows (rows: keys; condensed columns: queries), after grads_dq.
-template <class T, int D>
-__global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 2 : 4)
+template <class T, int D, bool PF>
+__global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 3 : 4)
 grads_dkv(const GradOperands<T> p, const KernelPattern at, const GradSplit sp) {
   int64_t item, h;
   if (!unit_item(at.num_items, p.heads, sp.grouped, item, h)) return;
@@ -279,14 +289,24 @@ grads_dkv(const GradOperands<T> p, const KernelPattern at, const GradSplit sp) {
   constexpr int W = D / 8;
   const T* qh = p.q + h * p.q_hs;
   const T* doh = p.dout + h * p.do_hs;
-  const float* lh = p.lse + h * p.lse_hs;
-  const float* deltah = p.delta + h * p.m;
+  const float2* stats = p.row_stats + h * p.m;
   const T* bh = p.bias + h * p.b_hs;
 
-  const int64_t j = it.w * 8 + g;  // the window's key row g
-  uint32_t kw[W], vw[W];
-  row_words<T, D>(p.k + h * p.k_hs, j < p.n ? j : -1, t, kw);
-  row_words<T, D>(p.v + h * p.v_hs, j < p.n ? j : -1, t, vw);
+  // The window's K and V rows (key row g) as B fragments, kept in this warp's slot of shared
+  // memory (registers would hold 2 D/8 words more, and at D = 128 the kernel ran 2 CTAs per SM).
+  extern __shared__ float4 smem[];  // [kAttnWarps][kGradSlotBytes<D, 2> / 16]
+  uint2* const kvw = reinterpret_cast<uint2*>(smem + (threadIdx.x / 32) * (kGradSlotBytes<D, 2> / 16));
+  {
+    const int64_t j = it.w * 8 + g;
+    uint32_t kw[W], vw[W];
+    row_words<T, D>(p.k + h * p.k_hs, j < p.n ? j : -1, t, kw);
+    row_words<T, D>(p.v + h * p.v_hs, j < p.n ? j : -1, t, vw);
+#pragma unroll
+    for (int s = 0; s < D / 16; ++s) {
+      kvw[s * 32 + lane] = make_uint2(kw[2 * s], kw[2 * s + 1]);
+      kvw[(D / 16 + s) * 32 + lane] = make_uint2(vw[2 * s], vw[2 * s + 1]);
+    }
+  }
   const float sl2 = p.scale * kLog2e;
   float ak[D / 16][4], av[D / 16][4];
 #pragma unroll
@@ -294,29 +314,29 @@ grads_dkv(const GradOperands<T> p, const KernelPattern at, const GradSplit sp) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) ak[s][e] = av[s][e] = 0.f;
 
+  PairRows next;
+  if (PF && it.b_first < it.b_end) next = pair_rows(at.bitmap, at.wc, it, it.b_first, g);
   for (int64_t b0 = it.b_first; b0 < it.b_end; b0 += 2) {
-    const PairRows pr = pair_rows(at.bitmap, at.wc, it, b0, g);
+    const PairRows pr = PF ? next : pair_rows(at.bitmap, at.wc, it, b0, g);
     uint32_t qc0[W], qc1[W], dc0[W], dc1[W];
     row_words<T, D>(qh, pr.col[0], t, qc0);
     row_words<T, D>(qh, pr.col[1], t, qc1);
     row_words<T, D>(doh, pr.col[0], t, dc0);
     row_words<T, D>(doh, pr.col[1], t, dc1);
-    float l2[2], dl[2];  // the queries of columns g and g+8
+    float2 st2[2];  // the queries of columns g and g+8: (lse, delta)
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      l2[c] = pr.col[c] >= 0 ? lh[pr.col[c]] * kLog2e : 0.f;
-      dl[c] = pr.col[c] >= 0 ? deltah[pr.col[c]] : 0.f;
-    }
+    for (int c = 0; c < 2; ++c) st2[c] = pr.col[c] >= 0 ? stats[pr.col[c]] : make_float2(0.f, 0.f);
+    if (PF && b0 + 2 < it.b_end) next = pair_rows(at.bitmap, at.wc, it, b0 + 2, g);
     float sc[4], dp[4], pe[4], ds[4];
-    tile_dots<T, D>(sc, qc0, qc1, kw);  // S: (query column, key row)
-    tile_dots<T, D>(dp, dc0, dc1, vw);  // dP
+    tile_dots<T, D>(sc, qc0, qc1, kvw, lane);                 // S: (query column, key row)
+    tile_dots<T, D>(dp, dc0, dc1, kvw + D / 16 * 32, lane);   // dP
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int64_t idx = tile_value(pr, at.bvp, b0, g, t, e);
       float x = sc[e] * sl2;
       if (p.has_bias && idx >= 0) x += to_f32<T>(bh[p.perm_t[idx]]) * kLog2e;
-      pe[e] = idx >= 0 ? exp2f(x - l2[e >> 1]) : 0.f;
-      ds[e] = pe[e] * (dp[e] - dl[e >> 1]);
+      pe[e] = idx >= 0 ? exp2f(x - st2[e >> 1].x) : 0.f;
+      ds[e] = pe[e] * (dp[e] - st2[e >> 1].y);
     }
     const uint32_t pb[2] = {movmatrix_trans(pack2<T>(pe[0], pe[1])),
                             movmatrix_trans(pack2<T>(pe[2], pe[3]))};
@@ -350,26 +370,33 @@ unsigned grid_for(int64_t items, int64_t heads, bool grouped) {
   return unsigned((items_per_head(items, grouped) * heads + kAttnWarps - 1) / kAttnWarps);
 }
 
-template <class T, int D>
+template <class T, int D, bool PF>
 void launch(cudaStream_t st, const GradOperands<T>& p, const KernelPattern& a,
             const KernelPattern& at, const GradSplit& sa, const GradSplit& st_) {
   if (a.num_items > 0)
-    grads_dq<T, D><<<grid_for(a.num_items, p.heads, sa.grouped), 32 * kAttnWarps,
-                     sa.grouped ? kGradGroupSmemBytes<D, 1> : 0, st>>>(p, a, sa);
+    grads_dq<T, D, PF><<<grid_for(a.num_items, p.heads, sa.grouped), 32 * kAttnWarps,
+                         sa.grouped ? kAttnWarps * kGradSlotBytes<D, 1> : 0, st>>>(p, a, sa);
   if (at.num_items > 0)
-    grads_dkv<T, D><<<grid_for(at.num_items, p.heads, st_.grouped), 32 * kAttnWarps,
-                      st_.grouped ? kGradGroupSmemBytes<D, 2> : 0, st>>>(p, at, st_);
+    grads_dkv<T, D, PF><<<grid_for(at.num_items, p.heads, st_.grouped), 32 * kAttnWarps,
+                          kAttnWarps * kGradSlotBytes<D, 2>, st>>>(p, at, st_);
+}
+
+template <class T, int D>
+void launch_d(cudaStream_t st, const GradOperands<T>& p, const KernelPattern& a,
+              const KernelPattern& at, const GradSplit& sa, const GradSplit& st_, bool pf) {
+  if (pf) launch<T, D, true>(st, p, a, at, sa, st_);
+  else launch<T, D, false>(st, p, a, at, sa, st_);
 }
 
 }  // namespace
 
-// The workspace of one call: delta [H, m] fp32, then each kernel's split slots (A's: dQ, A^T's:
+// The workspace of one call: the row stats [H, m] float2, then each kernel's split slots (A's: dQ, A^T's:
 // dK and dV) and their counters, adjacent so that one memset zeroes both. Grouped schedules (and
 // JAXSPARSE_TC_ATTN_SPLIT=0) have no slots: their split pieces merge in the CTA, or the first
 // piece does the whole window.
 struct GradsLayout {
   int64_t cap_a, cap_t;
-  size_t ws_a, ws_t, done_a, done_t, total;  // byte offsets; delta at 0
+  size_t ws_a, ws_t, done_a, done_t, total;  // byte offsets; the row stats at 0
   bool grouped_a, grouped_t;
 };
 
@@ -387,7 +414,7 @@ static GradsLayout grads_layout(int64_t d, int64_t heads, int64_t m, int64_t ite
   l.grouped_t = split && grouped_t;
   l.cap_a = heads > 0 ? cap(items_a, grouped_a, 1) : 0;
   l.cap_t = heads > 0 ? cap(items_t, grouped_t, 2) : 0;
-  l.ws_a = round16(size_t(heads * m) * 4);
+  l.ws_a = round16(size_t(heads * m) * 8);
   l.ws_t = l.ws_a + size_t(l.cap_a * heads * 8 * d) * 4;
   l.done_a = l.ws_t + size_t(l.cap_t * heads * 16 * d) * 4;
   l.done_t = l.done_a + size_t(l.cap_a * heads) * 4;
@@ -453,7 +480,7 @@ static ffi::Error attention_grads_cuda(
       p.dk = static_cast<T*>(dk->untyped_data());
       p.dv = static_cast<T*>(dv->untyped_data());
       p.dbias = static_cast<T*>(dbias->untyped_data());
-      p.delta = reinterpret_cast<float*>(mem);
+      p.row_stats = reinterpret_cast<float2*>(mem);
       p.m = m;
       p.n = n;
       p.nnz = bias.dimensions()[1];
@@ -467,9 +494,11 @@ static ffi::Error attention_grads_cuda(
       p.lse_hs = head_stride(lse.dimensions()[0], m);
       p.scale = scale;
       p.has_bias = has_bias;
-      if (d == 32) launch<T, 32>(st, p, a, at, sa, s_t);
-      if (d == 64) launch<T, 64>(st, p, a, at, sa, s_t);
-      if (d == 128) launch<T, 128>(st, p, a, at, sa, s_t);
+      // The next pair's columns load a pair ahead on large graphs (as the forward's).
+      const bool pf = env_int("JAXSPARSE_TC_ATTN_PREFETCH", wc.element_count() >= kSmallGraphNnz);
+      if (d == 32) launch_d<T, 32>(st, p, a, at, sa, s_t, pf);
+      if (d == 64) launch_d<T, 64>(st, p, a, at, sa, s_t, pf);
+      if (d == 128) launch_d<T, 128>(st, p, a, at, sa, s_t, pf);
     }
   });
   if (e.failure()) return e;

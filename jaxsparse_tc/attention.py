@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -261,7 +262,10 @@ TENSOR_CORE_D = (32, 64, 128)
 
 
 def _grads_on_tensor_cores(q, v) -> bool:
-  return ("jaxsparse_tc_attention_grads" in CUDA_TARGETS
+  """Whether the backward takes attention_grads_p (at trace time; JAXSPARSE_TC_ATTN_GRADS=0,
+  for benchmarks, forces the composed backward)."""
+  return (os.environ.get("JAXSPARSE_TC_ATTN_GRADS", "1") != "0"
+          and "jaxsparse_tc_attention_grads" in CUDA_TARGETS
           and q.dtype in (jnp.float16, jnp.bfloat16)
           and q.shape[2] == v.shape[2] and q.shape[2] in TENSOR_CORE_D)
 

@@ -110,6 +110,20 @@ __device__ __forceinline__ void tile_dots(float (&c)[4], const uint32_t (&a0)[D 
   }
 }
 
+// The same with b's fragments in shared memory (word pair s of lane l at b[s * 32 + l]).
+template <class T, int D>
+__device__ __forceinline__ void tile_dots(float (&c)[4], const uint32_t (&a0)[D / 8],
+                                          const uint32_t (&a1)[D / 8], const uint2* b, int lane) {
+  c[0] = c[1] = c[2] = c[3] = 0.f;
+#pragma unroll
+  for (int s = 0; s < D / 16; ++s) {
+    const uint32_t a[4] = {a0[2 * s], a1[2 * s], a0[2 * s + 1], a1[2 * s + 1]};
+    const uint2 w = b[s * 32 + lane];
+    const uint32_t bb[2] = {w.x, w.y};
+    mma_16816(c, a, bb, T{});
+  }
+}
+
 // The window's barrier of a grouped schedule: named barrier 1 + the warp of the window's first
 // piece (a CTA may hold two windows); `wait`: the first piece's sync, else the others' arrive.
 __device__ __forceinline__ void window_barrier(int lead, int threads, bool wait) {
