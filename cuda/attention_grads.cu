@@ -3,14 +3,15 @@
 // forward's saved row log-sum-exp:
 //   P = exp(scale Q K^T + bias - lse)   dP = dO V^T   delta_i = dO_i . O_i   dS = P (dP - delta)
 //   dQ = scale dS K    dK = scale dS^T Q    dV = P^T dO    dbias = dS
-// Two kernels, neither of which writes P or dS to memory (but dS as dbias, when asked):
-// - grads_dq on A's windows, the forward's tile (attention_tile.cuh): per block pair
+// First (lse, delta) [H, m] per row (grads_row_stats; one 8-byte load per query later), then
+// one launch of two kinds of CTAs (grads_windows), neither writing P or dS to memory (but dS as
+// dbias, when asked):
+// - dq_windows on A's windows, the forward's tile (attention_tile.cuh): per block pair
 //   S^T = K Q^T and dP^T = V dO^T (K and V rows gathered in the row layout, the window's Q and
-//   dO rows in registers), dS^T in registers, dQ^T += K^T dS^T. Also writes (lse, delta) [H, m]
-//   for the second kernel, which reads both of a query in one 8-byte load.
-// - grads_dkv on A^T's windows (keys are the n=8 side, queries the condensed columns), after it:
+//   dO rows in registers), dS^T in registers, dQ^T += K^T dS^T.
+// - dkv_windows on A^T's windows (keys are the n=8 side, queries the condensed columns):
 //   S = Q K^T and dP = dO V^T (Q and dO rows gathered), dV^T += dO^T P, dK^T += Q^T dS.
-// Each kernel gathers each of its two operands' rows once per condensed column. Their second
+// Each pass gathers each of its two operands' rows once per condensed column. Their second
 // product wants them transposed (features as the m=16 side), and movmatrix turns each
 // row-layout word into that A fragment in registers: word x of the rows of columns g (g+8)
 // becomes columns 2t, 2t+1 (2t+8, 2t+9) at feature j_g(x) = (g/2) D/4 + 2x + g%2, and m-tile s
@@ -34,7 +35,7 @@ struct GradOperands {
   const float* lse;
   const int32_t* perm_t;  // A^T's value order -> A's (the bias in the dK/dV kernel)
   T *dq, *dk, *dv, *dbias;
-  float2* row_stats;  // [H, m] (lse in the log2 domain, delta): the dQ kernel's, for dK/dV
+  float2* row_stats;  // [H, m]: lse in the log2 domain, delta (grads_row_stats)
   int64_t m, n, nnz, heads;
   int64_t q_hs, k_hs, v_hs, b_hs, o_hs, do_hs, lse_hs;  // head strides, 0 where broadcast
   float scale;
@@ -160,10 +161,10 @@ __device__ __forceinline__ bool merge_pieces(float (&o)[NA][2][D / 8], const Att
 }
 
 // The window unit of a launch: head-major, as the forward (one head's rows at a time stay in L2).
-__device__ __forceinline__ bool unit_item(int64_t num_items, int64_t heads, bool grouped,
-                                          int64_t& item, int64_t& h) {
+__device__ __forceinline__ bool unit_item(int64_t cta, int64_t num_items, int64_t heads,
+                                          bool grouped, int64_t& item, int64_t& h) {
   const int64_t per_head = items_per_head(num_items, grouped);
-  const int64_t unit = int64_t(blockIdx.x) * kAttnWarps + threadIdx.x / 32;
+  const int64_t unit = cta * kAttnWarps + threadIdx.x / 32;
   item = unit % per_head;
   h = unit / per_head;
   return h < heads && item < num_items;
@@ -190,13 +191,32 @@ __device__ __forceinline__ int64_t tile_value(const PairRows& pr, const int32_t*
   return int64_t(bvp[e < 2 ? b0 : b0 + 1]) + __popcll(bits & ((1ull << kb) - 1ull));
 }
 
-// dQ (and the row stats, dbias) over A's windows. Register caps as the forward's. PF: the next
-// pair's columns load a pair ahead (large graphs, as the forward).
+// (lse in the log2 domain, delta_i = dO_i . O_i) of every row and head, before the windows: 8
+// lanes per row, D/8 features each.
+template <class T, int D>
+__global__ void __launch_bounds__(256) grads_row_stats(const GradOperands<T> p) {
+  const int64_t unit = (int64_t(blockIdx.x) * 256 + threadIdx.x) / 8;  // h * m + i
+  const int li = threadIdx.x % 8;
+  const bool in = unit < p.heads * p.m;
+  const int64_t h = in ? unit / p.m : 0, i = in ? unit % p.m : 0;
+  uint32_t dw[Words<T, D / 8>::N], ow[Words<T, D / 8>::N];
+  load_row<T, D / 8>(p.dout + h * p.do_hs + i * D, int64_t(li) * (D / 8), D, true, dw);
+  load_row<T, D / 8>(p.o + h * p.o_hs + i * D, int64_t(li) * (D / 8), D, true, ow);
+  float delta = 0.f;
+#pragma unroll
+  for (int e = 0; e < D / 8; ++e) delta = fmaf(word_elem<T>(dw, e), word_elem<T>(ow, e), delta);
+#pragma unroll
+  for (int o = 4; o > 0; o >>= 1) delta += __shfl_xor_sync(0xffffffffu, delta, o);
+  if (in && li == 0) p.row_stats[unit] = make_float2(p.lse[h * p.lse_hs + i] * kLog2e, delta);
+}
+
+// dQ (and dbias) of one CTA's windows of A. PF: the next pair's columns load a pair ahead
+// (large graphs, as the forward).
 template <class T, int D, bool PF>
-__global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 3 : 4)
-grads_dq(const GradOperands<T> p, const KernelPattern a, const GradSplit sp) {
+__device__ __forceinline__ void dq_windows(const GradOperands<T>& p, const KernelPattern& a,
+                                           const GradSplit& sp, int64_t cta) {
   int64_t item, h;
-  if (!unit_item(a.num_items, p.heads, sp.grouped, item, h)) return;
+  if (!unit_item(cta, a.num_items, p.heads, sp.grouped, item, h)) return;
   AttnItem it;
   if (!read_item(a.sched, a.wbp, item, sp.grouped, sp.cap, it)) return;
   const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
@@ -205,28 +225,18 @@ grads_dq(const GradOperands<T> p, const KernelPattern a, const GradSplit sp) {
   const T* vh = p.v + h * p.v_hs;
   const T* bh = p.bias + h * p.b_hs;
 
-  // The window's Q and dO rows (row g) and delta_g = dO_g . O_g.
+  // The window's Q and dO rows (row g), and the stats of rows 2t, 2t+1.
   const int64_t i = it.w * 8 + g, row = i < p.m ? i : -1;
   uint32_t qw[W], dw[W];
-  float delta = 0.f;
-  {
-    uint32_t ow[W];
-    row_words<T, D>(p.q + h * p.q_hs, row, t, qw);
-    row_words<T, D>(p.dout + h * p.do_hs, row, t, dw);
-    row_words<T, D>(p.o + h * p.o_hs, row, t, ow);
-#pragma unroll
-    for (int e = 0; e < D / 4; ++e) delta = fmaf(word_elem<T>(dw, e), word_elem<T>(ow, e), delta);
-    delta += __shfl_xor_sync(0xffffffffu, delta, 1);
-    delta += __shfl_xor_sync(0xffffffffu, delta, 2);
-  }
-  const float lse2 = row >= 0 ? p.lse[h * p.lse_hs + i] * kLog2e : 0.f;
-  if (row >= 0 && t == 0 && (it.first < 0 || item == it.first))
-    p.row_stats[h * p.m + i] = make_float2(lse2, delta);
+  row_words<T, D>(p.q + h * p.q_hs, row, t, qw);
+  row_words<T, D>(p.dout + h * p.do_hs, row, t, dw);
   float dl[2], l2[2];  // rows 2t, 2t+1: delta and lse (log2 domain)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    dl[r] = __shfl_sync(0xffffffffu, delta, (2 * t + r) * 4);
-    l2[r] = __shfl_sync(0xffffffffu, lse2, (2 * t + r) * 4);
+    const int64_t ri = it.w * 8 + 2 * t + r;
+    const float2 st2 = ri < p.m ? p.row_stats[h * p.m + ri] : make_float2(0.f, 0.f);
+    l2[r] = st2.x;
+    dl[r] = st2.y;
   }
   const float sl2 = p.scale * kLog2e;
   float acc[D / 16][4];
@@ -277,12 +287,12 @@ grads_dq(const GradOperands<T> p, const KernelPattern a, const GradSplit sp) {
   }
 }
 
-// dK and dV over A^T's windows (rows: keys; condensed columns: queries), after grads_dq.
+// dK and dV of one CTA's windows of A^T (rows: keys; condensed columns: queries).
 template <class T, int D, bool PF>
-__global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 3 : 4)
-grads_dkv(const GradOperands<T> p, const KernelPattern at, const GradSplit sp) {
+__device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const KernelPattern& at,
+                                            const GradSplit& sp, int64_t cta) {
   int64_t item, h;
-  if (!unit_item(at.num_items, p.heads, sp.grouped, item, h)) return;
+  if (!unit_item(cta, at.num_items, p.heads, sp.grouped, item, h)) return;
   AttnItem it;
   if (!read_item(at.sched, at.wbp, item, sp.grouped, sp.cap, it)) return;
   const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
@@ -293,7 +303,7 @@ grads_dkv(const GradOperands<T> p, const KernelPattern at, const GradSplit sp) {
   const T* bh = p.bias + h * p.b_hs;
 
   // The window's K and V rows (key row g) as B fragments, kept in this warp's slot of shared
-  // memory (registers would hold 2 D/8 words more, and at D = 128 the kernel ran 2 CTAs per SM).
+  // memory (in registers the pass took 222 of them at D = 128: 2 CTAs per SM, not 3).
   extern __shared__ float4 smem[];  // [kAttnWarps][kGradSlotBytes<D, 2> / 16]
   uint2* const kvw = reinterpret_cast<uint2*>(smem + (threadIdx.x / 32) * (kGradSlotBytes<D, 2> / 16));
   {
@@ -366,26 +376,38 @@ grads_dkv(const GradOperands<T> p, const KernelPattern at, const GradSplit sp) {
   }
 }
 
-unsigned grid_for(int64_t items, int64_t heads, bool grouped) {
-  return unsigned((items_per_head(items, grouped) * heads + kAttnWarps - 1) / kAttnWarps);
+// Both passes in one launch, after the row stats: CTAs [0, ctas_a) take A's windows (dQ), the
+// rest A^T's (dK, dV), so that a small graph's two longest windows overlap rather than queue.
+// Register caps as the forward's.
+template <class T, int D, bool PF>
+__global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 3 : 4)
+grads_windows(const GradOperands<T> p, const KernelPattern a, const KernelPattern at,
+              const GradSplit sa, const GradSplit st, int64_t ctas_a) {
+  if (blockIdx.x < ctas_a) dq_windows<T, D, PF>(p, a, sa, blockIdx.x);
+  else dkv_windows<T, D, PF>(p, at, st, blockIdx.x - ctas_a);
+}
+
+int64_t ctas_for(int64_t items, int64_t heads, bool grouped) {
+  return (items_per_head(items, grouped) * heads + kAttnWarps - 1) / kAttnWarps;
 }
 
 template <class T, int D, bool PF>
 void launch(cudaStream_t st, const GradOperands<T>& p, const KernelPattern& a,
-            const KernelPattern& at, const GradSplit& sa, const GradSplit& st_) {
-  if (a.num_items > 0)
-    grads_dq<T, D, PF><<<grid_for(a.num_items, p.heads, sa.grouped), 32 * kAttnWarps,
-                         sa.grouped ? kAttnWarps * kGradSlotBytes<D, 1> : 0, st>>>(p, a, sa);
-  if (at.num_items > 0)
-    grads_dkv<T, D, PF><<<grid_for(at.num_items, p.heads, st_.grouped), 32 * kAttnWarps,
-                          kAttnWarps * kGradSlotBytes<D, 2>, st>>>(p, at, st_);
+            const KernelPattern& at, const GradSplit& sa, const GradSplit& s_t) {
+  const int64_t rows = p.heads * p.m;
+  if (rows > 0) grads_row_stats<T, D><<<unsigned((rows * 8 + 255) / 256), 256, 0, st>>>(p);
+  const int64_t ctas_a = ctas_for(a.num_items, p.heads, sa.grouped);
+  const int64_t ctas = ctas_a + ctas_for(at.num_items, p.heads, s_t.grouped);
+  if (ctas > 0)
+    grads_windows<T, D, PF><<<unsigned(ctas), 32 * kAttnWarps, kAttnWarps * kGradSlotBytes<D, 2>,
+                              st>>>(p, a, at, sa, s_t, ctas_a);
 }
 
 template <class T, int D>
 void launch_d(cudaStream_t st, const GradOperands<T>& p, const KernelPattern& a,
-              const KernelPattern& at, const GradSplit& sa, const GradSplit& st_, bool pf) {
-  if (pf) launch<T, D, true>(st, p, a, at, sa, st_);
-  else launch<T, D, false>(st, p, a, at, sa, st_);
+              const KernelPattern& at, const GradSplit& sa, const GradSplit& s_t, bool pf) {
+  if (pf) launch<T, D, true>(st, p, a, at, sa, s_t);
+  else launch<T, D, false>(st, p, a, at, sa, s_t);
 }
 
 }  // namespace

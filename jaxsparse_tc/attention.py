@@ -41,7 +41,8 @@ from jax.interpreters import ad, batching, mlir
 from jaxsparse_tc import checks, heads, precision as precision_lib, rules
 from jaxsparse_tc._extensions import CUDA_TARGETS, cuda_extension
 from jaxsparse_tc.lowering import register_ffi_lowering
-from jaxsparse_tc.pattern import NUM_PATTERN_OPERANDS, PERM_T, ROW_VIEW, ROWS, transpose_operands
+from jaxsparse_tc.pattern import (NUM_PATTERN_OPERANDS, PERM_T, ROW_VIEW, ROWS, SMALL_GRAPH_NNZ,
+                                  transpose_operands)
 
 attention_fwd_p = Primitive("jaxsparse_tc_attention_fwd")
 attention_fwd_p.multiple_results = True
@@ -261,13 +262,16 @@ attention_grads_p.multiple_results = True
 TENSOR_CORE_D = (32, 64, 128)
 
 
-def _grads_on_tensor_cores(q, v) -> bool:
-  """Whether the backward takes attention_grads_p (at trace time; JAXSPARSE_TC_ATTN_GRADS=0,
-  for benchmarks, forces the composed backward)."""
-  return (os.environ.get("JAXSPARSE_TC_ATTN_GRADS", "1") != "0"
-          and "jaxsparse_tc_attention_grads" in CUDA_TARGETS
+def _grads_on_tensor_cores(q, v, nnz: int) -> bool:
+  """Whether the backward takes attention_grads_p (decided at trace time). At d = 128 on large
+  graphs the composed backward is faster (rmat17 and rmat20, H=4: 2759 and 15888 us against
+  3383 and 19438 fwd+bwd, docs/NOTES.md session 17), so there it keeps that.
+  JAXSPARSE_TC_ATTN_GRADS=0 or 1 (benchmarks, tests) forces either where both can run."""
+  forced = os.environ.get("JAXSPARSE_TC_ATTN_GRADS", "")
+  return ("jaxsparse_tc_attention_grads" in CUDA_TARGETS
           and q.dtype in (jnp.float16, jnp.bfloat16)
-          and q.shape[2] == v.shape[2] and q.shape[2] in TENSOR_CORE_D)
+          and q.shape[2] == v.shape[2] and q.shape[2] in TENSOR_CORE_D
+          and forced != "0" and (forced == "1" or q.shape[2] <= 64 or nnz < SMALL_GRAPH_NNZ))
 
 
 def _grads_abstract(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias, grouped,
@@ -337,7 +341,7 @@ def _backward(q, k, v, bias, o, lse, do, pattern, shape, scale, has_bias, groupe
   `grouped`: whether A's and A^T's schedules are grouped.
   """
   params = dict(shape=shape, scale=scale, has_bias=has_bias)
-  if _grads_on_tensor_cores(q, v):
+  if _grads_on_tensor_cores(q, v, pattern[ROWS].shape[0]):
     return tuple(attention_grads_p.bind(q, k, v, bias, o, lse, do, *pattern, **params,
                                         grouped=grouped[0], grouped_t=grouped[1]))
   fused = ("jaxsparse_tc_attention_bwd" in CUDA_TARGETS

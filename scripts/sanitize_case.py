@@ -1,6 +1,9 @@
-"""A small SpMM/SDDMM/edge-softmax/attention case for `compute-sanitizer --tool memcheck` (scripts/gpu_check.sh
---sanitize): every dtype and precision, a split window, a partial last window, d not a multiple
-of 8, rows that lane groups, CTAs and several CTAs walk, and a graph past kSmallGraphNnz whose SDDMM rows run as streams (`python3 scripts/sanitize_case.py streams`: that part alone). Buffers come from plain cudaMalloc (platform allocator) so out-of-bounds accesses are seen.
+"""A small SpMM/SDDMM/edge-softmax/attention case for `compute-sanitizer --tool memcheck`
+(scripts/gpu_check.sh --sanitize): every dtype and precision, a split window, a partial last window, d not a multiple
+of 8, rows that lane groups, CTAs and several CTAs walk, and a graph past kSmallGraphNnz whose
+SDDMM rows run as streams (`python3 scripts/sanitize_case.py streams`: that part alone; `grads`:
+the attention backward's grouped and large-graph parts alone). Buffers come from plain
+cudaMalloc (platform allocator) so out-of-bounds accesses are seen.
 """
 
 import os
@@ -43,18 +46,47 @@ def streams(rng) -> None:
     assert serr < 2e-2, serr
 
 
+def attention_outputs_finite(A, q, k, v, bias=None) -> bool:
+  """The fused forward and its gradients (the tensor-core backward for 16-bit d in {32, 64,
+  128}) all finite."""
+  f = lambda q, k, v: jst.sparse_attention(A, q, k, v, bias=bias)  # noqa: E731
+  o = jax.jit(f)(q, k, v)
+  g = jax.jit(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) ** 2),
+                       argnums=(0, 1, 2)))(q, k, v)
+  return all(bool(jnp.all(jnp.isfinite(a.astype(jnp.float32)))) for a in (o, *g))
+
+
 def grouped(rng) -> None:
-  """The attention forward on a grouped schedule (windows of 0 .. 32 blocks merged inside
-  CTAs, three heads: each head's items padded to whole groups), fp16, d = 32 and 128."""
+  """The attention forward and backward on grouped schedules (windows of 0 .. 32 blocks merged
+  inside CTAs, three heads: each head's items padded to whole groups), fp16, d = 32 and 128."""
   rows, cols, (m, n) = window_blocks_coo(rng, 32, n=2000, keep=0.5)
   A = jst.SparseMatrix.from_coo(rows, cols, shape=(m, n))
   assert A.grouped[0]
   for d in (32, 128):
     q, k, v = (jnp.asarray(rng.standard_normal((3, s, d)), jnp.float16) for s in (m, n, n))
-    o = jax.jit(lambda q, k, v: jst.sparse_attention(A, q, k, v))(q, k, v)
-    ok = bool(jnp.all(jnp.isfinite(o.astype(jnp.float32))))
+    ok = attention_outputs_finite(A, q, k, v)
     print(f"grouped attention d={d:3d} finite: {ok}")
     assert ok
+
+
+def grads_large(rng) -> None:
+  """The tensor-core backward past kSmallGraphNnz (columns a pair ahead, split windows merged
+  across CTAs in A and A^T), forced on at d = 128, bias, fp16 and bf16."""
+  n = 3000
+  rows, cols = np.nonzero(rng.random((n, n)) < 0.008)
+  keep = (rows != 0) & (cols != 5)
+  rows = np.concatenate([rows[keep], np.zeros(2500, np.int64), 1 + rng.permutation(n - 1)[:2500]])
+  cols = np.concatenate([cols[keep], 6 + rng.permutation(n - 6)[:2500], np.full(2500, 5)])
+  A = jst.SparseMatrix.from_coo(rows, cols, shape=(n, n))
+  assert A.nnz >= 1 << 16
+  os.environ["JAXSPARSE_TC_ATTN_GRADS"] = "1"
+  for dtype, d in ((jnp.float16, 64), (jnp.bfloat16, 128)):
+    q, k, v = (jnp.asarray(rng.standard_normal((2, n, d)), dtype) for _ in range(3))
+    bias = jnp.asarray(rng.standard_normal((2, A.nnz)), dtype)
+    ok = attention_outputs_finite(A, q, k, v, bias)
+    print(f"{np.dtype(dtype).name:9s} d={d:3d} attention grads, {A.nnz} nonzeros, finite: {ok}")
+    assert ok
+  del os.environ["JAXSPARSE_TC_ATTN_GRADS"]
 
 
 def main() -> None:
@@ -84,6 +116,7 @@ def main() -> None:
   assert worst < 2e-2, worst
   streams(rng)
   grouped(rng)
+  grads_large(rng)
   # edge softmax and attention (forward, jvp, grad through the backward row pass), every dtype
   for dtype in (jnp.float32, jnp.float16, jnp.bfloat16):
     for d in (24, 64):
@@ -108,5 +141,8 @@ def main() -> None:
 if __name__ == "__main__":
   if sys.argv[1:] == ["streams"]:  # that part alone
     streams(np.random.default_rng(0))
+  elif sys.argv[1:] == ["grads"]:  # the attention backward's parts alone
+    grouped(np.random.default_rng(0))
+    grads_large(np.random.default_rng(1))
   else:
     main()

@@ -385,6 +385,34 @@ def _all_eqns(jaxpr):
         yield from _all_eqns(sub)
 
 
+@pytest.mark.parametrize("has_bias", [False, True])
+def test_attention_grads_primitive(rng, has_bias):
+  """attention_grads_p (the tensor-core backward's primitive; on CPU the composed backward):
+  bound directly against float64 gradients, its batch rule, and dbias [H, 0] without a bias."""
+  from jaxsparse_tc import attention
+
+  A = hub_pattern(rng, 40, 50, hub=45)
+  H, m, scale = 2, A.shape[0], 0.3
+  q, k, v = qkv(rng, A, d=8, dv=8, dtype=jnp.float32, h=H)
+  bias = jnp.asarray(rng.standard_normal((H, A.nnz)), jnp.float32) if has_bias else None
+  b = bias if has_bias else jnp.zeros((1, 1), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((H, m, 8)), jnp.float32)
+  params = dict(shape=A.shape, scale=scale, has_bias=has_bias, grouped=A.grouped[0],
+                grouped_t=A.grouped[1])
+  o, lse = attention.attention_fwd_p.bind(q, k, v, b, *A.pattern_operands(), **params)
+  grads = lambda ww: attention.attention_grads_p.bind(q, k, v, b, o, lse, ww,  # noqa: E731
+                                                      *A.pattern_operands(), **params)
+  dq, dk, dv, db = grads(w)
+  ref = attention_grads_ref(A, q, k, v, scale, bias, w)
+  for g, r in zip((dq, dk, dv, db), ref):
+    if r is not None:
+      assert rel_err(g, r) < 1e-4
+  assert db.shape == ((H, A.nnz) if has_bias else (H, 0))
+  batched = jax.vmap(grads)(jnp.stack([w, -2.0 * w]))
+  for g, gb in zip((dq, dk, dv, db), batched):
+    np.testing.assert_allclose(gb[1], -2.0 * g, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_attention_backward_keeps_operands_16bit(rng, dtype):
   """The backward makes no float32 copy of an [H, n, d] operand (that copy was most of its

@@ -10,8 +10,8 @@ import pytest
 from jax.test_util import check_grads
 
 from conftest import rel_err, window_blocks_coo
-from test_attention import (DTYPES, attention_grads_ref, attention_ref, hub_pattern, make_pattern,
-                            qkv, softmax_jvp_ref, softmax_ref)
+from test_attention import (DTYPES, _all_eqns, attention_grads_ref, attention_ref, hub_pattern,
+                            make_pattern, qkv, softmax_jvp_ref, softmax_ref)
 import jaxsparse_tc as jst
 from jaxsparse_tc import SparseMatrix
 
