@@ -27,25 +27,22 @@
 // Writes O and the row log-sum-exp (fp32) for the backward.
 //
 // Scalar path (float32 in, other head sizes, and the jvp): CUDA cores, one warp per
-// (row, head), lanes over features, float32 math. The backward is not here: a per-edge kernel
-// (attention_bwd.cu) and the SpMMs (jaxsparse_tc/attention.py `_backward`).
+// (row, head), lanes over features, float32 math. The backward is not here: tensor-core windows
+// (attention_grads.cu), or a per-edge kernel (attention_bwd.cu) and the SpMMs
+// (jaxsparse_tc/attention.py `_backward` says which).
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
 
+#include "jaxsparse_tc/attention_tile.cuh"
 #include "jaxsparse_tc/ffi_cuda.cuh"
-#include "jaxsparse_tc/bitmap.cuh"
-#include "jaxsparse_tc/cuda_common.cuh"
-#include "jaxsparse_tc/format.h"
-#include "jaxsparse_tc/mma.cuh"
 #include "jaxsparse_tc/row_view.cuh"
 
 namespace jaxsparse_tc {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kWarps = kAttnWarps;
 constexpr int kMaxPerLane = 8;  // scalar kernels: d, dv <= 256
 
 struct Heads {  // head counts of the operands (1 broadcasts)
@@ -58,12 +55,6 @@ __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
-}
-
-__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
-  uint32_t y;
-  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
-  return y;
 }
 
 // Pieces of a split window merged per round trip: their partials' loads are in flight together
@@ -98,27 +89,16 @@ __device__ __forceinline__ void fold_partials(float (&m)[2], float (&l)[2], floa
   }
 }
 
-// Work items per head of a launch: a grouped schedule's are padded to whole groups, so that the
-// warps of a CTA take one aligned group of one head's items.
-__host__ __device__ __forceinline__ int64_t items_per_head(int64_t num_items, bool grouped) {
-  return grouped ? (num_items + kGroupItems - 1) / kGroupItems * kGroupItems : num_items;
-}
-
 // Shared memory of a CTA whose warps merge a grouped window's pieces: per warp, two rows of DV
 // floats (float4 per lane) and a (max, sum) pair per row and lane.
 template <int DV>
 constexpr int kGroupSmemBytes = kGroupItems * 2 * 32 * (DV / 32 * 16 + 8);
 
-template <class T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  return raw16(from_f32<T>(lo)) | (raw16(from_f32<T>(hi)) << 16);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Tensor-core fused forward.
-struct PairCols {  // a block pair's bitmaps and one thread's gathered columns (tensor-core forward)
-  uint64_t bits0, bits1;
-  int32_t k[2], v[4];
+struct PairCols {  // a block pair's bitmaps, K columns g, g+8 and V columns 2t, 2t+1, 2t+8, 2t+9
+  PairRows k;
+  int32_t v[4];
 };
 
 // Register caps: 3 CTAs per SM at d = 128 (168 registers), 4 below (128; uncapped, ptxas gave
@@ -133,7 +113,6 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
             int64_t num_items, int64_t heads, Heads hc, int64_t m, int64_t n, int64_t nnz,
             float scale, int has_bias, float* __restrict__ ws, float2* __restrict__ ws_ml,
             int* __restrict__ done, int64_t cap, int head_major, int grouped) {
-  static_assert(kWarps == kGroupItems, "a CTA holds one group of a grouped schedule");
   const int64_t per_head = items_per_head(num_items, grouped);
   const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (unit >= per_head * heads) return;
@@ -145,29 +124,14 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
   if (item >= num_items) return;
   // The item carries its first condensed column and its window's end column, piece count and
   // first piece (docs/FORMAT.md), so its column indices load right after it.
-  const int4 s0 = reinterpret_cast<const int4*>(schedule)[2 * item];
-  const int4 s1 = reinterpret_cast<const int4*>(schedule)[2 * item + 1];
-  const int64_t w = s0.x, b_first = s0.y;
-  int64_t b_end = s0.z;
-  const int64_t c_first = s1.x, c_end = s1.y;
-  // Split windows: piece p of the window is item first + p; first < 0 where the warp covers its
-  // whole window. `local`: the pieces are warps of this CTA (grouped schedule).
-  int64_t first = -1, pieces = 1;
-  bool local = false;
-  if (s0.w) {
-    first = s1.z;
-    pieces = s1.w;
-    local = grouped && pieces <= kGroupItems && first % kGroupItems + pieces <= kGroupItems;
-    if (!local && first + pieces > cap) {  // no way to merge: the first piece does it all
-      if (item != first) return;
-      first = -1;
-      b_end = wbp[w + 1];
-    }
-  }
+  AttnItem it;
+  if (!read_item(reinterpret_cast<const int4*>(schedule), wbp, item, grouped, cap, it)) return;
+  const int64_t w = it.w, b_first = it.b_first, b_end = it.b_end;
+  const int64_t c_first = it.c_first, c_end = it.c_end, first = it.first, pieces = it.pieces;
+  const bool local = it.local;
   const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   constexpr int QW = D / 8;    // words of Q / K a thread holds per row (D/4 elements)
   constexpr int VW = DV / 16;  // words of V a thread holds per row (DV/8 elements)
-  constexpr int KS = D / 16;   // SDDMM k-steps
   constexpr int MS = DV / 16;  // SpMM m-tiles
 
   const T* qh = q + hsel(hc.q, h) * m * D;
@@ -176,15 +140,7 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
   const T* bh = bias + hsel(hc.b, h) * nnz;
 
   uint32_t qw[QW];
-  {
-    const int64_t i = w * 8 + g;
-    if (i < m) {
-      load_row<T, D / 4>(qh + i * D, int64_t(t) * (D / 4), D, true, qw);
-    } else {
-#pragma unroll
-      for (int x = 0; x < QW; ++x) qw[x] = 0u;
-    }
-  }
+  row_words<T, D>(qh, w * 8 + g < m ? w * 8 + g : -1, t, qw);
   const float sl2 = scale * kLog2e;
   float mrow[2] = {-INFINITY, -INFINITY};  // running max (log2 domain), rows 2t, 2t+1
   float lrow[2] = {0.f, 0.f};              // partial sums of this thread's columns
@@ -197,14 +153,8 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
   // rather than two.
   auto pair_cols = [&](int64_t b0) {
     PairCols pc;
-    pc.bits0 = load_block_bits(bitmap, b0);
-    pc.bits1 = b0 + 1 < b_end ? load_block_bits(bitmap, b0 + 1) : 0ull;
+    pc.k = pair_rows(bitmap, wc, it, b0, g);
     const int64_t cbase = c_first + 8 * (b0 - b_first);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int64_t c = cbase + 8 * i + g;  // K rows: condensed columns g and g+8
-      pc.k[i] = c < c_end ? wc[c] : -1;
-    }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {  // V rows: condensed columns 2t, 2t+1, 2t+8, 2t+9
       const int64_t c = cbase + 2 * t + (j & 1) + (j >> 1) * 8;
@@ -217,25 +167,18 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
   for (int64_t b0 = b_first; b0 < b_end; b0 += 2) {
     if (!PF) cur = pair_cols(b0);
     uint32_t kw0[QW], kw1[QW];
-    if (cur.k[0] >= 0) load_row<T, D / 4>(kh + int64_t(cur.k[0]) * D, int64_t(t) * (D / 4), D, true, kw0);
-    else for (int x = 0; x < QW; ++x) kw0[x] = 0u;
-    if (cur.k[1] >= 0) load_row<T, D / 4>(kh + int64_t(cur.k[1]) * D, int64_t(t) * (D / 4), D, true, kw1);
-    else for (int x = 0; x < QW; ++x) kw1[x] = 0u;
+    row_words<T, D>(kh, cur.k.col[0], t, kw0);
+    row_words<T, D>(kh, cur.k.col[1], t, kw1);
     uint32_t vw[4][VW];  // issued early, used after the softmax
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       if (cur.v[j] >= 0) load_row<T, DV / 8>(vh + int64_t(cur.v[j]) * DV, int64_t(g) * (DV / 8), DV, true, vw[j]);
       else for (int x = 0; x < VW; ++x) vw[j][x] = 0u;
     }
-    const uint64_t bits0 = cur.bits0, bits1 = cur.bits1;
+    const uint64_t bits0 = cur.k.bits0, bits1 = cur.k.bits1;
     if (PF && b0 + 2 < b_end) cur = pair_cols(b0 + 2);
-    float sc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int s = 0; s < KS; ++s) {
-      const uint32_t a[4] = {kw0[2 * s], kw1[2 * s], kw0[2 * s + 1], kw1[2 * s + 1]};
-      const uint32_t bb[2] = {qw[2 * s], qw[2 * s + 1]};
-      mma_16816(sc, a, bb, T{});
-    }
+    float sc[4];
+    tile_dots<T, D>(sc, kw0, kw1, qw);
     // mask + logits (log2 domain). sc[0]: (col g, row 2t), [1]: (g, 2t+1), [2]/[3]: col g+8.
     const int bit = g * 8 + 2 * t;
     float x[4];
@@ -299,15 +242,6 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
     float2* part_ml = reinterpret_cast<float2*>(part + kGroupItems * 2 * (DV / 32) * 32);
     const int slot = int(item % kGroupItems), lead = int(first % kGroupItems);
     const int threads = int(pieces) * 32;
-    // The window's barrier: 1 + its first piece's warp (a CTA may hold two windows).
-    auto window_barrier = [&](bool wait) {
-      switch (lead) {
-        case 0: wait ? barrier_sync<1>(threads) : barrier_arrive<1>(threads); break;
-        case 1: wait ? barrier_sync<2>(threads) : barrier_arrive<2>(threads); break;
-        case 2: wait ? barrier_sync<3>(threads) : barrier_arrive<3>(threads); break;
-        default: wait ? barrier_sync<4>(threads) : barrier_arrive<4>(threads); break;
-      }
-    };
     if (slot != lead) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -317,10 +251,10 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
               make_float4(o[r][4 * x], o[r][4 * x + 1], o[r][4 * x + 2], o[r][4 * x + 3]);
         part_ml[(slot * 2 + r) * 32 + lane] = make_float2(mrow[r], lsum[r]);
       }
-      window_barrier(false);
+      window_barrier(lead, threads, false);
       return;
     }
-    window_barrier(true);
+    window_barrier(lead, threads, true);
     for (int j = lead + 1; j < lead + pieces; ++j) {
       float2 ml[1][2];
       float oj[1][2][DV / 8];
