@@ -36,6 +36,7 @@
 #include <cstdint>
 
 #include "jaxsparse_tc/attention_tile.cuh"
+#include "jaxsparse_tc/dependent_launch.cuh"
 #include "jaxsparse_tc/ffi_cuda.cuh"
 #include "jaxsparse_tc/row_view.cuh"
 
@@ -113,6 +114,7 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
             int64_t num_items, int64_t heads, Heads hc, int64_t m, int64_t n, int64_t nnz,
             float scale, int has_bias, float* __restrict__ ws, float2* __restrict__ ws_ml,
             int* __restrict__ done, int64_t cap, int head_major, int grouped) {
+  wait_prerequisites();  // a dependent launch: all inputs may come from the kernel before
   const int64_t per_head = items_per_head(num_items, grouped);
   const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (unit >= per_head * heads) return;
@@ -467,12 +469,15 @@ void launch_tc(cudaStream_t st, const T* q, const T* k, const T* v, const T* b,
                bool pf, bool grouped) {
   // JAXSPARSE_TC_ATTN_HEAD_MAJOR=0 (benchmarks): a window's heads adjacent, the order before
   // session 12 (NOTES: head-major was 10% faster at d=128 on R-MAT).
+  // A dependent launch (its launch hides behind the previous kernel's tail) unless the counters'
+  // memset comes between.
   auto kernel = pf ? attn_fwd_tc<T, D, D, true> : attn_fwd_tc<T, D, D, false>;
   const unsigned grid = grid_for(items_per_head(p.num_items, grouped) * heads);
-  kernel<<<grid, 32 * kWarps, grouped ? kGroupSmemBytes<D> : 0, st>>>(
-      q, k, v, b, o, l, p.window_cols, p.window_block_ptr, p.block_bitmap,
-      p.block_value_ptr, p.schedule, p.num_items, heads, hc, m, n, nnz, scale, has_bias, sw.ws,
-      sw.ws_ml, sw.done, sw.cap, env_int("JAXSPARSE_TC_ATTN_HEAD_MAJOR", 1), int(grouped));
+  launch_kernel(sw.cap == 0, kernel, grid, 32 * kWarps, grouped ? kGroupSmemBytes<D> : 0, st,
+                q, k, v, b, o, l, p.window_cols, p.window_block_ptr, p.block_bitmap,
+                p.block_value_ptr, p.schedule, p.num_items, heads, hc, m, n, nnz, scale, has_bias,
+                sw.ws, sw.ws_ml, sw.done, sw.cap, env_int("JAXSPARSE_TC_ATTN_HEAD_MAJOR", 1),
+                int(grouped));
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "jaxsparse_tc/attention_tile.cuh"
+#include "jaxsparse_tc/dependent_launch.cuh"
 #include "jaxsparse_tc/ffi_cuda.cuh"
 #include "jaxsparse_tc/row_view.cuh"
 
@@ -195,6 +196,8 @@ __device__ __forceinline__ int64_t tile_value(const PairRows& pr, const int32_t*
 // lanes per row, D/8 features each.
 template <class T, int D>
 __global__ void __launch_bounds__(256) grads_row_stats(const GradOperands<T> p) {
+  wait_prerequisites();  // O and dO may come from the kernel before
+  allow_dependents();    // grads_windows' prologue needs none of this kernel's output
   const int64_t unit = (int64_t(blockIdx.x) * 256 + threadIdx.x) / 8;  // h * m + i
   const int li = threadIdx.x % 8;
   const bool in = unit < p.heads * p.m;
@@ -231,6 +234,7 @@ __device__ __forceinline__ void dq_windows(const GradOperands<T>& p, const Kerne
   row_words<T, D>(p.q + h * p.q_hs, row, t, qw);
   row_words<T, D>(p.dout + h * p.do_hs, row, t, dw);
   float dl[2], l2[2];  // rows 2t, 2t+1: delta and lse (log2 domain)
+  wait_prerequisites();  // grads_row_stats
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t ri = it.w * 8 + 2 * t + r;
@@ -324,6 +328,7 @@ __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const Kern
 #pragma unroll
     for (int e = 0; e < 4; ++e) ak[s][e] = av[s][e] = 0.f;
 
+  wait_prerequisites();  // grads_row_stats (stats of the gathered queries)
   PairRows next;
   if (PF && it.b_first < it.b_end) next = pair_rows(at.bitmap, at.wc, it, it.b_first, g);
   for (int64_t b0 = it.b_first; b0 < it.b_end; b0 += 2) {
@@ -391,23 +396,31 @@ int64_t ctas_for(int64_t items, int64_t heads, bool grouped) {
   return (items_per_head(items, grouped) * heads + kAttnWarps - 1) / kAttnWarps;
 }
 
+// Both kernels are dependent launches (dependent_launch.cuh): the row stats after the kernel
+// before (unless a counter memset sits between: `after_kernel`), the windows after the stats,
+// whose launch and prologue then overlap them. Errors show in launch_status.
 template <class T, int D, bool PF>
 void launch(cudaStream_t st, const GradOperands<T>& p, const KernelPattern& a,
-            const KernelPattern& at, const GradSplit& sa, const GradSplit& s_t) {
+            const KernelPattern& at, const GradSplit& sa, const GradSplit& s_t,
+            bool after_kernel) {
   const int64_t rows = p.heads * p.m;
-  if (rows > 0) grads_row_stats<T, D><<<unsigned((rows * 8 + 255) / 256), 256, 0, st>>>(p);
+  if (rows > 0)
+    launch_kernel(after_kernel, grads_row_stats<T, D>, unsigned((rows * 8 + 255) / 256), 256, 0,
+                  st, p);
   const int64_t ctas_a = ctas_for(a.num_items, p.heads, sa.grouped);
   const int64_t ctas = ctas_a + ctas_for(at.num_items, p.heads, s_t.grouped);
   if (ctas > 0)
-    grads_windows<T, D, PF><<<unsigned(ctas), 32 * kAttnWarps, kAttnWarps * kGradSlotBytes<D, 2>,
-                              st>>>(p, a, at, sa, s_t, ctas_a);
+    launch_kernel(rows > 0, grads_windows<T, D, PF>, unsigned(ctas),
+                  32 * kAttnWarps, kAttnWarps * kGradSlotBytes<D, 2>, st, p, a, at, sa, s_t,
+                  ctas_a);
 }
 
 template <class T, int D>
 void launch_d(cudaStream_t st, const GradOperands<T>& p, const KernelPattern& a,
-              const KernelPattern& at, const GradSplit& sa, const GradSplit& s_t, bool pf) {
-  if (pf) launch<T, D, true>(st, p, a, at, sa, s_t);
-  else launch<T, D, false>(st, p, a, at, sa, s_t);
+              const KernelPattern& at, const GradSplit& sa, const GradSplit& s_t, bool pf,
+              bool after_kernel) {
+  if (pf) launch<T, D, true>(st, p, a, at, sa, s_t, after_kernel);
+  else launch<T, D, false>(st, p, a, at, sa, s_t, after_kernel);
 }
 
 }  // namespace
@@ -483,8 +496,8 @@ static ffi::Error attention_grads_cuda(
                      l.cap_a, int(l.grouped_a)};
   const GradSplit s_t{reinterpret_cast<float*>(mem + l.ws_t),
                       reinterpret_cast<int*>(mem + l.done_t), l.cap_t, int(l.grouped_t)};
-  if (l.total > l.done_a &&
-      cudaMemsetAsync(mem + l.done_a, 0, l.total - l.done_a, st) != cudaSuccess)
+  const bool memset = l.total > l.done_a;
+  if (memset && cudaMemsetAsync(mem + l.done_a, 0, l.total - l.done_a, st) != cudaSuccess)
     return ffi::Error::Internal("attention gradients: workspace memset failed");
   ffi::Error e = dispatch_device_float(dtype, "attention gradients", [&](auto tag) {
     using T = decltype(tag);
@@ -518,9 +531,9 @@ static ffi::Error attention_grads_cuda(
       p.has_bias = has_bias;
       // The next pair's columns load a pair ahead on large graphs (as the forward's).
       const bool pf = env_int("JAXSPARSE_TC_ATTN_PREFETCH", wc.element_count() >= kSmallGraphNnz);
-      if (d == 32) launch_d<T, 32>(st, p, a, at, sa, s_t, pf);
-      if (d == 64) launch_d<T, 64>(st, p, a, at, sa, s_t, pf);
-      if (d == 128) launch_d<T, 128>(st, p, a, at, sa, s_t, pf);
+      if (d == 32) launch_d<T, 32>(st, p, a, at, sa, s_t, pf, !memset);
+      if (d == 64) launch_d<T, 64>(st, p, a, at, sa, s_t, pf, !memset);
+      if (d == 128) launch_d<T, 128>(st, p, a, at, sa, s_t, pf, !memset);
     }
   });
   if (e.failure()) return e;

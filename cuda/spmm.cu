@@ -937,20 +937,6 @@ AsyncConfig async_config(int64_t d) {
           env_int("JAXSPARSE_TC_SPMM_PERSIST", 1) != 0};
 }
 
-// The pipelined kernel is built and tuned for sm_90+.
-bool device_is_sm90_or_later() {
-  static std::atomic<int> major[kMaxDevices] = {};  // 0: not asked yet
-  const int dev = current_device();
-  if (dev < 0) return false;
-  int mj = major[dev].load(std::memory_order_relaxed);
-  if (!mj) {
-    if (cudaDeviceGetAttribute(&mj, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-      return false;
-    major[dev].store(mj, std::memory_order_relaxed);
-  }
-  return mj >= 9;
-}
-
 constexpr int kAsyncWarps = 2;  // warps per CTA (each warp owns its shared-memory ring)
 
 template <class T, int SLAB, bool L1>

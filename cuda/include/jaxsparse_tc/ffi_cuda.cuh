@@ -69,6 +69,20 @@ inline int current_device() {
   return cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < kMaxDevices ? dev : -1;
 }
 
+// Whether the current device is sm_90 or later (the pipelined SpMM, dependent launches).
+inline bool device_is_sm90_or_later() {
+  static std::atomic<int> major[kMaxDevices] = {};  // 0: not asked yet
+  const int dev = current_device();
+  if (dev < 0) return false;
+  int mj = major[dev].load(std::memory_order_relaxed);
+  if (!mj) {
+    if (cudaDeviceGetAttribute(&mj, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+      return false;
+    major[dev].store(mj, std::memory_order_relaxed);
+  }
+  return mj >= 9;
+}
+
 // CTAs of `Kernel` (`threads` threads, `smem` bytes of dynamic shared memory) the current device
 // holds at once, asked once per device (0 where unknown); persistent kernels launch that many.
 // Asking first raises the kernel's dynamic shared-memory limit (over 48 KB needs an opt-in, per
