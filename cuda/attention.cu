@@ -104,8 +104,8 @@ struct PairCols {  // a block pair's bitmaps, K columns g, g+8 and V columns 2t,
 
 // Register caps: 3 CTAs per SM at d = 128 (168 registers), 4 below (128; uncapped, ptxas gave
 // d = 64 168 registers and 12 warps per SM). PF: the next pair's columns load a pair ahead.
-template <class T, int D, int DV, bool PF, int CTAS>
-__global__ void __launch_bounds__(32 * kWarps, CTAS)
+template <class T, int D, int DV, bool PF>
+__global__ void __launch_bounds__(32 * kWarps, D == 128 ? 3 : 4)
 attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
             const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ lse,
             const int32_t* __restrict__ wc, const int32_t* __restrict__ wbp,
@@ -471,11 +471,7 @@ void launch_tc(cudaStream_t st, const T* q, const T* k, const T* v, const T* b,
   // session 12 (NOTES: head-major was 10% faster at d=128 on R-MAT).
   // A dependent launch (its launch hides behind the previous kernel's tail) unless the counters'
   // memset comes between.
-  // JAXSPARSE_TC_ATTN_MORE_CTAS=1 (experiment): one CTA per SM more at d >= 64.
-  constexpr int kCtas = D == 128 ? 3 : 4, kMore = D >= 64 ? kCtas + 1 : kCtas;
-  auto kernel = pf ? attn_fwd_tc<T, D, D, true, kCtas> : attn_fwd_tc<T, D, D, false, kCtas>;
-  if (env_int("JAXSPARSE_TC_ATTN_MORE_CTAS", 0))
-    kernel = pf ? attn_fwd_tc<T, D, D, true, kMore> : attn_fwd_tc<T, D, D, false, kMore>;
+  auto kernel = pf ? attn_fwd_tc<T, D, D, true> : attn_fwd_tc<T, D, D, false>;
   const unsigned grid = grid_for(items_per_head(p.num_items, grouped) * heads);
   launch_kernel(sw.cap == 0, kernel, grid, 32 * kWarps, grouped ? kGroupSmemBytes<D> : 0, st,
                 q, k, v, b, o, l, p.window_cols, p.window_block_ptr, p.block_bitmap,

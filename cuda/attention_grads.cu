@@ -381,21 +381,17 @@ __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const Kern
   }
 }
 
-// Both passes in one launch, after the row stats: CTAs [0, ctas_a) take A's windows (dQ), the
-// rest A^T's (dK, dV), so that a small graph's two longest windows overlap rather than queue.
-// Register caps as the forward's.
-template <class T, int D, bool PF, int CTAS>
-__global__ void __launch_bounds__(32 * kAttnWarps, CTAS)
+// Both passes in one launch, after the row stats: CTAs [0, ctas_t) take A^T's windows (dK, dV),
+// the rest A's (dQ), so that a small graph's two longest windows overlap rather than queue. The
+// heavier dK/dV CTAs go first (Cora: 11.5 -> 11.1 us at d=64, 23.7 -> 22.1 at d=128; R-MAT
+// even; docs/NOTES.md session 18). Register caps as the forward's (one CTA per SM more spilled:
+// Cora 23.7 -> 33.2 us at d=128, 11.5 -> 15.0 at d=64).
+template <class T, int D, bool PF>
+__global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 3 : 4)
 grads_windows(const GradOperands<T> p, const KernelPattern a, const KernelPattern at,
-              const GradSplit sa, const GradSplit st, int64_t ctas_a, int64_t ctas_t,
-              int dkv_first) {
-  if (dkv_first) {
-    if (blockIdx.x < ctas_t) dkv_windows<T, D, PF>(p, at, st, blockIdx.x);
-    else dq_windows<T, D, PF>(p, a, sa, blockIdx.x - ctas_t);
-  } else {
-    if (blockIdx.x < ctas_a) dq_windows<T, D, PF>(p, a, sa, blockIdx.x);
-    else dkv_windows<T, D, PF>(p, at, st, blockIdx.x - ctas_a);
-  }
+              const GradSplit sa, const GradSplit st, int64_t ctas_t) {
+  if (blockIdx.x < ctas_t) dkv_windows<T, D, PF>(p, at, st, blockIdx.x);
+  else dq_windows<T, D, PF>(p, a, sa, blockIdx.x - ctas_t);
 }
 
 int64_t ctas_for(int64_t items, int64_t heads, bool grouped) {
@@ -415,14 +411,9 @@ void launch(cudaStream_t st, const GradOperands<T>& p, const KernelPattern& a,
                   st, p);
   const int64_t ctas_a = ctas_for(a.num_items, p.heads, sa.grouped);
   const int64_t ctas_t = ctas_for(at.num_items, p.heads, s_t.grouped), ctas = ctas_a + ctas_t;
-  // JAXSPARSE_TC_ATTN_MORE_CTAS=1 (experiment): one CTA per SM more at d >= 64.
-  constexpr int kCtas = D == 128 ? 3 : 4, kMore = D >= 64 ? kCtas + 1 : kCtas;
-  auto kernel = grads_windows<T, D, PF, kCtas>;
-  if (env_int("JAXSPARSE_TC_ATTN_MORE_CTAS", 0)) kernel = grads_windows<T, D, PF, kMore>;
   if (ctas > 0)
-    launch_kernel(rows > 0, kernel, unsigned(ctas),
-                  32 * kAttnWarps, kAttnWarps * kGradSlotBytes<D, 2>, st, p, a, at, sa, s_t,
-                  ctas_a, ctas_t, env_int("JAXSPARSE_TC_ATTN_DKV_FIRST", 0));
+    launch_kernel(rows > 0, grads_windows<T, D, PF>, unsigned(ctas), 32 * kAttnWarps,
+                  kAttnWarps * kGradSlotBytes<D, 2>, st, p, a, at, sa, s_t, ctas_t);
 }
 
 template <class T, int D>

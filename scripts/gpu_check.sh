@@ -6,8 +6,8 @@
 #   --tests="tests/test_gpu_spmm_sddmm.py --maxfail=20" runs those tests instead of all (-x);
 #   --only=spmm_sddmm runs only the benchmark modules whose names contain it.
 #   --profile="VARIANT ..." profiles one rmat17 fp16 d=128 SpMM per kernel variant with ncu
-#   ("default" = no variant set), or "attn:GRAPH:D" one fused attention forward, and prints the
-#   key counters.
+#   ("default" = no variant set), or "attn:GRAPH:D" one fused attention forward ("attnbwd:GRAPH:D"
+#   its gradients' window kernel), and prints the key counters.
 # Results: $OUT (default ./out) holds test logs and benchmark JSON.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -58,12 +58,15 @@ ${stall}_membar_per_issue_active.ratio,${stall}_branch_resolving_per_issue_activ
 # --profile entries: "default", "fp16|bf16|fp32" (default kernel, that dtype), "tc"
 # (JAXSPARSE_TC_SPMM_VARIANT), "K=V:K=V" (JAXSPARSE_TC_SPMM_K),
 # "cusparse-fp32" / "cusparse-fp16" (torch.sparse.mm on the same matrix),
-# "attn:GRAPH:D" (the fused attention forward, fp16, H=4: scripts/profile_attention.py).
+# "attn:GRAPH:D" (the fused attention forward, fp16, H=4: scripts/profile_attention.py),
+# "attnbwd:GRAPH:D" (the tensor-core gradients' window kernel of the same).
 for v in $profile; do
   echo "== ncu: $v"
   envs=(); args=(fp16 128); kre="regex:spmm_"; script=scripts/profile_spmm.py
   case $v in
     attn:*) IFS=: read -r _ g dd <<< "$v"; args=($g $dd); kre="regex:attn_fwd"
+            script=scripts/profile_attention.py ;;
+    attnbwd:*) IFS=: read -r _ g dd <<< "$v"; args=($g $dd 4 bwd); kre="regex:grads_windows"
             script=scripts/profile_attention.py ;;
     default) ;;
     fp16|bf16|fp32) args=($v 128) ;;
