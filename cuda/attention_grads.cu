@@ -41,6 +41,7 @@ struct GradOperands {
   int64_t q_hs, k_hs, v_hs, b_hs, o_hs, do_hs, lse_hs;  // head strides, 0 where broadcast
   float scale;
   int has_bias;
+  int prefetch;  // PF: the pair after the current one, its rows prefetched (1: L1, 2: L2, 0: no)
 };
 
 // One kernel's split-window partials: per slot (the schedule's first `cap` items) and head, NA
@@ -247,8 +248,11 @@ __device__ __forceinline__ void dq_windows(const GradOperands<T>& p, const Kerne
 #pragma unroll
   for (int s = 0; s < D / 16; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.f;
 
-  PairRows next;
+  // PF: the columns of pairs b0 + 2 (next) and b0 + 4 (after) load ahead, and the next pair's
+  // rows are prefetched while this one computes.
+  PairRows next, after;
   if (PF && it.b_first < it.b_end) next = pair_rows(a.bitmap, a.wc, it, it.b_first, g);
+  if (PF && it.b_first + 2 < it.b_end) after = pair_rows(a.bitmap, a.wc, it, it.b_first + 2, g);
   for (int64_t b0 = it.b_first; b0 < it.b_end; b0 += 2) {
     const PairRows pr = PF ? next : pair_rows(a.bitmap, a.wc, it, b0, g);
     uint32_t kw0[W], kw1[W], vw0[W], vw1[W];
@@ -256,7 +260,14 @@ __device__ __forceinline__ void dq_windows(const GradOperands<T>& p, const Kerne
     row_words<T, D>(kh, pr.col[1], t, kw1);
     row_words<T, D>(vh, pr.col[0], t, vw0);
     row_words<T, D>(vh, pr.col[1], t, vw1);
-    if (PF && b0 + 2 < it.b_end) next = pair_rows(a.bitmap, a.wc, it, b0 + 2, g);
+    if (PF) {
+      next = after;
+      if (b0 + 2 < it.b_end) {
+        prefetch_rows<T, D>(kh, next, t, p.prefetch);
+        prefetch_rows<T, D>(vh, next, t, p.prefetch);
+      }
+      if (b0 + 4 < it.b_end) after = pair_rows(a.bitmap, a.wc, it, b0 + 4, g);
+    }
     float sc[4], dp[4], ds[4];
     tile_dots<T, D>(sc, kw0, kw1, qw);  // S^T: (column, row)
     tile_dots<T, D>(dp, vw0, vw1, dw);  // dP^T
@@ -329,8 +340,9 @@ __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const Kern
     for (int e = 0; e < 4; ++e) ak[s][e] = av[s][e] = 0.f;
 
   wait_prerequisites();  // grads_row_stats (stats of the gathered queries)
-  PairRows next;
+  PairRows next, after;  // as in dq_windows
   if (PF && it.b_first < it.b_end) next = pair_rows(at.bitmap, at.wc, it, it.b_first, g);
+  if (PF && it.b_first + 2 < it.b_end) after = pair_rows(at.bitmap, at.wc, it, it.b_first + 2, g);
   for (int64_t b0 = it.b_first; b0 < it.b_end; b0 += 2) {
     const PairRows pr = PF ? next : pair_rows(at.bitmap, at.wc, it, b0, g);
     uint32_t qc0[W], qc1[W], dc0[W], dc1[W];
@@ -341,7 +353,16 @@ __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const Kern
     float2 st2[2];  // the queries of columns g and g+8: (lse, delta)
 #pragma unroll
     for (int c = 0; c < 2; ++c) st2[c] = pr.col[c] >= 0 ? stats[pr.col[c]] : make_float2(0.f, 0.f);
-    if (PF && b0 + 2 < it.b_end) next = pair_rows(at.bitmap, at.wc, it, b0 + 2, g);
+    if (PF) {
+      next = after;
+      if (b0 + 2 < it.b_end) {
+        prefetch_rows<T, D>(qh, next, t, p.prefetch);
+        prefetch_rows<T, D>(doh, next, t, p.prefetch);
+        for (int c = 0; c < 2; ++c)
+          if (t == 0 && next.col[c] >= 0) prefetch_line(stats + next.col[c], p.prefetch);
+      }
+      if (b0 + 4 < it.b_end) after = pair_rows(at.bitmap, at.wc, it, b0 + 4, g);
+    }
     float sc[4], dp[4], pe[4], ds[4];
     tile_dots<T, D>(sc, qc0, qc1, kvw, lane);                 // S: (query column, key row)
     tile_dots<T, D>(dp, dc0, dc1, kvw + D / 16 * 32, lane);   // dP
@@ -530,6 +551,7 @@ static ffi::Error attention_grads_cuda(
       p.lse_hs = head_stride(lse.dimensions()[0], m);
       p.scale = scale;
       p.has_bias = has_bias;
+      p.prefetch = env_int("JAXSPARSE_TC_ATTN_ROW_PREFETCH", 1);
       // The next pair's columns load a pair ahead on large graphs (as the forward's).
       const bool pf = env_int("JAXSPARSE_TC_ATTN_PREFETCH", wc.element_count() >= kSmallGraphNnz);
       if (d == 32) launch_d<T, 32>(st, p, a, at, sa, s_t, pf, !memset);
