@@ -177,23 +177,17 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
       if (cur.v[j] >= 0) load_row<T, DV / 8>(vh + int64_t(cur.v[j]) * DV, int64_t(g) * (DV / 8), DV, true, vw[j]);
       else for (int x = 0; x < VW; ++x) vw[j][x] = 0u;
     }
-    const uint64_t bits0 = cur.k.bits0, bits1 = cur.k.bits1;
+    const PairRows tile = cur.k;
     if (PF && b0 + 2 < b_end) cur = pair_cols(b0 + 2);
     float sc[4];
     tile_dots<T, D>(sc, kw0, kw1, qw);
     // mask + logits (log2 domain). sc[0]: (col g, row 2t), [1]: (g, 2t+1), [2]/[3]: col g+8.
-    const int bit = g * 8 + 2 * t;
     float x[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const uint64_t bits = e < 2 ? bits0 : bits1;
-      const int kb = bit + (e & 1);
-      const bool on = (bits >> kb) & 1ull;
+      const bool on = tile_bit(tile, g, t, e);
       float val = sc[e] * sl2;
-      if (has_bias && on) {
-        const int64_t idx = bvp[e < 2 ? b0 : b0 + 1] + __popcll(bits & ((1ull << kb) - 1ull));
-        val += to_f32<T>(bh[idx]) * kLog2e;
-      }
+      if (has_bias && on) val += to_f32<T>(bh[tile_value(tile, bvp, b0, g, t, e)]) * kLog2e;
       x[e] = on ? val : -INFINITY;
     }
     float p[4];

@@ -183,16 +183,6 @@ __device__ __forceinline__ void transposed_tile(const uint32_t (&r0)[D / 8],
   a[3] = movmatrix_trans(r1[2 * s + 1]);
 }
 
-// Bit (column c, row r) of a pair's tile element e (C layout: c = g + 8 (e / 2), r = 2t + e % 2),
-// and its value's index in the orientation's order when set (-1 otherwise).
-__device__ __forceinline__ int64_t tile_value(const PairRows& pr, const int32_t* bvp, int64_t b0,
-                                              int g, int t, int e) {
-  const uint64_t bits = e < 2 ? pr.bits0 : pr.bits1;
-  const int kb = g * 8 + 2 * t + (e & 1);
-  if (!((bits >> kb) & 1ull)) return -1;
-  return int64_t(bvp[e < 2 ? b0 : b0 + 1]) + __popcll(bits & ((1ull << kb) - 1ull));
-}
-
 // (lse in the log2 domain, delta_i = dO_i . O_i) of every row and head, before the windows: 8
 // lanes per row, D/8 features each.
 template <class T, int D>
@@ -229,19 +219,27 @@ __device__ __forceinline__ void dq_windows(const GradOperands<T>& p, const Kerne
   const T* vh = p.v + h * p.v_hs;
   const T* bh = p.bias + h * p.b_hs;
 
-  // The window's Q and dO rows (row g), and the stats of rows 2t, 2t+1.
+  // The window's Q and dO rows (row g), and the stats of rows 2t, 2t+1 from its own O rows and
+  // lse: this pass reads no grads_row_stats, so it runs while that kernel does.
   const int64_t i = it.w * 8 + g, row = i < p.m ? i : -1;
   uint32_t qw[W], dw[W];
   row_words<T, D>(p.q + h * p.q_hs, row, t, qw);
   row_words<T, D>(p.dout + h * p.do_hs, row, t, dw);
   float dl[2], l2[2];  // rows 2t, 2t+1: delta and lse (log2 domain)
-  wait_prerequisites();  // grads_row_stats
+  {
+    uint32_t ow[W];
+    row_words<T, D>(p.o + h * p.o_hs, row, t, ow);
+    float part = 0.f;  // row g's delta over this thread's features, then over the row's 4 lanes
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t ri = it.w * 8 + 2 * t + r;
-    const float2 st2 = ri < p.m ? p.row_stats[h * p.m + ri] : make_float2(0.f, 0.f);
-    l2[r] = st2.x;
-    dl[r] = st2.y;
+    for (int e = 0; e < D / 4; ++e) part = fmaf(word_elem<T>(dw, e), word_elem<T>(ow, e), part);
+    part += __shfl_xor_sync(0xffffffffu, part, 1);
+    part += __shfl_xor_sync(0xffffffffu, part, 2);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t ri = it.w * 8 + 2 * t + r;
+      l2[r] = ri < p.m ? p.lse[h * p.lse_hs + ri] * kLog2e : 0.f;
+      dl[r] = __shfl_sync(0xffffffffu, part, (2 * t + r) * 4);
+    }
   }
   const float sl2 = p.scale * kLog2e;
   float acc[D / 16][4];
@@ -273,12 +271,13 @@ __device__ __forceinline__ void dq_windows(const GradOperands<T>& p, const Kerne
     tile_dots<T, D>(dp, vw0, vw1, dw);  // dP^T
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int64_t idx = tile_value(pr, a.bvp, b0, g, t, e);
+      const bool on = tile_bit(pr, g, t, e);
+      const int64_t idx = p.has_bias && on ? tile_value(pr, a.bvp, b0, g, t, e) : 0;
       float x = sc[e] * sl2;
-      if (p.has_bias && idx >= 0) x += to_f32<T>(bh[idx]) * kLog2e;
-      const float pe = idx >= 0 ? exp2f(x - l2[e & 1]) : 0.f;
+      if (p.has_bias && on) x += to_f32<T>(bh[idx]) * kLog2e;
+      const float pe = on ? exp2f(x - l2[e & 1]) : 0.f;
       ds[e] = pe * (dp[e] - dl[e & 1]);
-      if (p.has_bias && idx >= 0) p.dbias[h * p.nnz + idx] = from_f32<T>(ds[e]);
+      if (p.has_bias && on) p.dbias[h * p.nnz + idx] = from_f32<T>(ds[e]);
     }
     const uint32_t db[2] = {movmatrix_trans(pack2<T>(ds[0], ds[1])),
                             movmatrix_trans(pack2<T>(ds[2], ds[3]))};
@@ -368,10 +367,10 @@ __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const Kern
     tile_dots<T, D>(dp, dc0, dc1, kvw + D / 16 * 32, lane);   // dP
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int64_t idx = tile_value(pr, at.bvp, b0, g, t, e);
+      const bool on = tile_bit(pr, g, t, e);
       float x = sc[e] * sl2;
-      if (p.has_bias && idx >= 0) x += to_f32<T>(bh[p.perm_t[idx]]) * kLog2e;
-      pe[e] = idx >= 0 ? exp2f(x - st2[e >> 1].x) : 0.f;
+      if (p.has_bias && on) x += to_f32<T>(bh[p.perm_t[tile_value(pr, at.bvp, b0, g, t, e)]]) * kLog2e;
+      pe[e] = on ? exp2f(x - st2[e >> 1].x) : 0.f;
       ds[e] = pe[e] * (dp[e] - st2[e >> 1].y);
     }
     const uint32_t pb[2] = {movmatrix_trans(pack2<T>(pe[0], pe[1])),
@@ -410,9 +409,14 @@ __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const Kern
 template <class T, int D, bool PF>
 __global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 3 : 4)
 grads_windows(const GradOperands<T> p, const KernelPattern a, const KernelPattern at,
-              const GradSplit sa, const GradSplit st, int64_t ctas_t) {
-  if (blockIdx.x < ctas_t) dkv_windows<T, D, PF>(p, at, st, blockIdx.x);
-  else dq_windows<T, D, PF>(p, a, sa, blockIdx.x - ctas_t);
+              const GradSplit sa, const GradSplit st, int64_t ctas_a, int64_t ctas_t,
+              int dkv_first) {
+  // One call site per pass (two made ptxas spill more).
+  const int64_t b = blockIdx.x;
+  const bool dkv = dkv_first ? b < ctas_t : b >= ctas_a;
+  const int64_t cta = dkv ? (dkv_first ? b : b - ctas_a) : (dkv_first ? b - ctas_t : b);
+  if (dkv) dkv_windows<T, D, PF>(p, at, st, cta);
+  else dq_windows<T, D, PF>(p, a, sa, cta);
 }
 
 int64_t ctas_for(int64_t items, int64_t heads, bool grouped) {
@@ -434,7 +438,8 @@ void launch(cudaStream_t st, const GradOperands<T>& p, const KernelPattern& a,
   const int64_t ctas_t = ctas_for(at.num_items, p.heads, s_t.grouped), ctas = ctas_a + ctas_t;
   if (ctas > 0)
     launch_kernel(rows > 0, grads_windows<T, D, PF>, unsigned(ctas), 32 * kAttnWarps,
-                  kAttnWarps * kGradSlotBytes<D, 2>, st, p, a, at, sa, s_t, ctas_t);
+                  kAttnWarps * kGradSlotBytes<D, 2>, st, p, a, at, sa, s_t, ctas_a, ctas_t,
+                  env_int("JAXSPARSE_TC_ATTN_DKV_FIRST", 1));
 }
 
 template <class T, int D>

@@ -85,6 +85,20 @@ __device__ __forceinline__ PairRows pair_rows(const uint32_t* bitmap, const int3
   return pr;
 }
 
+// Whether a pair's tile element e is a nonzero (C layout: column g + 8 (e / 2), row 2t + e % 2).
+__device__ __forceinline__ bool tile_bit(const PairRows& pr, int g, int t, int e) {
+  return ((e < 2 ? pr.bits0 : pr.bits1) >> (g * 8 + 2 * t + (e & 1))) & 1ull;
+}
+
+// A nonzero's index in the orientation's value order (bias and dbias only: the mask needs none of
+// this load).
+__device__ __forceinline__ int64_t tile_value(const PairRows& pr, const int32_t* bvp, int64_t b0,
+                                              int g, int t, int e) {
+  const uint64_t bits = e < 2 ? pr.bits0 : pr.bits1;
+  const int kb = g * 8 + 2 * t + (e & 1);
+  return int64_t(bvp[e < 2 ? b0 : b0 + 1]) + __popcll(bits & ((1ull << kb) - 1ull));
+}
+
 // Starts moving the line of `a` towards the SM ahead of its load: `level` 1 into L1, 2 into L2,
 // 0 not at all. No register waits on a prefetch, so a warp can have a pair's rows in flight
 // beyond those it holds.
