@@ -7,8 +7,8 @@
 //   softmax mask by the bitmap, online max/sum in fp32 (exp2), rows 2t, 2t+1 per thread
 //   P^T     C fragment -> B fragment with movmatrix.trans (no shared memory)
 //   SpMM    O^T[dv x 8] += V_cols^T[dv x 16] P^T[16 x 8]           (dv/16 mma m16n8k16)
-// Feature remapping (contraction order is free): in the SDDMM thread t owns 16-byte chunks t,
-// t+4, ... of Q and of the gathered K rows (attention_tile.cuh row_chunks); in the SpMM MMA row g of
+// Feature remapping (contraction order is free): in the SDDMM thread t owns features
+// [t*d/4, (t+1)*d/4) of Q and of the gathered K rows (16-byte loads); in the SpMM MMA row g of
 // tile s is feature g*dv/8 + 2s (row g+8: +1), so each thread's V operands are dv/8 consecutive
 // features of one gathered row and its O^T fragment maps back to consecutive output features.
 // Q stays in registers for the whole window; the nnz-sized score matrix is never written.
@@ -142,7 +142,7 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
   const T* bh = bias + hsel(hc.b, h) * nnz;
 
   uint32_t qw[QW];
-  row_chunks<T, D>(qh, w * 8 + g < m ? w * 8 + g : -1, t, qw);
+  row_words<T, D>(qh, w * 8 + g < m ? w * 8 + g : -1, t, qw);
   const float sl2 = scale * kLog2e;
   float mrow[2] = {-INFINITY, -INFINITY};  // running max (log2 domain), rows 2t, 2t+1
   float lrow[2] = {0.f, 0.f};              // partial sums of this thread's columns
@@ -169,8 +169,8 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
   for (int64_t b0 = b_first; b0 < b_end; b0 += 2) {
     if (!PF) cur = pair_cols(b0);
     uint32_t kw0[QW], kw1[QW];
-    row_chunks<T, D>(kh, cur.k.col[0], t, kw0);
-    row_chunks<T, D>(kh, cur.k.col[1], t, kw1);
+    row_words<T, D>(kh, cur.k.col[0], t, kw0);
+    row_words<T, D>(kh, cur.k.col[1], t, kw1);
     uint32_t vw[4][VW];  // issued early, used after the softmax
 #pragma unroll
     for (int j = 0; j < 4; ++j) {

@@ -224,11 +224,11 @@ __device__ __forceinline__ void dq_windows(const GradOperands<T>& p, const Kerne
   const int64_t i = it.w * 8 + g, row = i < p.m ? i : -1;
   uint32_t qw[W], dw[W];
   row_words<T, D>(p.q + h * p.q_hs, row, t, qw);
-  row_chunks<T, D>(p.dout + h * p.do_hs, row, t, dw);
+  row_words<T, D>(p.dout + h * p.do_hs, row, t, dw);
   float dl[2], l2[2];  // rows 2t, 2t+1: delta and lse (log2 domain)
   {
     uint32_t ow[W];
-    row_chunks<T, D>(p.o + h * p.o_hs, row, t, ow);
+    row_words<T, D>(p.o + h * p.o_hs, row, t, ow);
     float part = 0.f;  // row g's delta over this thread's features, then over the row's 4 lanes
 #pragma unroll
     for (int e = 0; e < D / 4; ++e) part = fmaf(word_elem<T>(dw, e), word_elem<T>(ow, e), part);
@@ -256,8 +256,8 @@ __device__ __forceinline__ void dq_windows(const GradOperands<T>& p, const Kerne
     uint32_t kw0[W], kw1[W], vw0[W], vw1[W];
     row_words<T, D>(kh, pr.col[0], t, kw0);
     row_words<T, D>(kh, pr.col[1], t, kw1);
-    row_chunks<T, D>(vh, pr.col[0], t, vw0);
-    row_chunks<T, D>(vh, pr.col[1], t, vw1);
+    row_words<T, D>(vh, pr.col[0], t, vw0);
+    row_words<T, D>(vh, pr.col[1], t, vw1);
     if (PF) {
       next = after;
       if (b0 + 2 < it.b_end) {

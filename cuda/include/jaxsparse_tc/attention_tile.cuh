@@ -126,23 +126,6 @@ __device__ __forceinline__ void row_words(const T* base, int64_t row, int t, uin
   }
 }
 
-// The same words in the "chunk layout": thread t holds 16-byte chunks t, t + 4, ... of the row
-// (word 4q + u: features (4q + t) * 8 + 2u, +1), so that each load instruction of a warp reads 64
-// contiguous bytes of each of its 8 rows: whole sectors, half as many as the row layout's 64-byte
-// strides touch. Only for operands that meet nothing but a dot product over the features (the
-// contraction takes them in any order, the same for both sides); an operand that is also
-// transposed (movmatrix) keeps the row layout, whose feature map the outputs assume.
-template <class T, int D>
-__device__ __forceinline__ void row_chunks(const T* base, int64_t row, int t, uint32_t (&w)[D / 8]) {
-  static_assert(sizeof(T) == 2 && D % 32 == 0, "16-bit rows of whole 64-byte groups");
-#pragma unroll
-  for (int q = 0; q < D / 32; ++q) {
-    const uint4 v = row >= 0 ? __ldg(reinterpret_cast<const uint4*>(base + row * D) + 4 * q + t)
-                             : make_uint4(0u, 0u, 0u, 0u);
-    w[4 * q] = v.x; w[4 * q + 1] = v.y; w[4 * q + 2] = v.z; w[4 * q + 3] = v.w;
-  }
-}
-
 // C[16 cols x 8 rows] = A_rows[16 x D] B^T[D x 8], both in the row layout: a0/a1 the gathered
 // rows of columns g and g+8, b the window's row g. C: (col g, rows 2t, 2t+1), (col g+8, ...).
 template <class T, int D>
