@@ -3,10 +3,11 @@
 // forward's saved row log-sum-exp:
 //   P = exp(scale Q K^T + bias - lse)   dP = dO V^T   delta_i = dO_i . O_i   dS = P (dP - delta)
 //   dQ = scale dS K    dK = scale dS^T Q    dV = P^T dO    dbias = dS
-// First (lse, delta) [H, m] per row (grads_row_stats; one 8-byte load per query later), then
-// one launch of two kinds of CTAs (grads_windows), neither writing P or dS to memory (but dS as
-// dbias, when asked):
-// - dq_windows on A's windows, the forward's tile (attention_tile.cuh): per block pair
+// First (lse, delta) [H, m] per row (grads_row_stats; one 8-byte load per gathered query later),
+// then one launch of two kinds of CTAs (grads_windows, a dependent launch: its prologue overlaps
+// the stats), neither writing P or dS to memory (but dS as dbias, when asked):
+// - dq_windows on A's windows, the forward's tile (attention_tile.cuh), delta and lse of its own
+//   rows from O and the saved lse (it never waits for the stats kernel): per block pair
 //   S^T = K Q^T and dP^T = V dO^T (K and V rows gathered in the row layout, the window's Q and
 //   dO rows in registers), dS^T in registers, dQ^T += K^T dS^T.
 // - dkv_windows on A^T's windows (keys are the n=8 side, queries the condensed columns):
@@ -404,19 +405,15 @@ __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const Kern
 // Both passes in one launch, after the row stats: CTAs [0, ctas_t) take A^T's windows (dK, dV),
 // the rest A's (dQ), so that a small graph's two longest windows overlap rather than queue. The
 // heavier dK/dV CTAs go first (Cora: 11.5 -> 11.1 us at d=64, 23.7 -> 22.1 at d=128; R-MAT
-// even; docs/NOTES.md session 18). Register caps as the forward's (one CTA per SM more spilled:
+// even; once dQ stopped waiting for the row stats, either order read the same: NOTES session 18). Register caps as the forward's (one CTA per SM more spilled:
 // Cora 23.7 -> 33.2 us at d=128, 11.5 -> 15.0 at d=64).
 template <class T, int D, bool PF>
 __global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 3 : 4)
 grads_windows(const GradOperands<T> p, const KernelPattern a, const KernelPattern at,
-              const GradSplit sa, const GradSplit st, int64_t ctas_a, int64_t ctas_t,
-              int dkv_first) {
-  // One call site per pass (two made ptxas spill more).
-  const int64_t b = blockIdx.x;
-  const bool dkv = dkv_first ? b < ctas_t : b >= ctas_a;
-  const int64_t cta = dkv ? (dkv_first ? b : b - ctas_a) : (dkv_first ? b - ctas_t : b);
-  if (dkv) dkv_windows<T, D, PF>(p, at, st, cta);
-  else dq_windows<T, D, PF>(p, a, sa, cta);
+              const GradSplit sa, const GradSplit st, int64_t ctas_t) {
+  // One call site per pass (two, for a switchable order, made ptxas spill more).
+  if (blockIdx.x < ctas_t) dkv_windows<T, D, PF>(p, at, st, blockIdx.x);
+  else dq_windows<T, D, PF>(p, a, sa, blockIdx.x - ctas_t);
 }
 
 int64_t ctas_for(int64_t items, int64_t heads, bool grouped) {
@@ -438,8 +435,7 @@ void launch(cudaStream_t st, const GradOperands<T>& p, const KernelPattern& a,
   const int64_t ctas_t = ctas_for(at.num_items, p.heads, s_t.grouped), ctas = ctas_a + ctas_t;
   if (ctas > 0)
     launch_kernel(rows > 0, grads_windows<T, D, PF>, unsigned(ctas), 32 * kAttnWarps,
-                  kAttnWarps * kGradSlotBytes<D, 2>, st, p, a, at, sa, s_t, ctas_a, ctas_t,
-                  env_int("JAXSPARSE_TC_ATTN_DKV_FIRST", 1));
+                  kAttnWarps * kGradSlotBytes<D, 2>, st, p, a, at, sa, s_t, ctas_t);
 }
 
 template <class T, int D>
