@@ -255,11 +255,17 @@ register_ffi_lowering(attention_bwd_p, "jaxsparse_tc_attention_bwd", 7,
 # attention_grads_p(q, k, v, bias, o, lse, do) -> (dq, dk, dv, dbias): the whole backward in
 # two kernels (cuda/attention_grads.cu, FlashAttention-2 on the window format: dQ over A's
 # windows, dK and dV over A^T's), for 16-bit operands with d = dv in TENSOR_CORE_D. dbias is
-# [H, nnz] in A's format order with a bias, else [H, 0]. On CPU it lowers to the composed
-# backward (_composed_grads).
+# [H, nnz] in A's format order with a bias, else [H, 0]. On CPU, and on CUDA for other dtypes and
+# widths, it lowers to the composed backward (_composed_grads).
 attention_grads_p = Primitive("jaxsparse_tc_attention_grads")
 attention_grads_p.multiple_results = True
 TENSOR_CORE_D = (32, 64, 128)
+
+
+def _grads_kernel_fits(q, v) -> bool:
+  """Whether the tensor-core kernels take these operands: 16-bit, d = dv in TENSOR_CORE_D."""
+  return (q.dtype in (jnp.float16, jnp.bfloat16) and q.shape[-1] == v.shape[-1]
+          and q.shape[-1] in TENSOR_CORE_D)
 
 
 def _grads_on_tensor_cores(q, v, nnz: int) -> bool:
@@ -268,9 +274,7 @@ def _grads_on_tensor_cores(q, v, nnz: int) -> bool:
   3383 and 19438 fwd+bwd, docs/NOTES.md session 17), so there it keeps that.
   JAXSPARSE_TC_ATTN_GRADS=0 or 1 (benchmarks, tests) forces either where both can run."""
   forced = os.environ.get("JAXSPARSE_TC_ATTN_GRADS", "")
-  return ("jaxsparse_tc_attention_grads" in CUDA_TARGETS
-          and q.dtype in (jnp.float16, jnp.bfloat16)
-          and q.shape[2] == v.shape[2] and q.shape[2] in TENSOR_CORE_D
+  return ("jaxsparse_tc_attention_grads" in CUDA_TARGETS and _grads_kernel_fits(q, v)
           and forced != "0" and (forced == "1" or q.shape[2] <= 64 or nnz < SMALL_GRAPH_NNZ))
 
 
@@ -324,6 +328,7 @@ batching.primitive_batchers[attention_grads_p] = _grads_batch
 register_ffi_lowering(attention_grads_p, "jaxsparse_tc_attention_grads", 7 + 13,
                       cuda_workspace=_grads_cuda_workspace,
                       cpu_rule=mlir.lower_fun(_composed_grads, multiple_results=True),
+                      cuda_supports=lambda avals, _: _grads_kernel_fits(avals[0], avals[2]),
                       grouped="grouped", grouped_t="grouped_t", **_ATTRS)
 
 

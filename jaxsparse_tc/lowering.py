@@ -18,7 +18,8 @@ except ImportError:  # pragma: no cover
 
 def register_ffi_lowering(prim, target: str, num_kernel_operands: int, *,
                           cuda_extra_operands: tuple[int, ...] = (), cuda_workspace=None,
-                          cpu_rule=None, cuda_only_attrs: tuple[str, ...] = (), **static_attrs):
+                          cpu_rule=None, cuda_supports=None, cuda_only_attrs: tuple[str, ...] = (),
+                          **static_attrs):
   """Lowers `prim` to FFI `target` on CPU (always) and CUDA (when built).
 
   Primitives carry both orientations of the pattern for their transpose rules; a kernel reads
@@ -33,8 +34,9 @@ def register_ffi_lowering(prim, target: str, num_kernel_operands: int, *,
   when the handler returns, while a CUDA graph captured from the handler keeps the address.)
 
   `cpu_rule`: a lowering rule for CPU in place of an FFI target (an operator whose CPU
-  reference is composed from other primitives). `cuda_only_attrs`: attributes the CPU handler
-  does not take.
+  reference is composed from other primitives). `cuda_supports(avals_in, params) -> bool`: where
+  it says no, the CUDA lowering is `cpu_rule` too (a kernel for some dtypes and shapes only, the
+  composed reference elsewhere). `cuda_only_attrs`: attributes the CPU handler does not take.
   """
   attr_types = {attr: src if isinstance(src, tuple) else (src, np.int32)
                 for attr, src in static_attrs.items()}
@@ -55,6 +57,8 @@ def register_ffi_lowering(prim, target: str, num_kernel_operands: int, *,
     return lower(ctx, operands, params, range(num_kernel_operands))
 
   def cuda_rule(ctx, *operands, **params):
+    if cuda_supports is not None and not cuda_supports(ctx.avals_in, params):
+      return cpu_rule(ctx, *operands, **params)
     if any(getattr(a, "dtype", None) == np.float64 for a in ctx.avals_in):
       raise NotImplementedError(
           f"{prim.name}: float64 runs on the CPU kernels only; cast to float32 on GPU")

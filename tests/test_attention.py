@@ -387,8 +387,9 @@ def _all_eqns(jaxpr):
 
 @pytest.mark.parametrize("has_bias", [False, True])
 def test_attention_grads_primitive(rng, has_bias):
-  """attention_grads_p (the tensor-core backward's primitive; on CPU the composed backward):
-  bound directly against float64 gradients, its batch rule, and dbias [H, 0] without a bias."""
+  """attention_grads_p (the tensor-core backward's primitive) bound directly, for float32 and
+  d = 8, which the kernels do not take: the composed lowering on every platform, against
+  float64 gradients; its batch rule, and dbias [H, 0] without a bias."""
   from jaxsparse_tc import attention
 
   A = hub_pattern(rng, 40, 50, hub=45)
