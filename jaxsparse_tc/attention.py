@@ -10,7 +10,7 @@ Three primitives, each with a CPU reference and a CUDA kernel:
   tangents (dq, dk, dv, dbias), computed by one fused kernel from the saved lse.
 * `attention_grads_p(q, k, v, bias, o, lse, do) -> (dq, dk, dv, dbias)`: the backward on
   tensor cores (16-bit, d = dv in TENSOR_CORE_D): two CUDA kernels, FlashAttention-2 on the
-  window format; on CPU the composed backward below.
+  window format; on CPU (and on CUDA for other operands) the composed backward below.
 * `attention_bwd_p(q, k, v, bias, o, lse, do) -> (p, ds)`: the composed backward's per-edge
   pass (one kernel on CUDA; on CPU composed from SDDMMs), followed by three SpMMs.
 
