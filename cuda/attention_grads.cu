@@ -42,7 +42,6 @@ struct GradOperands {
   int64_t q_hs, k_hs, v_hs, b_hs, o_hs, do_hs, lse_hs;  // head strides, 0 where broadcast
   float scale;
   int has_bias;
-  int prefetch;  // PF: the pair after the current one, its rows prefetched (1: L1, 2: L2, 0: no)
 };
 
 // One kernel's split-window partials: per slot (the schedule's first `cap` items) and head, NA
@@ -184,6 +183,15 @@ __device__ __forceinline__ void transposed_tile(const uint32_t (&r0)[D / 8],
   a[3] = movmatrix_trans(r1[2 * s + 1]);
 }
 
+// Dot product of E 16-bit elements held as words (a thread's share of delta_i = dO_i . O_i).
+template <class T, int E>
+__device__ __forceinline__ float dot_words(const uint32_t* a, const uint32_t* b) {
+  float s = 0.f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) s = fmaf(word_elem<T>(a, e), word_elem<T>(b, e), s);
+  return s;
+}
+
 // (lse in the log2 domain, delta_i = dO_i . O_i) of every row and head, before the windows: 8
 // lanes per row, D/8 features each.
 template <class T, int D>
@@ -197,9 +205,7 @@ __global__ void __launch_bounds__(256) grads_row_stats(const GradOperands<T> p) 
   uint32_t dw[Words<T, D / 8>::N], ow[Words<T, D / 8>::N];
   load_row<T, D / 8>(p.dout + h * p.do_hs + i * D, int64_t(li) * (D / 8), D, true, dw);
   load_row<T, D / 8>(p.o + h * p.o_hs + i * D, int64_t(li) * (D / 8), D, true, ow);
-  float delta = 0.f;
-#pragma unroll
-  for (int e = 0; e < D / 8; ++e) delta = fmaf(word_elem<T>(dw, e), word_elem<T>(ow, e), delta);
+  float delta = dot_words<T, D / 8>(dw, ow);
 #pragma unroll
   for (int o = 4; o > 0; o >>= 1) delta += __shfl_xor_sync(0xffffffffu, delta, o);
   if (in && li == 0) p.row_stats[unit] = make_float2(p.lse[h * p.lse_hs + i] * kLog2e, delta);
@@ -230,9 +236,8 @@ __device__ __forceinline__ void dq_windows(const GradOperands<T>& p, const Kerne
   {
     uint32_t ow[W];
     row_words<T, D>(p.o + h * p.o_hs, row, t, ow);
-    float part = 0.f;  // row g's delta over this thread's features, then over the row's 4 lanes
-#pragma unroll
-    for (int e = 0; e < D / 4; ++e) part = fmaf(word_elem<T>(dw, e), word_elem<T>(ow, e), part);
+    // Row g's delta over this thread's features, then over the row's 4 lanes.
+    float part = dot_words<T, D / 4>(dw, ow);
     part += __shfl_xor_sync(0xffffffffu, part, 1);
     part += __shfl_xor_sync(0xffffffffu, part, 2);
 #pragma unroll
@@ -247,11 +252,8 @@ __device__ __forceinline__ void dq_windows(const GradOperands<T>& p, const Kerne
 #pragma unroll
   for (int s = 0; s < D / 16; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.f;
 
-  // PF: the columns of pairs b0 + 2 (next) and b0 + 4 (after) load ahead, and the next pair's
-  // rows are prefetched while this one computes.
-  PairRows next, after;
+  PairRows next;
   if (PF && it.b_first < it.b_end) next = pair_rows(a.bitmap, a.wc, it, it.b_first, g);
-  if (PF && it.b_first + 2 < it.b_end) after = pair_rows(a.bitmap, a.wc, it, it.b_first + 2, g);
   for (int64_t b0 = it.b_first; b0 < it.b_end; b0 += 2) {
     const PairRows pr = PF ? next : pair_rows(a.bitmap, a.wc, it, b0, g);
     uint32_t kw0[W], kw1[W], vw0[W], vw1[W];
@@ -259,14 +261,7 @@ __device__ __forceinline__ void dq_windows(const GradOperands<T>& p, const Kerne
     row_words<T, D>(kh, pr.col[1], t, kw1);
     row_words<T, D>(vh, pr.col[0], t, vw0);
     row_words<T, D>(vh, pr.col[1], t, vw1);
-    if (PF) {
-      next = after;
-      if (b0 + 2 < it.b_end) {
-        prefetch_rows<T, D>(kh, next, t, p.prefetch);
-        prefetch_rows<T, D>(vh, next, t, p.prefetch);
-      }
-      if (b0 + 4 < it.b_end) after = pair_rows(a.bitmap, a.wc, it, b0 + 4, g);
-    }
+    if (PF && b0 + 2 < it.b_end) next = pair_rows(a.bitmap, a.wc, it, b0 + 2, g);
     float sc[4], dp[4], ds[4];
     tile_dots<T, D>(sc, kw0, kw1, qw);  // S^T: (column, row)
     tile_dots<T, D>(dp, vw0, vw1, dw);  // dP^T
@@ -340,9 +335,8 @@ __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const Kern
     for (int e = 0; e < 4; ++e) ak[s][e] = av[s][e] = 0.f;
 
   wait_prerequisites();  // grads_row_stats (stats of the gathered queries)
-  PairRows next, after;  // as in dq_windows
+  PairRows next;
   if (PF && it.b_first < it.b_end) next = pair_rows(at.bitmap, at.wc, it, it.b_first, g);
-  if (PF && it.b_first + 2 < it.b_end) after = pair_rows(at.bitmap, at.wc, it, it.b_first + 2, g);
   for (int64_t b0 = it.b_first; b0 < it.b_end; b0 += 2) {
     const PairRows pr = PF ? next : pair_rows(at.bitmap, at.wc, it, b0, g);
     uint32_t qc0[W], qc1[W], dc0[W], dc1[W];
@@ -353,16 +347,7 @@ __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const Kern
     float2 st2[2];  // the queries of columns g and g+8: (lse, delta)
 #pragma unroll
     for (int c = 0; c < 2; ++c) st2[c] = pr.col[c] >= 0 ? stats[pr.col[c]] : make_float2(0.f, 0.f);
-    if (PF) {
-      next = after;
-      if (b0 + 2 < it.b_end) {
-        prefetch_rows<T, D>(qh, next, t, p.prefetch);
-        prefetch_rows<T, D>(doh, next, t, p.prefetch);
-        for (int c = 0; c < 2; ++c)
-          if (t == 0 && next.col[c] >= 0) prefetch_line(stats + next.col[c], p.prefetch);
-      }
-      if (b0 + 4 < it.b_end) after = pair_rows(at.bitmap, at.wc, it, b0 + 4, g);
-    }
+    if (PF && b0 + 2 < it.b_end) next = pair_rows(at.bitmap, at.wc, it, b0 + 2, g);
     float sc[4], dp[4], pe[4], ds[4];
     tile_dots<T, D>(sc, qc0, qc1, kvw, lane);                 // S: (query column, key row)
     tile_dots<T, D>(dp, dc0, dc1, kvw + D / 16 * 32, lane);   // dP
@@ -405,8 +390,9 @@ __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const Kern
 // Both passes in one launch, after the row stats: CTAs [0, ctas_t) take A^T's windows (dK, dV),
 // the rest A's (dQ), so that a small graph's two longest windows overlap rather than queue. The
 // heavier dK/dV CTAs go first (Cora: 11.5 -> 11.1 us at d=64, 23.7 -> 22.1 at d=128; R-MAT
-// even; once dQ stopped waiting for the row stats, either order read the same: NOTES session 18). Register caps as the forward's (one CTA per SM more spilled:
-// Cora 23.7 -> 33.2 us at d=128, 11.5 -> 15.0 at d=64).
+// even; once dQ stopped waiting for the row stats, either order read the same: NOTES session
+// 18). Register caps as the forward's (one CTA per SM more spilled: Cora 23.7 -> 33.2 us at
+// d=128, 11.5 -> 15.0 at d=64).
 template <class T, int D, bool PF>
 __global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 3 : 4)
 grads_windows(const GradOperands<T> p, const KernelPattern a, const KernelPattern at,
@@ -552,7 +538,6 @@ static ffi::Error attention_grads_cuda(
       p.lse_hs = head_stride(lse.dimensions()[0], m);
       p.scale = scale;
       p.has_bias = has_bias;
-      p.prefetch = env_int("JAXSPARSE_TC_ATTN_ROW_PREFETCH", 1);
       // The next pair's columns load a pair ahead on large graphs (as the forward's).
       const bool pf = env_int("JAXSPARSE_TC_ATTN_PREFETCH", wc.element_count() >= kSmallGraphNnz);
       if (d == 32) launch_d<T, 32>(st, p, a, at, sa, s_t, pf, !memset);

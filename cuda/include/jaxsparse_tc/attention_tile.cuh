@@ -99,22 +99,6 @@ __device__ __forceinline__ int64_t tile_value(const PairRows& pr, const int32_t*
   return int64_t(bvp[e < 2 ? b0 : b0 + 1]) + __popcll(bits & ((1ull << kb) - 1ull));
 }
 
-// Starts moving the line of `a` towards the SM ahead of its load: `level` 1 into L1, 2 into L2,
-// 0 not at all. No register waits on a prefetch, so a warp can have a pair's rows in flight
-// beyond those it holds.
-__device__ __forceinline__ void prefetch_line(const void* a, int level) {
-  if (level == 1) asm volatile("prefetch.global.L1 [%0];\n" ::"l"(a));
-  else if (level == 2) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a));
-}
-
-// The same for this thread's slice of the rows of a pair's columns g and g+8 (row layout).
-template <class T, int D>
-__device__ __forceinline__ void prefetch_rows(const T* base, const PairRows& pr, int t, int level) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-    if (pr.col[i] >= 0) prefetch_line(base + int64_t(pr.col[i]) * D + int64_t(t) * (D / 4), level);
-}
-
 // Row-layout words (D/8 per thread: features t*D/4 ..) of row `row` of `base`, zeros for row < 0.
 template <class T, int D>
 __device__ __forceinline__ void row_words(const T* base, int64_t row, int t, uint32_t (&w)[D / 8]) {
