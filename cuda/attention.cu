@@ -141,8 +141,6 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
   const T* vh = v + hsel(hc.v, h) * n * DV;
   const T* bh = bias + hsel(hc.b, h) * nnz;
 
-  uint32_t qw[QW];
-  row_words<T, D>(qh, w * 8 + g < m ? w * 8 + g : -1, t, qw);
   const float sl2 = scale * kLog2e;
   float mrow[2] = {-INFINITY, -INFINITY};  // running max (log2 domain), rows 2t, 2t+1
   float lrow[2] = {0.f, 0.f};              // partial sums of this thread's columns
@@ -164,10 +162,14 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
     }
     return pc;
   };
+  // The first pair's columns load right after the item, beside the window's Q rows (a small
+  // graph's item walks ~2 pairs: one round trip off its chain).
   PairCols cur;
-  if (PF && b_first < b_end) cur = pair_cols(b_first);
+  if (b_first < b_end) cur = pair_cols(b_first);
+  uint32_t qw[QW];
+  row_words<T, D>(qh, w * 8 + g < m ? w * 8 + g : -1, t, qw);
   for (int64_t b0 = b_first; b0 < b_end; b0 += 2) {
-    if (!PF) cur = pair_cols(b0);
+    if (!PF && b0 != b_first) cur = pair_cols(b0);
     uint32_t kw0[QW], kw1[QW];
     row_words<T, D>(kh, cur.k.col[0], t, kw0);
     row_words<T, D>(kh, cur.k.col[1], t, kw1);

@@ -16,9 +16,11 @@
 // product wants them transposed (features as the m=16 side), and movmatrix turns each
 // row-layout word into that A fragment in registers: word x of the rows of columns g (g+8)
 // becomes columns 2t, 2t+1 (2t+8, 2t+9) at feature j_g(x) = (g/2) D/4 + 2x + g%2, and m-tile s
-// takes x = 2s (MMA rows g) and 2s+1 (rows g+8). No atomics on outputs: each row belongs to one
-// window; a split window's pieces add their partials as the forward merges its (in the CTA for
-// grouped schedules, else through workspace slots and a per-window counter).
+// takes x = 2s (MMA rows g) and 2s+1 (rows g+8). The results (dQ^T, dK^T, dV^T: features by the
+// window's rows) go back to rows by the same movmatrix (tile_to_rows). No atomics on outputs:
+// each row belongs to one window; a split window's pieces add their partials as the forward
+// merges its (in the CTA for grouped schedules, else through workspace slots and a per-window
+// counter), in the accumulators' own layout.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -54,63 +56,37 @@ struct GradSplit {
   int grouped;
 };
 
-// C fragments of D/16 m-tiles (feature j_g(2s) at rows 2t, 2t+1 in [s][0..1], j_g(2s+1) in
-// [s][2..3]) -> o[r][e]: row 2t + r, feature g*D/8 + e (the forward's output layout), by one
-// exchange with lane g^1, which holds the other parity of the same features.
-template <int D>
-__device__ __forceinline__ void to_rows(const float (&acc)[D / 16][4], int g,
-                                        float (&o)[2][D / 8]) {
-  constexpr int H = D / 16;
-  const bool odd = g & 1;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float val[D / 8];  // val[x]: feature (g/2) D/4 + 2x + g%2
-#pragma unroll
-    for (int s = 0; s < H; ++s) {
-      val[2 * s] = acc[s][r];
-      val[2 * s + 1] = acc[s][r + 2];
-    }
-#pragma unroll
-    for (int i = 0; i < H; ++i) {
-      const float mine = odd ? val[i + H] : val[i];
-      const float recv = __shfl_xor_sync(0xffffffffu, odd ? val[i] : val[i + H], 4);
-      o[r][2 * i] = odd ? recv : mine;
-      o[r][2 * i + 1] = odd ? mine : recv;
-    }
-  }
-}
-
-// Shared memory per warp: its partial of a grouped window (NA outputs, 2 rows x D/32 float4 per
-// lane), which in grads_dkv first holds the window's K and V B fragments (D/4 words per lane).
+// Shared memory per warp: its partial of a grouped window (NA accumulator tiles, D/16 float4
+// per lane each), which in grads_dkv first holds the window's K and V B fragments (D/4 words per
+// lane).
 template <int D, int NA>
-constexpr int kGradSlotBytes = NA * 2 * 32 * (D / 32) * 16;
+constexpr int kGradSlotBytes = NA * (D / 16) * 32 * 16;
 static_assert(kGradSlotBytes<32, 2> >= 2 * (32 / 16) * 32 * 8, "K and V fragments fit a slot");
 
-// Adds a split window's partials (NA outputs in the to_rows layout) into the piece that writes
-// the window; returns whether this warp is that piece.
+// Adds a split window's partials (NA accumulator tiles; each lane's fragments are its own, so a
+// partial keeps the MMA layout: lane-major float4s) into the piece that writes the window;
+// returns whether this warp is that piece.
 template <int D, int NA>
-__device__ __forceinline__ bool merge_pieces(float (&o)[NA][2][D / 8], const AttnItem& it,
+__device__ __forceinline__ bool merge_pieces(float (&o)[NA][D / 16][4], const AttnItem& it,
                                              int64_t item, int64_t h, int64_t heads,
-                                             const GradSplit& sp, int lane, int g, int t) {
+                                             const GradSplit& sp, int lane) {
   if (it.first < 0) return true;
+  auto add = [&](int a, int s, float4 v) {
+    o[a][s][0] += v.x; o[a][s][1] += v.y; o[a][s][2] += v.z; o[a][s][3] += v.w;
+  };
+  auto pack = [&](int a, int s) { return make_float4(o[a][s][0], o[a][s][1], o[a][s][2], o[a][s][3]); };
   if (it.local) {
     // The other pieces leave their partials in shared memory (slot = warp) and arrive at the
     // window's barrier; the first piece waits there and adds them.
-    extern __shared__ float4 part[];  // [kGroupItems][NA][2 rows][D/32][32 lanes]: the slots
+    extern __shared__ float4 part[];  // [kGroupItems][NA][D/16][32 lanes]: the slots
     const int slot = int(item % kGroupItems), lead = int(it.first % kGroupItems);
     const int threads = int(it.pieces) * 32;
-    auto at = [&](int s, int a, int r, int x) -> float4& {
-      return part[(((s * NA + a) * 2 + r) * (D / 32) + x) * 32 + lane];
-    };
+    auto at = [&](int j, int a, int s) -> float4& { return part[((j * NA + a) * (D / 16) + s) * 32 + lane]; };
     if (slot != lead) {
 #pragma unroll
       for (int a = 0; a < NA; ++a)
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-          for (int x = 0; x < D / 32; ++x)
-            at(slot, a, r, x) = make_float4(o[a][r][4 * x], o[a][r][4 * x + 1],
-                                            o[a][r][4 * x + 2], o[a][r][4 * x + 3]);
+        for (int s = 0; s < D / 16; ++s) at(slot, a, s) = pack(a, s);
       window_barrier(lead, threads, false);
       return false;
     }
@@ -119,24 +95,18 @@ __device__ __forceinline__ bool merge_pieces(float (&o)[NA][2][D / 8], const Att
 #pragma unroll
       for (int a = 0; a < NA; ++a)
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-          for (int x = 0; x < D / 32; ++x) {
-            const float4 v = at(j, a, r, x);
-            o[a][r][4 * x] += v.x; o[a][r][4 * x + 1] += v.y;
-            o[a][r][4 * x + 2] += v.z; o[a][r][4 * x + 3] += v.w;
-          }
+        for (int s = 0; s < D / 16; ++s) add(a, s, at(j, a, s));
     return true;
   }
   // Workspace slot (item, h); the piece that completes the window's count adds the others'.
-  auto row_at = [&](int64_t s, int a, int r) {
-    return sp.ws + ((s * NA + a) * 8 + 2 * t + r) * D + g * (D / 8);
+  auto at = [&](int64_t j, int a, int s) {
+    return reinterpret_cast<float4*>(sp.ws) + ((j * NA + a) * (D / 16) + s) * 32 + lane;
   };
   const int64_t mine = item * heads + h;
 #pragma unroll
   for (int a = 0; a < NA; ++a)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) store_row<float, D / 8>(row_at(mine, a, r), 0, D / 8, true, o[a][r]);
+    for (int s = 0; s < D / 16; ++s) *at(mine, a, s) = pack(a, s);
   fence_acq_rel_gpu();  // the partial is visible before the counter says so
   __syncwarp();
   int old = 0;
@@ -149,15 +119,7 @@ __device__ __forceinline__ bool merge_pieces(float (&o)[NA][2][D / 8], const Att
 #pragma unroll
     for (int a = 0; a < NA; ++a)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float4* src = reinterpret_cast<const float4*>(row_at(j * heads + h, a, r));
-#pragma unroll
-        for (int x = 0; x < D / 32; ++x) {
-          const float4 v = __ldcg(src + x);
-          o[a][r][4 * x] += v.x; o[a][r][4 * x + 1] += v.y;
-          o[a][r][4 * x + 2] += v.z; o[a][r][4 * x + 3] += v.w;
-        }
-      }
+      for (int s = 0; s < D / 16; ++s) add(a, s, __ldcg(at(j * heads + h, a, s)));
   }
   return true;
 }
@@ -183,7 +145,29 @@ __device__ __forceinline__ void transposed_tile(const uint32_t (&r0)[D / 8],
   a[3] = movmatrix_trans(r1[2 * s + 1]);
 }
 
-// Dot product of E 16-bit elements held as words (a thread's share of delta_i = dO_i . O_i).
+// A window-side result tile (D/16 C fragments: m-tile s row g holds feature j_g(2s), row g+8
+// j_g(2s+1), at window rows 2t, 2t+1; j_g(x) = (g/2) D/4 + 2x + g%2), times `scale`, as 16-bit
+// row-layout words of window row g (features t*D/4 ..). movmatrix of the packed C halves does
+// the transpose: word 2s holds features t*D/4 + 4s, +1 and word 2s + 1 the next two.
+template <class T, int D>
+__device__ __forceinline__ void tile_to_rows(const float (&acc)[D / 16][4], float scale,
+                                             uint32_t (&w)[D / 8]) {
+#pragma unroll
+  for (int s = 0; s < D / 16; ++s) {
+    w[2 * s] = movmatrix_trans(pack2<T>(acc[s][0] * scale, acc[s][1] * scale));
+    w[2 * s + 1] = movmatrix_trans(pack2<T>(acc[s][2] * scale, acc[s][3] * scale));
+  }
+}
+
+// Stores row-layout words (tile_to_rows) of one row: features t*D/4 .. (t+1)*D/4.
+template <class T, int D>
+__device__ __forceinline__ void store_words(T* row, int t, const uint32_t (&w)[D / 8]) {
+  uint4* dst = reinterpret_cast<uint4*>(row + t * (D / 4));
+#pragma unroll
+  for (int i = 0; i < D / 32; ++i) dst[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+}
+
+// Dot product of E 16-bit elements held as words (grads_row_stats: a lane's share of a delta).
 template <class T, int E>
 __device__ __forceinline__ float dot_words(const uint32_t* a, const uint32_t* b) {
   float s = 0.f;
@@ -211,6 +195,23 @@ __global__ void __launch_bounds__(256) grads_row_stats(const GradOperands<T> p) 
   if (in && li == 0) p.row_stats[unit] = make_float2(p.lse[h * p.lse_hs + i] * kLog2e, delta);
 }
 
+// delta of the window's rows 2t and 2t+1 (dO_i . O_i) from its row-layout dO and O rows: the
+// diagonal of one m16n8k16 product per 16 features (dO rows g as A, rows g+8 zero; O rows as B),
+// whose element (i, i) thread (i, i/2) holds.
+template <class T, int D>
+__device__ __forceinline__ void window_deltas(const uint32_t (&dw)[D / 8], const uint32_t (&ow)[D / 8],
+                                              int t, float (&dl)[2]) {
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int s = 0; s < D / 16; ++s) {
+    const uint32_t a[4] = {dw[2 * s], 0u, dw[2 * s + 1], 0u};
+    const uint32_t b[2] = {ow[2 * s], ow[2 * s + 1]};
+    mma_16816(c, a, b, T{});
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) dl[r] = __shfl_sync(0xffffffffu, c[r], (2 * t + r) * 4 + t);
+}
+
 // dQ (and dbias) of one CTA's windows of A. PF: the next pair's columns load a pair ahead
 // (large graphs, as the forward).
 template <class T, int D, bool PF>
@@ -236,19 +237,16 @@ __device__ __forceinline__ void dq_windows(const GradOperands<T>& p, const Kerne
   {
     uint32_t ow[W];
     row_words<T, D>(p.o + h * p.o_hs, row, t, ow);
-    // Row g's delta over this thread's features, then over the row's 4 lanes.
-    float part = dot_words<T, D / 4>(dw, ow);
-    part += __shfl_xor_sync(0xffffffffu, part, 1);
-    part += __shfl_xor_sync(0xffffffffu, part, 2);
+    window_deltas<T, D>(dw, ow, t, dl);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int64_t ri = it.w * 8 + 2 * t + r;
       l2[r] = ri < p.m ? p.lse[h * p.lse_hs + ri] * kLog2e : 0.f;
-      dl[r] = __shfl_sync(0xffffffffu, part, (2 * t + r) * 4);
     }
   }
   const float sl2 = p.scale * kLog2e;
-  float acc[D / 16][4];
+  float out[1][D / 16][4];  // dQ^T: the C fragments of D/16 m-tiles
+  auto& acc = out[0];
 #pragma unroll
   for (int s = 0; s < D / 16; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.f;
 
@@ -284,17 +282,10 @@ __device__ __forceinline__ void dq_windows(const GradOperands<T>& p, const Kerne
       mma_16816(acc[s], kt, db, T{});
     }
   }
-  float o[1][2][D / 8];
-  to_rows<D>(acc, g, o[0]);
-  if (!merge_pieces<D, 1>(o, it, item, h, p.heads, sp, lane, g, t)) return;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t ri = it.w * 8 + 2 * t + r;
-    if (ri >= p.m) continue;
-#pragma unroll
-    for (int e = 0; e < D / 8; ++e) o[0][r][e] *= p.scale;
-    store_row<T, D / 8>(p.dq + (h * p.m + ri) * D, int64_t(g) * (D / 8), D, true, o[0][r]);
-  }
+  if (!merge_pieces<D, 1>(out, it, item, h, p.heads, sp, lane)) return;
+  uint32_t w[W];
+  tile_to_rows<T, D>(acc, p.scale, w);
+  if (i < p.m) store_words<T, D>(p.dq + (h * p.m + i) * D, t, w);
 }
 
 // dK and dV of one CTA's windows of A^T (rows: keys; condensed columns: queries).
@@ -316,8 +307,8 @@ __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const Kern
   // memory (in registers the pass took 222 of them at D = 128: 2 CTAs per SM, not 3).
   extern __shared__ float4 smem[];  // [kAttnWarps][kGradSlotBytes<D, 2> / 16]
   uint2* const kvw = reinterpret_cast<uint2*>(smem + (threadIdx.x / 32) * (kGradSlotBytes<D, 2> / 16));
+  const int64_t j = it.w * 8 + g;
   {
-    const int64_t j = it.w * 8 + g;
     uint32_t kw[W], vw[W];
     row_words<T, D>(p.k + h * p.k_hs, j < p.n ? j : -1, t, kw);
     row_words<T, D>(p.v + h * p.v_hs, j < p.n ? j : -1, t, vw);
@@ -328,7 +319,8 @@ __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const Kern
     }
   }
   const float sl2 = p.scale * kLog2e;
-  float ak[D / 16][4], av[D / 16][4];
+  float out[2][D / 16][4];  // dK^T, dV^T
+  auto &ak = out[0], &av = out[1];
 #pragma unroll
   for (int s = 0; s < D / 16; ++s)
 #pragma unroll
@@ -372,19 +364,12 @@ __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const Kern
       mma_16816(ak[s], x, db, T{});
     }
   }
-  float o[2][2][D / 8];
-  to_rows<D>(ak, g, o[0]);
-  to_rows<D>(av, g, o[1]);
-  if (!merge_pieces<D, 2>(o, it, item, h, p.heads, sp, lane, g, t)) return;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t kr = it.w * 8 + 2 * t + r;
-    if (kr >= p.n) continue;
-#pragma unroll
-    for (int e = 0; e < D / 8; ++e) o[0][r][e] *= p.scale;
-    store_row<T, D / 8>(p.dk + (h * p.n + kr) * D, int64_t(g) * (D / 8), D, true, o[0][r]);
-    store_row<T, D / 8>(p.dv + (h * p.n + kr) * D, int64_t(g) * (D / 8), D, true, o[1][r]);
-  }
+  if (!merge_pieces<D, 2>(out, it, item, h, p.heads, sp, lane)) return;
+  uint32_t w[W];
+  tile_to_rows<T, D>(ak, p.scale, w);
+  if (j < p.n) store_words<T, D>(p.dk + (h * p.n + j) * D, t, w);
+  tile_to_rows<T, D>(av, 1.f, w);
+  if (j < p.n) store_words<T, D>(p.dv + (h * p.n + j) * D, t, w);
 }
 
 // Both passes in one launch, after the row stats: CTAs [0, ctas_t) take A^T's windows (dK, dV),
