@@ -47,7 +47,7 @@ struct GradOperands {
 };
 
 // One kernel's split-window partials: per slot (the schedule's first `cap` items) and head, NA
-// outputs of [8][D] fp32, and a piece counter per slot and head (zeroed before the launch).
+// accumulator tiles of 8 x D fp32 (merge_pieces' layout), and a piece counter per slot and head (zeroed before the launch).
 // Grouped schedules merge in shared memory and have none.
 struct GradSplit {
   float* ws;
@@ -196,18 +196,14 @@ __global__ void __launch_bounds__(256) grads_row_stats(const GradOperands<T> p) 
 }
 
 // delta of the window's rows 2t and 2t+1 (dO_i . O_i) from its row-layout dO and O rows: the
-// diagonal of one m16n8k16 product per 16 features (dO rows g as A, rows g+8 zero; O rows as B),
-// whose element (i, i) thread (i, i/2) holds.
+// diagonal of tile_dots with dO's rows as the columns g (columns g+8 zero) and O's as the
+// window's rows, whose element (i, i) thread (i, i/2) holds.
 template <class T, int D>
 __device__ __forceinline__ void window_deltas(const uint32_t (&dw)[D / 8], const uint32_t (&ow)[D / 8],
                                               int t, float (&dl)[2]) {
-  float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int s = 0; s < D / 16; ++s) {
-    const uint32_t a[4] = {dw[2 * s], 0u, dw[2 * s + 1], 0u};
-    const uint32_t b[2] = {ow[2 * s], ow[2 * s + 1]};
-    mma_16816(c, a, b, T{});
-  }
+  constexpr uint32_t zero[D / 8] = {};
+  float c[4];
+  tile_dots<T, D>(c, dw, zero, ow);
 #pragma unroll
   for (int r = 0; r < 2; ++r) dl[r] = __shfl_sync(0xffffffffu, c[r], (2 * t + r) * 4 + t);
 }
