@@ -115,15 +115,10 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
             float scale, int has_bias, float* __restrict__ ws, float2* __restrict__ ws_ml,
             int* __restrict__ done, int64_t cap, int head_major, int grouped) {
   wait_prerequisites();  // a dependent launch: all inputs may come from the kernel before
-  const int64_t per_head = items_per_head(num_items, grouped);
-  const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (unit >= per_head * heads) return;
-  // Head-major: the GPU works through one head's windows at a time, so the K and V rows it
-  // gathers are one head's (a quarter of the bytes at H = 4), which keeps hub rows in L2.
-  const bool hm = grouped || head_major;
-  const int64_t item = hm ? unit % per_head : unit / heads;
-  const int64_t h = hm ? unit / per_head : unit % heads;
-  if (item >= num_items) return;
+  int64_t item, h;  // head-major unless switched off (a grouped schedule's CTA is one head's)
+  if (!unit_item(int64_t(blockIdx.x) * kWarps + threadIdx.x / 32, num_items, heads, grouped,
+                 grouped || head_major, item, h))
+    return;
   // The item carries its first condensed column and its window's end column, piece count and
   // first piece (docs/FORMAT.md), so its column indices load right after it.
   AttnItem it;

@@ -124,16 +124,6 @@ __device__ __forceinline__ bool merge_pieces(float (&o)[NA][D / 16][4], const At
   return true;
 }
 
-// The window unit of a launch: head-major, as the forward (one head's rows at a time stay in L2).
-__device__ __forceinline__ bool unit_item(int64_t cta, int64_t num_items, int64_t heads,
-                                          bool grouped, int64_t& item, int64_t& h) {
-  const int64_t per_head = items_per_head(num_items, grouped);
-  const int64_t unit = cta * kAttnWarps + threadIdx.x / 32;
-  item = unit % per_head;
-  h = unit / per_head;
-  return h < heads && item < num_items;
-}
-
 // The A fragment of features-by-columns (m-tile s) from two row-layout rows (columns g, g+8).
 template <int D>
 __device__ __forceinline__ void transposed_tile(const uint32_t (&r0)[D / 8],
@@ -214,7 +204,9 @@ template <class T, int D, bool PF>
 __device__ __forceinline__ void dq_windows(const GradOperands<T>& p, const KernelPattern& a,
                                            const GradSplit& sp, int64_t cta) {
   int64_t item, h;
-  if (!unit_item(cta, a.num_items, p.heads, sp.grouped, item, h)) return;
+  if (!unit_item(cta * kAttnWarps + threadIdx.x / 32, a.num_items, p.heads, sp.grouped, true,
+                 item, h))  // head-major, as the forward
+    return;
   AttnItem it;
   if (!read_item(a.sched, a.wbp, item, sp.grouped, sp.cap, it)) return;
   const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
@@ -289,7 +281,9 @@ template <class T, int D, bool PF>
 __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const KernelPattern& at,
                                             const GradSplit& sp, int64_t cta) {
   int64_t item, h;
-  if (!unit_item(cta, at.num_items, p.heads, sp.grouped, item, h)) return;
+  if (!unit_item(cta * kAttnWarps + threadIdx.x / 32, at.num_items, p.heads, sp.grouped, true,
+                 item, h))  // head-major, as the forward
+    return;
   AttnItem it;
   if (!read_item(at.sched, at.wbp, item, sp.grouped, sp.cap, it)) return;
   const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;

@@ -185,6 +185,25 @@ __global__ void __launch_bounds__(kWarps * 32) sddmm_f32_exact(const SddmmParams
 // mask: with a group's mask, each shuffle cost five more instructions of convergence checks
 // (NOTES session 11). Gathers are predicated loads.
 
+// dot[u] = <x, y_u> over the lane's NS slabs of E features (fp32 FMAs, slab by slab): the
+// batch's dot products of both row paths (row_dots, row_stream).
+template <class T, int E, int U, int NS>
+__device__ __forceinline__ void batch_dots(const float (&xf)[NS][E],
+                                           const uint32_t (&yw)[U][NS][Words<T, E>::N],
+                                           float (&dot)[U]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    dot[u] = 0.f;
+#pragma unroll
+    for (int s = 0; s < NS; ++s) {
+      float y[E];
+      unpack_words<T, E>(yw[u][s], y);
+#pragma unroll
+      for (int k = 0; k < E; ++k) dot[u] = fmaf(xf[s][k], y[k], dot[u]);
+    }
+  }
+}
+
 // Values of entries [b, e) of row `row` (bounds uniform over the group; every lane of the warp
 // calls it together, empty ranges included), U * NS gathers per lane per batch.
 template <class T, class O, int L, int NS, int U, bool VEC>
@@ -222,17 +241,7 @@ __device__ __forceinline__ void row_dots(const SddmmParams& p, const RowView& rv
         for (int s = 0; s < NS; ++s) y[s].gather(ok && y[s].active, c, yw[u][s]);
       }
       float dot[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        dot[u] = 0.f;
-#pragma unroll
-        for (int s = 0; s < NS; ++s) {
-          float y[E];
-          unpack_words<T, E>(yw[u][s], y);
-#pragma unroll
-          for (int k = 0; k < E; ++k) dot[u] = fmaf(xf[s][k], y[k], dot[u]);
-        }
-      }
+      batch_dots<T, E, U, NS>(xf, yw, dot);
       const float v = reduce_many<L, U>(dot, kFullWarp, li);
       const int mine = j + li / (L / U);
       const int pos = __shfl_sync(kFullWarp, en.y, mine, L);
@@ -298,21 +307,10 @@ __device__ __forceinline__ void row_stream(const SddmmParams& p, const RowView& 
       k += U;
     }
     n = load_entries<U>(rv.entries, k, live ? end : k, en);
-    float dot[U];
+    float xf[NS][E], dot[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u) dot[u] = 0.f;
-#pragma unroll
-    for (int s = 0; s < NS; ++s) {
-      float xf[E];
-      unpack_words<T, E>(xw[s], xf);
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        float yf[E];
-        unpack_words<T, E>(yw[u][s], yf);
-#pragma unroll
-        for (int e = 0; e < E; ++e) dot[u] = fmaf(xf[e], yf[e], dot[u]);
-      }
-    }
+    for (int s = 0; s < NS; ++s) unpack_words<T, E>(xw[s], xf[s]);
+    batch_dots<T, E, U, NS>(xf, yw, dot);
     const float v = reduce_many<L, U>(dot, kFullWarp, li);
     if (write) oh[pos] = from_f32<O>(v);
     if (row_done) {

@@ -35,6 +35,19 @@ __host__ __device__ __forceinline__ int64_t items_per_head(int64_t num_items, bo
   return grouped ? (num_items + kGroupItems - 1) / kGroupItems * kGroupItems : num_items;
 }
 
+// The (item, head) of a launch's warp `unit`. Head-major (hm): the GPU works through one head's
+// windows at a time, so the K and V rows it gathers are one head's (a quarter of the bytes at
+// H = 4), which keeps hub rows in L2 (NOTES session 12); else a window's heads are adjacent.
+// False past the launch's items (a grouped schedule pads each head's items to whole groups).
+__device__ __forceinline__ bool unit_item(int64_t unit, int64_t num_items, int64_t heads,
+                                          bool grouped, bool hm, int64_t& item, int64_t& h) {
+  const int64_t per_head = items_per_head(num_items, grouped);
+  if (unit >= per_head * heads) return false;
+  item = hm ? unit % per_head : unit / heads;
+  h = hm ? unit / per_head : unit % heads;
+  return item < num_items;
+}
+
 // A schedule item as the attention kernels read it (docs/FORMAT.md): window w, blocks
 // [b_first, b_end), condensed columns from c_first (the window's end column c_end). A split
 // window's piece p is item first + p of `pieces`; first < 0 where the warp covers its whole
