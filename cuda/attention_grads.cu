@@ -47,8 +47,8 @@ struct GradOperands {
 };
 
 // One kernel's split-window partials: per slot (the schedule's first `cap` items) and head, NA
-// accumulator tiles of 8 x D fp32 (merge_pieces' layout), and a piece counter per slot and head (zeroed before the launch).
-// Grouped schedules merge in shared memory and have none.
+// accumulator tiles of 8 x D fp32 (merge_pieces' layout), and a piece counter per slot and head
+// (zeroed before the launch). Grouped schedules merge in shared memory and have none.
 struct GradSplit {
   float* ws;
   int* done;

@@ -125,31 +125,33 @@ __device__ __forceinline__ void row_words(const T* base, int64_t row, int t, uin
 }
 
 // C[16 cols x 8 rows] = A_rows[16 x D] B^T[D x 8], both in the row layout: a0/a1 the gathered
-// rows of columns g and g+8, b the window's row g. C: (col g, rows 2t, 2t+1), (col g+8, ...).
-template <class T, int D>
-__device__ __forceinline__ void tile_dots(float (&c)[4], const uint32_t (&a0)[D / 8],
-                                          const uint32_t (&a1)[D / 8], const uint32_t (&b)[D / 8]) {
+// rows of columns g and g+8, b the window's row g, whose word pair s (k-step s) b(s) returns.
+// C: (col g, rows 2t, 2t+1), (col g+8, ...).
+template <class T, int D, class RowPairs>
+__device__ __forceinline__ void tile_dots_of(float (&c)[4], const uint32_t (&a0)[D / 8],
+                                             const uint32_t (&a1)[D / 8], RowPairs b) {
   c[0] = c[1] = c[2] = c[3] = 0.f;
 #pragma unroll
   for (int s = 0; s < D / 16; ++s) {
     const uint32_t a[4] = {a0[2 * s], a1[2 * s], a0[2 * s + 1], a1[2 * s + 1]};
-    const uint32_t bb[2] = {b[2 * s], b[2 * s + 1]};
+    const uint2 w = b(s);
+    const uint32_t bb[2] = {w.x, w.y};
     mma_16816(c, a, bb, T{});
   }
 }
 
-// The same with b's fragments in shared memory (word pair s of lane l at b[s * 32 + l]).
+// b in registers (the row layout's words).
+template <class T, int D>
+__device__ __forceinline__ void tile_dots(float (&c)[4], const uint32_t (&a0)[D / 8],
+                                          const uint32_t (&a1)[D / 8], const uint32_t (&b)[D / 8]) {
+  tile_dots_of<T, D>(c, a0, a1, [&](int s) { return make_uint2(b[2 * s], b[2 * s + 1]); });
+}
+
+// b's word pairs in shared memory (pair s of lane l at b[s * 32 + l]).
 template <class T, int D>
 __device__ __forceinline__ void tile_dots(float (&c)[4], const uint32_t (&a0)[D / 8],
                                           const uint32_t (&a1)[D / 8], const uint2* b, int lane) {
-  c[0] = c[1] = c[2] = c[3] = 0.f;
-#pragma unroll
-  for (int s = 0; s < D / 16; ++s) {
-    const uint32_t a[4] = {a0[2 * s], a1[2 * s], a0[2 * s + 1], a1[2 * s + 1]};
-    const uint2 w = b[s * 32 + lane];
-    const uint32_t bb[2] = {w.x, w.y};
-    mma_16816(c, a, bb, T{});
-  }
+  tile_dots_of<T, D>(c, a0, a1, [=](int s) { return b[s * 32 + lane]; });
 }
 
 // The window's barrier of a grouped schedule: named barrier 1 + the warp of the window's first
