@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsparse_tc import pattern as pattern_lib
-from jaxsparse_tc.pattern import Pattern
+from jaxsparse_tc._src import pattern as pattern_lib
+from jaxsparse_tc._src.pattern import Pattern
 
 # Entry positions are int32 in the format and the kernels, which step past a row's last entry by
 # up to a few thousand (chunks, a CTA's shares of a row): keep 2^16 of headroom below 2^31.
@@ -237,7 +237,7 @@ class SparseMatrix:
     return sp.csr_matrix((v, (np.asarray(self.rows), np.asarray(self.cols))), shape=self.shape)
 
   def __matmul__(self, x):
-    from jaxsparse_tc.spmm import spmm
+    from jaxsparse_tc._src.spmm import spmm
 
     return spmm(self, x)
 

@@ -22,8 +22,8 @@ import numpy as np  # noqa: E402
 import common  # noqa: E402
 import jaxsparse_tc as jst  # noqa: E402
 from jaxsparse_tc import attention  # noqa: E402
-from jaxsparse_tc.pattern import PERM_T, transpose_operands  # noqa: E402
-from jaxsparse_tc.spmm import spmm_p  # noqa: E402
+from jaxsparse_tc._src.pattern import PERM_T, transpose_operands  # noqa: E402
+from jaxsparse_tc._src.spmm import spmm_p  # noqa: E402
 
 K = int(os.environ.get("ATTN_PROBE_K", "4"))
 

@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 
 import common  # noqa: E402
 import jaxsparse_tc as jst  # noqa: E402
-from jaxsparse_tc import pattern as pattern_lib  # noqa: E402
+from jaxsparse_tc._src import pattern as pattern_lib  # noqa: E402
 from latency_probe import K, chain_and_device_us  # noqa: E402
 
 SHAPES = [(32, 16), (16, 32), (8, 64), (4, 128)]  # (piece, CTA pieces); (32, 16): Cora's old default

@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 import common  # noqa: E402
 import jaxsparse_tc as jst  # noqa: E402
 from jaxsparse_tc.nn import graph  # noqa: E402
-from jaxsparse_tc.pattern import WHOLE_ROW, WINDOW_ROWS  # noqa: E402
+from jaxsparse_tc._src.pattern import WHOLE_ROW, WINDOW_ROWS  # noqa: E402
 
 
 def csr_values(p):

@@ -390,7 +390,7 @@ def test_attention_grads_primitive(rng, has_bias):
   """attention_grads_p (the tensor-core backward's primitive) bound directly, for float32 and
   d = 8, which the kernels do not take: the composed lowering on every platform, against
   float64 gradients; its batch rule, and dbias [H, 0] without a bias."""
-  from jaxsparse_tc import attention
+  from jaxsparse_tc._src import attention
 
   A = hub_pattern(rng, 40, 50, hub=45)
   H, m, scale = 2, A.shape[0], 0.3
@@ -419,8 +419,8 @@ def test_attention_backward_keeps_operands_16bit(rng, dtype):
   """The backward makes no float32 copy of an [H, n, d] operand (that copy was most of its
   memory): the per-edge pass takes the 16-bit Q and K, and where it is composed (CPU, wide
   rows) its logits come from a float32-out SDDMM of them."""
-  from jaxsparse_tc import attention
-  from jaxsparse_tc.sddmm import sddmm_p
+  from jaxsparse_tc._src import attention
+  from jaxsparse_tc._src.sddmm import sddmm_p
 
   A = make_pattern(rng, 40, 33)
   q, k, v = qkv(rng, A, d=16, dv=8, dtype=dtype, h=2)

@@ -13,8 +13,8 @@ import pytest
 import scipy.sparse as sp
 
 import jaxsparse_tc as jst
-from jaxsparse_tc import pattern as pattern_lib
-from jaxsparse_tc._extensions import has_cuda
+from jaxsparse_tc._src import pattern as pattern_lib
+from jaxsparse_tc._src.extensions import has_cuda
 
 pytestmark = pytest.mark.skipif(not has_cuda(), reason="CUDA extension not built")
 

@@ -10,7 +10,7 @@ import scipy.sparse as sp
 
 from conftest import random_coo, window_blocks_coo
 from jaxsparse_tc import SparseMatrix
-from jaxsparse_tc.pattern import SPLIT_BLOCKS, split_blocks, window_schedule
+from jaxsparse_tc._src.pattern import SPLIT_BLOCKS, split_blocks, window_schedule
 
 # The CPU kernels: GPU kernels are checked against them in tests/test_gpu_*.py.
 pytestmark = pytest.mark.usefixtures("on_cpu")
@@ -113,7 +113,7 @@ def test_schedule_covers_every_block_once(rng):
 def _check_grouped_schedule(sched: np.ndarray, ptr: np.ndarray) -> None:
   """Every block once; a split window's 2 or 4 pieces equal-sized, in order, and inside one
   aligned group of GROUP_ITEMS items (what the attention forward's in-CTA merge needs)."""
-  from jaxsparse_tc.pattern import GROUP_ITEMS, grouped_pieces
+  from jaxsparse_tc._src.pattern import GROUP_ITEMS, grouped_pieces
 
   counts = np.diff(ptr)
   seen = np.zeros(ptr[-1], np.int64)
@@ -134,7 +134,7 @@ def _check_grouped_schedule(sched: np.ndarray, ptr: np.ndarray) -> None:
 
 
 def test_grouped_schedule_on_small_graphs(rng):
-  from jaxsparse_tc.pattern import GROUPED_MAX_BLOCKS
+  from jaxsparse_tc._src.pattern import GROUPED_MAX_BLOCKS
 
   rows, cols, shape = window_blocks_coo(rng, GROUPED_MAX_BLOCKS)
   A = SparseMatrix.from_coo(rows, cols, shape=shape)
@@ -152,7 +152,7 @@ def test_grouped_schedule_on_small_graphs(rng):
 
 
 def test_grouped_schedule_only_where_it_fits(rng, monkeypatch):
-  from jaxsparse_tc.pattern import GROUPED_MAX_BLOCKS, grouped_schedule_fits
+  from jaxsparse_tc._src.pattern import GROUPED_MAX_BLOCKS, grouped_schedule_fits
 
   # one window past GROUPED_MAX_BLOCKS blocks: pieces of 4 merged across CTAs instead
   ptr = np.array([0, 3, GROUPED_MAX_BLOCKS + 4])
@@ -177,7 +177,7 @@ def test_group_items_match_the_kernels():
   import re
   from pathlib import Path
 
-  from jaxsparse_tc.pattern import GROUP_ITEMS, SCHEDULE_FIELDS
+  from jaxsparse_tc._src.pattern import GROUP_ITEMS, SCHEDULE_FIELDS
 
   A_SCHEDULE_WIDTH = SparseMatrix.from_coo([0, 3], [1, 2]).pattern.schedule.shape[1]
   header = Path(__file__).parents[1] / "cuda/include/jaxsparse_tc/format.h"
@@ -193,7 +193,7 @@ def test_group_items_match_the_kernels():
 def test_row_view_is_csr_of_the_format(rng):
   """The row view lists every value once, rows in order, columns ascending inside a row, with
   the format position of each (A and A^T), and its schedule covers each row's entries once."""
-  from jaxsparse_tc.pattern import row_schedule
+  from jaxsparse_tc._src.pattern import row_schedule
 
   m, n = 45, 1000
   per_row = rng.integers(0, 80, m)
@@ -213,7 +213,7 @@ def test_row_view_is_csr_of_the_format(rng):
     same = np.diff(r) == 0
     assert np.all(np.diff(ent[:, 0])[same] > 0), "columns ascending inside a row"
   ptr = np.concatenate([[0], np.cumsum(np.bincount(np.asarray(A.rows), minlength=m))])
-  from jaxsparse_tc.pattern import CTA_ROW, ROW_CTA_PIECES, WHOLE_ROW, row_cta_entries
+  from jaxsparse_tc._src.pattern import CTA_ROW, ROW_CTA_PIECES, WHOLE_ROW, row_cta_entries
 
   for piece in (1, 2, 7, 32, 1000):
     sched = row_schedule(ptr, piece)
@@ -259,7 +259,7 @@ def test_row_slots_match_the_kernels():
   import re
   from pathlib import Path
 
-  from jaxsparse_tc.pattern import CTA_ROW, WHOLE_ROW
+  from jaxsparse_tc._src.pattern import CTA_ROW, WHOLE_ROW
 
   header = Path(__file__).parents[1] / "cuda/include/jaxsparse_tc/row_view.cuh"
   if not header.exists():
@@ -273,7 +273,7 @@ def test_small_graph_piece_matches_the_kernels():
   import re
   from pathlib import Path
 
-  from jaxsparse_tc.pattern import SMALL_GRAPH_NNZ, SMALL_GRAPH_PIECE, row_piece
+  from jaxsparse_tc._src.pattern import SMALL_GRAPH_NNZ, SMALL_GRAPH_PIECE, row_piece
 
   header = Path(__file__).parents[1] / "cuda/include/jaxsparse_tc/row_view.cuh"
   if not header.exists():
@@ -288,7 +288,7 @@ def test_small_graph_piece_matches_the_kernels():
 
 def test_split_blocks_by_graph_size(monkeypatch):
   """Small graphs get short pieces; the schedule's fourth field carries the piece size."""
-  from jaxsparse_tc.pattern import SMALL_GRAPH_NNZ, SMALL_GRAPH_SPLIT
+  from jaxsparse_tc._src.pattern import SMALL_GRAPH_NNZ, SMALL_GRAPH_SPLIT
 
   assert split_blocks(SMALL_GRAPH_NNZ - 1) == SMALL_GRAPH_SPLIT < SPLIT_BLOCKS
   assert split_blocks(SMALL_GRAPH_NNZ) == SPLIT_BLOCKS

@@ -165,7 +165,7 @@ def test_gcn_conv(problem):
 def test_gcn_conv_input_layer_backward_has_no_spmm(problem):
   """At equal widths x is propagated first, so the kernel's gradient needs one SpMM (the
   forward's), not a second one over A^T: dW = (A x)^T g."""
-  from jaxsparse_tc.spmm import spmm_p
+  from jaxsparse_tc._src.spmm import spmm_p
 
   ei, n, x = problem
   A = graph.gcn_norm(ei, n)

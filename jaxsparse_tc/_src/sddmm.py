@@ -7,9 +7,9 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
-from jaxsparse_tc import checks, heads, precision as precision_lib, rules
-from jaxsparse_tc.lowering import register_ffi_lowering
-from jaxsparse_tc.pattern import NUM_PATTERN_OPERANDS, PERM_T, ROW_VIEW, transpose_operands
+from jaxsparse_tc._src import checks, heads, precision as precision_lib, rules
+from jaxsparse_tc._src.lowering import register_ffi_lowering
+from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, PERM_T, ROW_VIEW, transpose_operands
 
 sddmm_p = Primitive("jaxsparse_tc_sddmm")
 
@@ -56,7 +56,7 @@ def _abstract_eval(x, y, *pattern, shape, precision, float32_out):
 
 
 def _transpose(ct, x, y, *pattern, shape, precision, float32_out):
-  from jaxsparse_tc.spmm import spmm_p
+  from jaxsparse_tc._src.spmm import spmm_p
 
   del float32_out
   none = [None] * NUM_PATTERN_OPERANDS

@@ -10,8 +10,8 @@
 
 #include <utility>
 
-#include "jaxsparse_tc/cuda_common.cuh"
-#include "jaxsparse_tc/ffi_cuda.cuh"
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/common/ffi_cuda.cuh"
 
 namespace jaxsparse_tc {
 

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 from jax.interpreters import mlir
 
-from jaxsparse_tc._extensions import CUDA_TARGETS
+from jaxsparse_tc._src.extensions import CUDA_TARGETS
 
 try:
   from jax._src.dispatch import apply_primitive  # eager evaluation through a cached jit

@@ -7,10 +7,10 @@
 #pragma once
 #include <cstdint>
 
-#include "jaxsparse_tc/bitmap.cuh"
-#include "jaxsparse_tc/cuda_common.cuh"
-#include "jaxsparse_tc/format.h"
-#include "jaxsparse_tc/mma.cuh"
+#include "cuda/common/bitmap.cuh"
+#include "cuda/common/cuda_common.cuh"
+#include "common/format.h"
+#include "cuda/arch/mma.cuh"
 
 namespace jaxsparse_tc {
 

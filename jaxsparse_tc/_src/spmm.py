@@ -7,10 +7,10 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
-from jaxsparse_tc import checks, heads, precision as precision_lib, rules
-from jaxsparse_tc._extensions import cuda_extension
-from jaxsparse_tc.lowering import register_ffi_lowering
-from jaxsparse_tc.pattern import NUM_PATTERN_OPERANDS, PERM_T, ROW_VIEW, transpose_operands
+from jaxsparse_tc._src import checks, heads, precision as precision_lib, rules
+from jaxsparse_tc._src.extensions import cuda_extension
+from jaxsparse_tc._src.lowering import register_ffi_lowering
+from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, PERM_T, ROW_VIEW, transpose_operands
 
 spmm_p = Primitive("jaxsparse_tc_spmm")
 
@@ -43,7 +43,7 @@ def _abstract_eval(values, x, *pattern, shape, precision):
 
 
 def _transpose(ct, values, x, *pattern, shape, precision):
-  from jaxsparse_tc.sddmm import sddmm_p  # the two primitives are each other's transposes
+  from jaxsparse_tc._src.sddmm import sddmm_p  # the two primitives are each other's transposes
 
   none = [None] * NUM_PATTERN_OPERANDS
   if type(ct) is ad.Zero:

@@ -2,7 +2,7 @@
 // fp32 accumulation.
 #include <type_traits>
 
-#include "ffi_common.h"
+#include "cpu/ffi_common.h"
 
 namespace jaxsparse_tc {
 

@@ -1,33 +1,14 @@
-// Shared glue for the CPU FFI handlers: buffer -> PatternView, dtype dispatch.
+// Glue for the CPU FFI handlers: dtype dispatch and a window's nonzeros.
 #pragma once
 #include <cstdint>
 #include <algorithm>
 #include <utility>
 
-#include "jaxsparse_tc/format.h"
-#include "jaxsparse_tc/scalar.h"
-#include "xla/ffi/api/ffi.h"
+#include "common/ffi_pattern.h"
+#include "common/scalar.h"
 
 namespace jaxsparse_tc {
 namespace ffi = xla::ffi;
-
-using I32 = ffi::Buffer<ffi::S32>;
-using U32 = ffi::Buffer<ffi::U32>;
-
-inline PatternView make_view(I32 window_col_ptr, I32 window_cols, I32 window_block_ptr,
-                             U32 block_bitmap, I32 block_value_ptr, I32 schedule) {
-  PatternView v;
-  v.window_col_ptr = window_col_ptr.typed_data();
-  v.window_cols = window_cols.typed_data();
-  v.window_block_ptr = window_block_ptr.typed_data();
-  v.block_bitmap = block_bitmap.typed_data();
-  v.block_value_ptr = block_value_ptr.typed_data();
-  v.schedule = schedule.typed_data();
-  v.num_windows = int64_t(window_col_ptr.element_count()) - 1;
-  v.num_blocks = int64_t(block_value_ptr.element_count()) - 1;
-  v.num_items = int64_t(schedule.element_count()) / kScheduleFields;
-  return v;
-}
 
 // Calls f.template operator()<T>() with T the C++ type of dtype.
 template <typename F>
@@ -50,15 +31,6 @@ ffi::Error dispatch_float_or_double(ffi::DataType dtype, F&& f) {
   }
   return dispatch_float(dtype, f);
 }
-
-// The standard operand list of one orientation's kernel arrays.
-#define JAXSPARSE_TC_PATTERN_ARGS                                             \
-  .Arg<::jaxsparse_tc::I32>()     /* window_col_ptr */                        \
-      .Arg<::jaxsparse_tc::I32>() /* window_cols */                           \
-      .Arg<::jaxsparse_tc::I32>() /* window_block_ptr */                      \
-      .Arg<::jaxsparse_tc::U32>() /* block_bitmap */                          \
-      .Arg<::jaxsparse_tc::I32>() /* block_value_ptr */                       \
-      .Arg<::jaxsparse_tc::I32>() /* schedule */
 
 // Visits every nonzero of window w: f(row_in_window, column, value_index).
 template <typename F>

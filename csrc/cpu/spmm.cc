@@ -2,7 +2,7 @@
 // specification the CUDA kernel is checked against. (float64, CPU only: double accumulation.)
 #include <vector>
 
-#include "ffi_common.h"
+#include "cpu/ffi_common.h"
 
 namespace jaxsparse_tc {
 

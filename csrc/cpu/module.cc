@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "pattern_build.h"
+#include "cpu/pattern_build.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace nb = nanobind;

@@ -10,7 +10,7 @@
 #include <initializer_list>
 #include <string>
 
-#include "cpu/ffi_common.h"
+#include "common/ffi_pattern.h"
 
 // Every CUDA handler may be captured into XLA's command buffers (CUDA graphs), which removes
 // the host's per-call dispatch between kernels. That holds because a handler only launches

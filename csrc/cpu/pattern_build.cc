@@ -1,8 +1,8 @@
-#include "pattern_build.h"
+#include "cpu/pattern_build.h"
 
 #include <stdexcept>
 
-#include "jaxsparse_tc/format.h"
+#include "common/format.h"
 
 namespace jaxsparse_tc {
 

@@ -17,9 +17,9 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
-from jaxsparse_tc import checks, heads, rules
-from jaxsparse_tc.lowering import register_ffi_lowering
-from jaxsparse_tc.pattern import NUM_PATTERN_OPERANDS, ROWS
+from jaxsparse_tc._src import checks, heads, rules
+from jaxsparse_tc._src.lowering import register_ffi_lowering
+from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, ROWS
 
 edge_softmax_p = Primitive("jaxsparse_tc_edge_softmax")
 edge_softmax_bwd_p = Primitive("jaxsparse_tc_edge_softmax_bwd")

@@ -25,10 +25,10 @@
 #include <cmath>
 #include <cstdint>
 
-#include "jaxsparse_tc/attention_tile.cuh"
-#include "jaxsparse_tc/dependent_launch.cuh"
-#include "jaxsparse_tc/ffi_cuda.cuh"
-#include "jaxsparse_tc/row_view.cuh"
+#include "cuda/attention/tile.cuh"
+#include "cuda/arch/dependent_launch.cuh"
+#include "cuda/common/ffi_cuda.cuh"
+#include "cuda/common/row_view.cuh"
 
 namespace jaxsparse_tc {
 namespace {

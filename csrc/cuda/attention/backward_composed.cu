@@ -18,9 +18,9 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "jaxsparse_tc/ffi_cuda.cuh"
-#include "jaxsparse_tc/cuda_common.cuh"
-#include "jaxsparse_tc/row_view.cuh"
+#include "cuda/common/ffi_cuda.cuh"
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/common/row_view.cuh"
 
 namespace jaxsparse_tc {
 namespace {

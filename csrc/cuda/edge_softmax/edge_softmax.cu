@@ -10,9 +10,9 @@
 #include <cfloat>
 #include <cstdint>
 
-#include "jaxsparse_tc/ffi_cuda.cuh"
-#include "jaxsparse_tc/cuda_common.cuh"
-#include "jaxsparse_tc/format.h"
+#include "cuda/common/ffi_cuda.cuh"
+#include "cuda/common/cuda_common.cuh"
+#include "common/format.h"
 
 namespace jaxsparse_tc {
 namespace {

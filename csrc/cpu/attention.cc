@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "ffi_common.h"
+#include "cpu/ffi_common.h"
 
 namespace jaxsparse_tc {
 namespace {

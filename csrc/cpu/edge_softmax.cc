@@ -6,7 +6,7 @@
 #include <cmath>
 #include <limits>
 
-#include "ffi_common.h"
+#include "cpu/ffi_common.h"
 
 namespace jaxsparse_tc {
 

@@ -16,8 +16,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "jaxsparse_tc/cuda_common.cuh"
-#include "cpu/ffi_common.h"
+#include "cuda/common/cuda_common.cuh"
+#include "common/ffi_pattern.h"
 
 namespace jaxsparse_tc {
 

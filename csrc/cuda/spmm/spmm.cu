@@ -28,13 +28,13 @@
 #include <string>
 #include <cstdint>
 
-#include "jaxsparse_tc/ffi_cuda.cuh"
-#include "jaxsparse_tc/async_copy.cuh"
-#include "jaxsparse_tc/bitmap.cuh"
-#include "jaxsparse_tc/cuda_common.cuh"
-#include "jaxsparse_tc/format.h"
-#include "jaxsparse_tc/mma.cuh"
-#include "jaxsparse_tc/row_view.cuh"
+#include "cuda/common/ffi_cuda.cuh"
+#include "cuda/arch/async_copy.cuh"
+#include "cuda/common/bitmap.cuh"
+#include "cuda/common/cuda_common.cuh"
+#include "common/format.h"
+#include "cuda/arch/mma.cuh"
+#include "cuda/common/row_view.cuh"
 
 namespace jaxsparse_tc {
 namespace {

@@ -38,10 +38,10 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jaxsparse_tc import checks, heads, precision as precision_lib, rules
-from jaxsparse_tc._extensions import CUDA_TARGETS, cuda_extension
-from jaxsparse_tc.lowering import register_ffi_lowering
-from jaxsparse_tc.pattern import (NUM_PATTERN_OPERANDS, PERM_T, ROW_VIEW, ROWS, SMALL_GRAPH_NNZ,
+from jaxsparse_tc._src import checks, heads, precision as precision_lib, rules
+from jaxsparse_tc._src.extensions import CUDA_TARGETS, cuda_extension
+from jaxsparse_tc._src.lowering import register_ffi_lowering
+from jaxsparse_tc._src.pattern import (NUM_PATTERN_OPERANDS, PERM_T, ROW_VIEW, ROWS, SMALL_GRAPH_NNZ,
                                   transpose_operands)
 
 attention_fwd_p = Primitive("jaxsparse_tc_attention_fwd")
@@ -216,7 +216,7 @@ def _bwd_abstract(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
 
 def _edge_pass(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
   """attention_bwd_p composed from the library's SDDMM."""
-  from jaxsparse_tc.sddmm import sddmm_p
+  from jaxsparse_tc._src.sddmm import sddmm_p
 
   f32 = jnp.float32
   dtype = q.dtype
@@ -292,7 +292,7 @@ def _composed_grads(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias,
                     edge_pass=None, **_):
   """The backward from the per-edge pass (attention_bwd_p, or the SDDMMs of _edge_pass) and
   three SpMMs (A^T's pattern for dK and dV)."""
-  from jaxsparse_tc.spmm import spmm_p
+  from jaxsparse_tc._src.spmm import spmm_p
 
   edge_pass = edge_pass or _edge_pass
   p, ds = edge_pass(q, k, v, bias, o, lse, do, *pattern, shape=shape, scale=scale,
