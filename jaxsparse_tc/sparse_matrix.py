@@ -9,7 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsparse_tc._src import pattern as pattern_lib
-from jaxsparse_tc._src.pattern import Pattern
+from jaxsparse_tc._src.pattern import KernelArrays, Pattern, PatternOperands, RowView
+from jaxsparse_tc._src.spmm import spmm
+from jaxsparse_tc.options import FormatOptions
 
 # Entry positions are int32 in the format and the kernels, which step past a row's last entry by
 # up to a few thousand (chunks, a CTA's shares of a row): keep 2^16 of headroom below 2^31.
@@ -114,11 +116,16 @@ class SparseMatrix:
 
   # -- construction ---------------------------------------------------------------------------
   @classmethod
-  def from_coo(cls, rows, cols, values=None, *, shape=None) -> "SparseMatrix":
+  def from_coo(cls, rows, cols, values=None, *, shape=None,
+               format_options: FormatOptions | None = None) -> "SparseMatrix":
     """From COO indices (any order, duplicates summed). `values=None` means all ones.
 
     `values` may be [nnz_in] or [H, nnz_in]; `shape` defaults to (max row + 1, max col + 1).
+    `format_options`: how the window schedule is cut (None: the builder's rule).
     """
+    if format_options is not None and not isinstance(format_options, FormatOptions):
+      raise TypeError(f"format_options must be a jaxsparse_tc.FormatOptions or None; got "
+                      f"{type(format_options).__name__}")
     rows, cols = _index_array("rows", rows), _index_array("cols", cols)
     shape = _check_shape(shape, rows, cols)
     _check_indices(rows, cols, shape)
@@ -126,8 +133,8 @@ class SparseMatrix:
     m, n = shape
     # The builder releases the GIL: build A and A^T on two cores at once.
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-      job_t = pool.submit(pattern_lib.build, cols, rows, n, m)
-      pattern, to_format, grouped = pattern_lib.build(rows, cols, m, n)
+      job_t = pool.submit(pattern_lib.build, cols, rows, n, m, format_options)
+      pattern, to_format, grouped = pattern_lib.build(rows, cols, m, n, format_options)
       pattern_t, to_format_t, grouped_t = job_t.result()
     nnz = pattern.rows.shape[0]
     perm_t = np.empty(nnz, np.int32)
@@ -141,10 +148,11 @@ class SparseMatrix:
                (grouped, grouped_t))
 
   @classmethod
-  def from_scipy(cls, m) -> "SparseMatrix":
+  def from_scipy(cls, m, *, format_options: FormatOptions | None = None) -> "SparseMatrix":
     """From any scipy.sparse matrix or array (explicit zeros are kept as entries)."""
     coo = m.tocoo()
-    return cls.from_coo(coo.row, coo.col, coo.data, shape=coo.shape)
+    return cls.from_coo(coo.row, coo.col, coo.data, shape=coo.shape,
+                        format_options=format_options)
 
   @classmethod
   def from_edge_index(cls, edge_index, num_nodes: int | None = None,
@@ -214,11 +222,18 @@ class SparseMatrix:
                         self.perm_t_inv, self.perm_t, self.perm_t_inv[self.input_to_format],
                         self.shape[::-1], self.grouped[::-1])
 
+  def operands(self) -> PatternOperands:
+    """What primitives take besides values: both orientations' structure (named)."""
+    return PatternOperands(
+        a=KernelArrays(*self.pattern.kernel_arrays()),
+        t=KernelArrays(*self.pattern_t.kernel_arrays()), perm_t=self.perm_t,
+        perm_t_inv=self.perm_t_inv, rows_a=self.pattern.rows, rows_t=self.pattern_t.rows,
+        row_view_a=RowView(*self.pattern.row_arrays()),
+        row_view_t=RowView(*self.pattern_t.row_arrays()))
+
   def pattern_operands(self) -> tuple:
-    """What primitives take besides values: both orientations' kernel arrays and perms."""
-    return (*self.pattern.kernel_arrays(), *self.pattern_t.kernel_arrays(), self.perm_t,
-            self.perm_t_inv, self.pattern.rows, self.pattern_t.rows,
-            *self.pattern.row_arrays(), *self.pattern_t.row_arrays())
+    """operands(), flattened as the primitives bind it."""
+    return self.operands().flat()
 
   def todense(self) -> jax.Array:
     """Dense [m, n] (or [H, m, n]) array."""
@@ -237,8 +252,6 @@ class SparseMatrix:
     return sp.csr_matrix((v, (np.asarray(self.rows), np.asarray(self.cols))), shape=self.shape)
 
   def __matmul__(self, x):
-    from jaxsparse_tc._src.spmm import spmm
-
     return spmm(self, x)
 
   def __repr__(self) -> str:

@@ -399,7 +399,7 @@ def test_attention_grads_primitive(rng, has_bias):
   b = bias if has_bias else jnp.zeros((1, 1), jnp.float32)
   w = jnp.asarray(rng.standard_normal((H, m, 8)), jnp.float32)
   params = dict(shape=A.shape, scale=scale, has_bias=has_bias, grouped=A.grouped[0],
-                grouped_t=A.grouped[1])
+                grouped_t=A.grouped[1], options=jst.KernelOptions())
   o, lse = attention.attention_fwd_p.bind(q, k, v, b, *A.pattern_operands(), **params)
   grads = lambda ww: attention.attention_grads_p.bind(q, k, v, b, o, lse, ww,  # noqa: E731
                                                       *A.pattern_operands(), **params)
@@ -437,7 +437,7 @@ def test_attention_backward_keeps_operands_16bit(rng, dtype):
   o, lse = attention.attention_fwd_p.bind(q, k, v, jnp.zeros((1, 1), dtype),
                                           *A.pattern_operands(), shape=A.shape, scale=0.25,
                                           has_bias=False, grouped=A.grouped[0],
-                                          grouped_t=A.grouped[1])
+                                          grouped_t=A.grouped[1], options=jst.KernelOptions())
   jaxpr = jax.make_jaxpr(functools.partial(
       attention._edge_pass, shape=A.shape, scale=0.25, has_bias=False))(
           q, k, v, jnp.zeros((1, 1), dtype), o, lse, o, *A.pattern_operands()).jaxpr

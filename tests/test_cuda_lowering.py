@@ -1,6 +1,6 @@
 """The CUDA lowering, checked without a GPU (cross-platform lowering): the handlers' workspace is
-an XLA-planned result of the size their launch plan needs, and a bad kernel switch fails at
-trace time. Skipped where the CUDA extension was not built."""
+an XLA-planned result of the size their launch plan needs, and KernelOptions become FFI
+attributes (part of jit's cache key); bad options fail before tracing. Skipped where the CUDA extension was not built."""
 
 from __future__ import annotations
 
@@ -90,9 +90,76 @@ def test_attention_forward_workspace_is_a_result():
   assert res[2][1][0] > 1 and (res[2][1][0] % (2 * (8 * 66 * 4 + 4))) == 0
 
 
-def test_bad_kernel_switch_fails_at_trace_time(monkeypatch):
+def _custom_call_attrs(fn, *args) -> str:
+  text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  calls = [line for line in text.splitlines() if "stablehlo.custom_call" in line]
+  assert len(calls) == 1, calls
+  return calls[0]
+
+
+@pytest.mark.parametrize("choice,code", [("auto", 0), ("cuda_core", 1), ("tensor_core", 2)])
+def test_kernel_options_become_ffi_attributes(choice, code):
   g = _long_row_graph()
   A = jst.SparseMatrix.from_scipy(g)
-  monkeypatch.setenv("JAXSPARSE_TC_SPMM_VARIANT", "fastest")
-  with pytest.raises(ValueError, match="JAXSPARSE_TC_SPMM_VARIANT"):
-    _results(jst.spmm, A, jnp.ones((g.shape[1], 8), jnp.float32))
+  x = jnp.ones((g.shape[1], 16), jnp.float16)
+  opts = jst.KernelOptions(spmm=choice, sddmm=choice)
+  call = _custom_call_attrs(lambda A, x: jst.spmm(A, x, options=opts), A, x)
+  assert re.search(rf"kernel = {code} : i32", call), call
+  y = jnp.ones((g.shape[0], 16), jnp.float16)
+  call = _custom_call_attrs(lambda A, y, x: jst.sddmm(A, y, x, options=opts).values, A, y, x)
+  assert re.search(rf"kernel = {code} : i32", call), call
+
+
+def test_kernel_options_choose_the_workspace():
+  """The long row needs a row-kernel workspace; forcing the window kernels sizes theirs."""
+  g = _long_row_graph()
+  A = jst.SparseMatrix.from_scipy(g)
+  x = jnp.ones((g.shape[1], 64), jnp.float16)
+  sizes = {c: _results(lambda A, x: jst.spmm(A, x, options=jst.KernelOptions(spmm=c)), A, x)[1]
+           for c in ("auto", "cuda_core", "tensor_core")}
+  assert sizes["auto"] == sizes["cuda_core"] != sizes["tensor_core"]
+
+
+def test_kernel_options_are_part_of_the_cache_key():
+  g = _long_row_graph()
+  A = jst.SparseMatrix.from_scipy(g)
+  x = jnp.ones((g.shape[1], 16), jnp.float32)
+  traces = []
+
+  def f(x, options):
+    traces.append(options)
+    return jst.spmm(A, x, options=options)
+
+  jf = jax.jit(f, static_argnames="options")
+  for opts in (jst.KernelOptions(), jst.KernelOptions(), jst.KernelOptions(spmm="cuda_core")):
+    jf.trace(x, options=opts).lower(lowering_platforms=("cuda",))
+  assert len(traces) == 2  # equal options share a trace; different ones do not
+
+
+def test_bad_options_fail_before_tracing():
+  with pytest.raises(ValueError, match="KernelOptions.spmm"):
+    jst.KernelOptions(spmm="fastest")
+  with pytest.raises(ValueError, match="attention_backward"):
+    jst.KernelOptions(attention_backward="tc")
+  g = _long_row_graph()
+  A = jst.SparseMatrix.from_scipy(g)
+  with pytest.raises(TypeError, match="KernelOptions"):
+    jst.spmm(A, jnp.ones((g.shape[1], 8)), options={"spmm": "cuda_core"})
+
+
+@pytest.mark.parametrize("choice", ["auto", "fused", "composed"])
+def test_attention_backward_option_picks_the_backward(choice):
+  """d = 128 on a graph of >= 64k nonzeros: "auto" keeps the composed backward there (measured
+  faster), "fused" forces the tensor-core kernels, "composed" the per-edge pass and SpMMs."""
+  from jaxsparse_tc._src.primitives import attention_grads_p
+
+  rng = np.random.default_rng(0)
+  n = 4096
+  A = jst.SparseMatrix.from_coo(rng.integers(0, n, 70_000), rng.integers(0, n, 70_000),
+                                shape=(n, n))
+  q = jnp.ones((1, n, 128), jnp.float16)
+  opts = jst.KernelOptions(attention_backward=choice)
+  jaxpr = jax.make_jaxpr(jax.grad(lambda q: jnp.sum(
+      jst.sparse_attention(A, q, q, q, options=opts).astype(jnp.float32))))(q)
+  text = str(jaxpr)
+  assert (attention_grads_p.name in text) == (choice == "fused")

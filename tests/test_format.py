@@ -9,6 +9,7 @@ import pytest
 import scipy.sparse as sp
 
 from conftest import random_coo, window_blocks_coo
+import jaxsparse_tc as jst
 from jaxsparse_tc import SparseMatrix
 from jaxsparse_tc._src.pattern import SPLIT_BLOCKS, split_blocks, window_schedule
 
@@ -151,7 +152,7 @@ def test_grouped_schedule_on_small_graphs(rng):
   assert jax.jit(lambda B: B)(A).grouped == A.grouped
 
 
-def test_grouped_schedule_only_where_it_fits(rng, monkeypatch):
+def test_grouped_schedule_only_where_it_fits(rng):
   from jaxsparse_tc._src.pattern import GROUPED_MAX_BLOCKS, grouped_schedule_fits
 
   # one window past GROUPED_MAX_BLOCKS blocks: pieces of 4 merged across CTAs instead
@@ -162,10 +163,16 @@ def test_grouped_schedule_only_where_it_fits(rng, monkeypatch):
   rows = np.repeat(np.arange(8), 300)
   A = SparseMatrix.from_coo(rows, rng.integers(0, 5000, rows.size), shape=(8, 5000))
   assert not A.grouped[0] and np.asarray(A.pattern.schedule)[:, 3].max() == 4
-  for var in ("JAXSPARSE_TC_GROUPED", "JAXSPARSE_TC_SPLIT_BLOCKS"):
-    with monkeypatch.context() as mp:
-      mp.setenv(var, "0" if var == "JAXSPARSE_TC_GROUPED" else "4")
-      assert not grouped_schedule_fits(np.array([0, 12]), 1000)
+  # Small enough to be grouped by default; FormatOptions turns that off or asks for it.
+  rows = np.repeat(np.arange(8), 40)
+  cols = rng.integers(0, 500, rows.size)
+  assert SparseMatrix.from_coo(rows, cols, shape=(8, 500)).grouped == (True, True)
+  for fo in (jst.FormatOptions(grouped=False), jst.FormatOptions(split_blocks=4)):
+    B = SparseMatrix.from_coo(rows, cols, shape=(8, 500), format_options=fo)
+    assert B.grouped == (False, False)
+  with pytest.raises(ValueError, match="grouped"):
+    SparseMatrix.from_coo(np.repeat(np.arange(8), 300), rng.integers(0, 5000, 2400),
+                          shape=(8, 5000), format_options=jst.FormatOptions(grouped=True))
   for count in range(1, GROUPED_MAX_BLOCKS + 1):
     _check_grouped_schedule(window_schedule(np.array([0, count, count + 1]), grouped=True),
                             np.array([0, count, count + 1]))
@@ -286,7 +293,7 @@ def test_small_graph_piece_matches_the_kernels():
   assert row_piece(SMALL_GRAPH_NNZ - 1) == SMALL_GRAPH_PIECE != row_piece(SMALL_GRAPH_NNZ)
 
 
-def test_split_blocks_by_graph_size(monkeypatch):
+def test_split_blocks_by_graph_size():
   """Small graphs get short pieces; the schedule's fourth field carries the piece size."""
   from jaxsparse_tc._src.pattern import SMALL_GRAPH_NNZ, SMALL_GRAPH_SPLIT
 
@@ -295,12 +302,16 @@ def test_split_blocks_by_graph_size(monkeypatch):
   s = window_schedule(np.array([0, 70, 71]), 32)
   assert s[:, 3].tolist() == [32, 32, 32, 0]
   assert s[:3, 1].tolist() == [0, 32, 64] and s[:3, 2].tolist() == [32, 64, 70]
-  monkeypatch.setenv("JAXSPARSE_TC_SPLIT_BLOCKS", "4")
-  assert split_blocks(10**9) == 4
-  for bad in ("0", "33", "x"):
-    monkeypatch.setenv("JAXSPARSE_TC_SPLIT_BLOCKS", bad)
-    with pytest.raises(ValueError, match="JAXSPARSE_TC_SPLIT_BLOCKS"):
-      split_blocks(100)
+  rows = np.repeat(np.arange(8), 300)  # one window of 300 columns: 38 blocks
+  cols = np.random.default_rng(0).integers(0, 5000, rows.size)
+  A = SparseMatrix.from_coo(rows, cols, shape=(8, 5000),
+                            format_options=jst.FormatOptions(split_blocks=16))
+  assert np.asarray(A.pattern.schedule)[:, 3].max() == 16
+  for bad in (0, 33, "4", True):
+    with pytest.raises(ValueError, match="split_blocks"):
+      jst.FormatOptions(split_blocks=bad)
+  with pytest.raises(TypeError, match="FormatOptions"):
+    SparseMatrix.from_coo(rows, cols, shape=(8, 5000), format_options={"split_blocks": 4})
 
 
 def test_schedule_includes_empty_windows():

@@ -86,7 +86,7 @@ def test_gpu_attention_forward(rng, dtype, d, dv):
   assert rel_err(out, attention_ref(A, q[0], k[0], v[0])) < TOL[dtype]
 
 
-def _check_forward_and_grads(rng, Ac, d, heads, empty_rows):
+def _check_forward_and_grads(rng, Ac, d, heads, empty_rows, options=None):
   """The fused forward (fp16 and bf16, d = dv = d, without and with bias ~1e3 whose maxima differ
   between a split window's pieces) against float64, empty rows exactly zero; then the gradients,
   which start from the merged row log-sum-exp, against the CPU kernels."""
@@ -95,14 +95,16 @@ def _check_forward_and_grads(rng, Ac, d, heads, empty_rows):
     q, k, v = (gpu(x) for x in qkv(rng, A, d=d, dv=d, dtype=dtype, h=heads))
     bias = gpu(jnp.asarray(rng.uniform(-1e3, 1e3, (heads, A.nnz)), dtype))
     for b in (None, bias):
-      out = np.asarray(jax.jit(lambda *a: jst.sparse_attention(A, *a[:3], bias=a[3]))(
+      out = np.asarray(jax.jit(lambda *a: jst.sparse_attention(A, *a[:3], bias=a[3],
+                                                              options=options))(
           q, k, v, b), np.float64)
       assert np.all(np.isfinite(out))
       assert rel_err(out, attention_ref(A, q, k, v, None, b)) < 2 * TOL[dtype]
       np.testing.assert_array_equal(out[:, empty_rows], 0.0)
 
   def loss(M, a, kk, vv, bb):
-    return jnp.sum(jst.sparse_attention(M, a, kk, vv, bias=bb).astype(jnp.float32))
+    return jnp.sum(jst.sparse_attention(M, a, kk, vv, bias=bb, options=options)
+                   .astype(jnp.float32))
 
   got = jax.jit(jax.grad(loss, argnums=(1, 2, 3, 4)))(A, q, k, v, bias)
   cpu = jax.devices("cpu")[0]
@@ -113,14 +115,15 @@ def _check_forward_and_grads(rng, Ac, d, heads, empty_rows):
     assert rel_err(g, r) < 3e-2
 
 
-@pytest.mark.parametrize("split", ["1", "0"])
+@pytest.mark.parametrize("merge", [True, False])
 @pytest.mark.parametrize("d", [32, 64, 128])
-def test_gpu_attention_hub_window(rng, monkeypatch, d, split):
+def test_gpu_attention_hub_window(rng, d, merge):
   """Windows far longer than one schedule item: each piece's warp writes a partial and the last
-  one merges them (split=1), or one warp does the window (split=0, the no-workspace fallback).
+  one merges them (merge_split_windows=True), or one warp does the window (False: the path
+  windows past the workspace's capacity take).
   Hub rows of different lengths, rows of a split window present in only some pieces, an empty
   row inside a split window, bias, logits ~1e3 whose maxima differ between pieces."""
-  monkeypatch.setenv("JAXSPARSE_TC_ATTN_SPLIT", split)
+  opts = jst.KernelOptions(merge_split_windows=merge, attention_backward="fused")
   m, n = 45, 3000
   hubs = {0: 2500, 9: 700, 17: 300, 20: 40}  # 20 shares window 2 with 17; row 1 stays empty
   rows = np.concatenate([np.full(c, r) for r, c in hubs.items()] + [rng.integers(2, m, 400)])
@@ -128,20 +131,20 @@ def test_gpu_attention_hub_window(rng, monkeypatch, d, split):
                         [rng.integers(0, n, 400)])
   Ac = SparseMatrix.from_coo(rows, cols, shape=(m, n))
   assert np.asarray(Ac.pattern.schedule)[:, 3].sum() >= 3, "the hubs should split"
-  _check_forward_and_grads(rng, Ac, d, 2, np.array([1]))
+  _check_forward_and_grads(rng, Ac, d, 2, np.array([1]), opts)
 
 
-@pytest.mark.parametrize("grouped", ["1", "0"])
+@pytest.mark.parametrize("grouped", [True, False])
 @pytest.mark.parametrize("d", [32, 64, 128])
-def test_gpu_attention_grouped_windows(rng, monkeypatch, d, grouped):
+def test_gpu_attention_grouped_windows(rng, d, grouped):
   """A small graph with windows of 0 .. 32 blocks: whole windows and windows of two and four
   pieces, merged inside a CTA (grouped schedule), or across CTAs through the workspace
-  (JAXSPARSE_TC_GROUPED=0). Three heads (each head's items padded to whole groups), empty rows,
+  (FormatOptions(grouped=False)). Three heads (each head's items padded to whole groups), empty rows,
   bias with logits ~1e3 whose maxima differ between pieces, and the gradients after it."""
-  monkeypatch.setenv("JAXSPARSE_TC_GROUPED", grouped)
   rows, cols, shape = window_blocks_coo(rng, 32, keep=0.5)
-  Ac = SparseMatrix.from_coo(rows, cols, shape=shape)
-  assert Ac.grouped[0] == (grouped == "1")
+  Ac = SparseMatrix.from_coo(rows, cols, shape=shape,
+                             format_options=jst.FormatOptions(grouped=None if grouped else False))
+  assert Ac.grouped[0] == grouped
   _check_forward_and_grads(rng, Ac, d, 3, np.setdiff1d(np.arange(shape[0]), rows))
 
 

@@ -145,26 +145,30 @@ def test_sddmm(rng, kind, dt, d):
   _check(out, ref, cpu_out, tol, f"sddmm {kind} {dt} d={d}")
 
 
-@pytest.mark.parametrize("sub", ["1", "3", "16"])
+@pytest.mark.parametrize("launch", ["small", "large"])
 @pytest.mark.parametrize("dt", ["f32", "f16"])
 @pytest.mark.parametrize("kind", ["random", "heavy", "cora"])
-def test_sddmm_sub_items(rng, monkeypatch, kind, dt, sub):
-  """Items cut into parts (JAXSPARSE_TC_SDDMM_SUB; small launches default to 8, large to 1)
-  give every value exactly once, with heads too."""
-  monkeypatch.setenv("JAXSPARSE_TC_SDDMM_SUB", sub)
-  monkeypatch.setenv("JAXSPARSE_TC_SDDMM_VARIANT", "tc")  # sub-items are the window kernel's
+def test_sddmm_window_parts(rng, kind, dt, launch):
+  """The window SDDMM cuts each item into 8 parts on small launches (items x heads < 16384, so
+  that they still fill the GPU) and not on large ones: every value comes out exactly once."""
+  opts = jst.KernelOptions(sddmm="tensor_core")
   dtype, precision, tol = DTYPES[dt]
   A, _ = _matrix(rng, kind)
   m, n = A.shape
   r, c = np.asarray(A.rows), np.asarray(A.cols)
-  for d, h in ((128, 1), (40, 3)):
+  items = A.pattern.schedule.shape[0]
+  big = -(-16384 // items)  # heads that make the launch large
+  cases = ((128, 1), (40, 3)) if launch == "small" else ((40, big),)
+  if launch == "small" and 3 * items >= 16384:
+    pytest.skip("this matrix's launch is never small")
+  for d, h in cases:
     x = jnp.asarray(rng.standard_normal((h, m, d)), dtype)
     y = jnp.asarray(rng.standard_normal((h, n, d)), dtype)
-    out = jax.jit(lambda A, x, y: jst.sddmm(A, x, y).values)(_on(_gpu(), A), _on(_gpu(), x),
-                                                             _on(_gpu(), y))
+    out = jax.jit(lambda A, x, y: jst.sddmm(A, x, y, options=opts).values)(
+        _on(_gpu(), A), _on(_gpu(), x), _on(_gpu(), y))
     ref = np.einsum("hkd,hkd->hk", np.asarray(x, np.float64)[:, r],
                     np.asarray(y, np.float64)[:, c])
-    assert rel_err(out, ref) < tol, f"sddmm sub={sub} {kind} {dt} d={d} H={h}"
+    assert rel_err(out, ref) < tol, f"sddmm {launch} launch {kind} {dt} d={d} H={h}"
 
 
 def _head_cases(rng, Ag, a64, n, d, dtype):
@@ -188,7 +192,7 @@ def test_heads_and_vmap(rng, kind, dt):
   a64 = _dense64(A, dtype)
   gpu = _gpu()
   Ag = _on(gpu, A)
-  spmm = jax.jit(lambda A, x: jst.spmm(A, x))
+  spmm = jax.jit(lambda A, x: jst.spmm(A, x, options=CUDA_CORE))
   cases = _head_cases(rng, Ag, a64, n, d, dtype)
   for A_, x_, ref in cases:
     out = spmm(A_, _on(gpu, x_))
@@ -252,21 +256,21 @@ def test_many_heads_split_workspace(rng):
   np.testing.assert_array_equal(np.asarray(out, np.float64)[:, empty], 0.0)
 
 
-@pytest.mark.parametrize("variant", ["cuda_core", "async"])
+@pytest.mark.parametrize("variant", ["cuda_core", "tensor_core"])
 @pytest.mark.parametrize("kind", ["heavy", "cora"])
-def test_spmm_chain_in_a_command_buffer(rng, monkeypatch, kind, variant):
+def test_spmm_chain_in_a_command_buffer(rng, kind, variant):
   """Four dependent SpMM pairs x <- A^T (A x) / scale in one program: XLA records consecutive
   FFI calls into a CUDA graph (command buffer), their workspace memsets and prep kernels
   included (heavy: rows cut into several CTA items, split windows). Two runs on fresh inputs,
   so the second replays the graph on other buffers; both against float64."""
-  monkeypatch.setenv("JAXSPARSE_TC_SPMM_VARIANT", variant)
+  opts = jst.KernelOptions(spmm=variant)
   A, _ = _matrix(rng, kind)
   a64 = _dense64(A, jnp.float32)
   scale = float(np.linalg.norm(a64, 2)) ** 2  # keeps the iterates bounded
 
   def chain(A, x):
     for _ in range(4):
-      x = jst.spmm(A.T, jst.spmm(A, x)) / scale
+      x = jst.spmm(A.T, jst.spmm(A, x, options=opts), options=opts) / scale
     return x
 
   f = jax.jit(chain)
@@ -281,15 +285,14 @@ def test_spmm_chain_in_a_command_buffer(rng, monkeypatch, kind, variant):
     assert rel_err(out, ref) < tol, f"{kind} {variant}"
 
 
-@pytest.mark.parametrize("persist", ["1", "0"])
 @pytest.mark.parametrize("dt", ["f32", "f16"])
-def test_spmm_many_units_per_warp(rng, monkeypatch, dt, persist):
+def test_spmm_many_units_per_warp(rng, dt):
   """Far more units (item x head x slab) than resident warps x 32, so each persistent warp of
   the pipelined kernel decodes several batches of units and crosses heads, windows and split
-  pieces in one stream; empty rows; PERSIST=0 is the one-unit-per-warp launch."""
+  pieces in one stream; empty rows."""
   import scipy.sparse as sp
 
-  monkeypatch.setenv("JAXSPARSE_TC_SPMM_PERSIST", persist)
+  opts = jst.KernelOptions(spmm="tensor_core")
   dtype, _, tol = DTYPES[dt]
   m, n, H, d = 24_011, 20_000, 40, 32
   rows = np.repeat(np.arange(m), rng.integers(0, 12, m))
@@ -298,7 +301,8 @@ def test_spmm_many_units_per_warp(rng, monkeypatch, dt, persist):
   vals = rng.uniform(-1, 1, (H, rows.size)).astype(np.float32)
   A = SparseMatrix.from_coo(rows, cols, vals, shape=(m, n))
   x = jnp.asarray(rng.standard_normal((H, n, d)), dtype)
-  out = np.asarray(jax.jit(jst.spmm)(_on(_gpu(), A), _on(_gpu(), x)), np.float64)
+  out = np.asarray(jax.jit(lambda A, x: jst.spmm(A, x, options=opts))(_on(_gpu(), A),
+                                                                       _on(_gpu(), x)), np.float64)
   v64 = np.asarray(A.values.astype(dtype), np.float64)
   x64 = np.asarray(x, np.float64)
   r, c = np.asarray(A.rows), np.asarray(A.cols)
@@ -319,60 +323,42 @@ def test_repeatable(rng):
   assert rel_err(a, b) < 1e-6
 
 
-@pytest.mark.parametrize("env", [{"JAXSPARSE_TC_SPMM_VARIANT": v}
-                                 for v in ("tc", "async", "cuda_core", "auto")]
-                         + [{"JAXSPARSE_TC_SPMM_VARIANT": "async", k: v}
-                            for k, v in (("JAXSPARSE_TC_SPMM_PERSIST", "0"),
-                                         ("JAXSPARSE_TC_SPMM_SLAB", "64"),
-                                         ("JAXSPARSE_TC_SPMM_L1", "0"))]
-                         + [{"JAXSPARSE_TC_SPMM_VARIANT": "cuda_core", k: v}
-                            for k, v in (("JAXSPARSE_TC_ROWS_UNROLL", "8"),
-                                         ("JAXSPARSE_TC_ROWS_PERSIST", "0"))])
+@pytest.mark.parametrize("kernel", ["auto", "cuda_core", "tensor_core"])
 @pytest.mark.parametrize("dt", ["f32", "f16"])
 @pytest.mark.parametrize("kind", ["random", "heavy"])
-def test_spmm_kernel_variants(rng, monkeypatch, kind, dt, env):
-  """Every kernel variant the switches of cuda/spmm.cu select computes the same function (d of
-  every row-kernel group width: 2, 4, 8, 16, 32 lanes)."""
-  for k, v in env.items():
-    monkeypatch.setenv(k, v)
+def test_spmm_kernel_families(rng, kind, dt, kernel):
+  """Every kernel family computes the same function: d of every row-kernel group width (2, 4,
+  8, 16, 32 lanes); on the window side the pipelined kernel (16-byte rows) and the
+  register-gather one (rows not a multiple of 16 bytes: d = 5, 12 in fp16)."""
+  opts = jst.KernelOptions(spmm=kernel)
   dtype, precision, tol = DTYPES[dt]
   A, empty = _matrix(rng, kind)
+  f = jax.jit(lambda A, x: jst.spmm(A, x, options=opts))
   for d in (64, 128, 40, 16, 12, 5):
     x = jnp.asarray(rng.standard_normal((A.shape[1], d)), dtype)
-    out = jax.jit(jst.spmm)(_on(_gpu(), A), _on(_gpu(), x))
+    out = f(_on(_gpu(), A), _on(_gpu(), x))
     ref = _dense64(A, dtype) @ np.asarray(x, np.float64)
     assert rel_err(out, ref) < tol
     np.testing.assert_array_equal(np.asarray(out, np.float64)[empty], 0.0)
 
 
-def test_spmm_unknown_variant_is_an_error(rng, monkeypatch):
-  """A misspelt kernel switch fails loudly instead of timing the default kernel."""
-  monkeypatch.setenv("JAXSPARSE_TC_SPMM_VARIANT", "staged1")
-  A, _ = _matrix(rng, "random")
-  x = jnp.asarray(rng.standard_normal((A.shape[1], 32)), jnp.float16)
-  with pytest.raises(Exception, match="JAXSPARSE_TC_SPMM_VARIANT"):
-    jax.block_until_ready(jax.jit(jst.spmm)(_on(_gpu(), A), _on(_gpu(), x)))
-
-
-CUDA_CORE = {"JAXSPARSE_TC_SPMM_VARIANT": "cuda_core"}
+CUDA_CORE = jst.KernelOptions(spmm="cuda_core")
 
 
 @pytest.mark.parametrize("d", DS)
 @pytest.mark.parametrize("dt", list(DTYPES))
 @pytest.mark.parametrize("kind", ["random", "heavy", "cora"])
-def test_spmm_cuda_core(rng, monkeypatch, kind, dt, d):
+def test_spmm_cuda_core(rng, kind, dt, d):
   """The CUDA-core kernel family: every dtype (fp32 exact whatever the precision), every d
   (lane groups for d <= 64, several slabs for d > 128, scalar tails), split windows (heavy),
   empty rows and windows written as zeros."""
-  for k, v in CUDA_CORE.items():
-    monkeypatch.setenv(k, v)
   dtype, precision, tol = DTYPES[dt]
   if dtype == jnp.float32:
     tol = 1e-5  # no tf32 on this path
   A, empty = _matrix(rng, kind)
   x = rng.standard_normal((A.shape[1], d)).astype(np.float32)
   xj = jnp.asarray(x, dtype)
-  f = jax.jit(lambda A, x: jst.spmm(A, x, precision=precision))
+  f = jax.jit(lambda A, x: jst.spmm(A, x, precision=precision, options=CUDA_CORE))
   out = f(_on(_gpu(), A), _on(_gpu(), xj))
   assert out.dtype == dtype and out.shape == (A.shape[0], d)
   cpu_out = f(_on(_cpu(), A), _on(_cpu(), xj))
@@ -384,10 +370,8 @@ def test_spmm_cuda_core(rng, monkeypatch, kind, dt, d):
 @pytest.mark.parametrize("d", [8, 24, 33, 256])
 @pytest.mark.parametrize("dt", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("kind", ["random", "heavy"])
-def test_spmm_cuda_core_heads(rng, monkeypatch, kind, dt, d):
+def test_spmm_cuda_core_heads(rng, kind, dt, d):
   """CUDA-core kernels with heads: H x H, H x 1 and 1 x H (values x dense), split windows."""
-  for k, v in CUDA_CORE.items():
-    monkeypatch.setenv(k, v)
   dtype, _, tol = DTYPES[dt]
   if dtype == jnp.float32:
     tol = 1e-5
@@ -397,7 +381,7 @@ def test_spmm_cuda_core_heads(rng, monkeypatch, kind, dt, d):
   a64 = _dense64(A, dtype)
   gpu = _gpu()
   Ag = _on(gpu, A)
-  spmm = jax.jit(lambda A, x: jst.spmm(A, x))
+  spmm = jax.jit(lambda A, x: jst.spmm(A, x, options=CUDA_CORE))
   for A_, x_, ref in _head_cases(rng, Ag, a64, n, d, dtype):
     out = spmm(A_, _on(gpu, x_))
     assert out.shape == ref.shape
@@ -405,14 +389,13 @@ def test_spmm_cuda_core_heads(rng, monkeypatch, kind, dt, d):
     np.testing.assert_array_equal(np.asarray(out, np.float64)[:, empty], 0.0)
 
 
-def test_spmm_cuda_core_many_heads_split(rng, monkeypatch):
+def test_spmm_cuda_core_many_heads_split(rng):
   """Split windows with several heads, d not a multiple of 4 (scalar tails), CUDA cores."""
-  for k, v in CUDA_CORE.items():
-    monkeypatch.setenv(k, v)
   A, empty = _matrix(rng, "heavy", heads=5)
   for d, dtype, tol in ((33, jnp.float16, 1e-2), (130, jnp.bfloat16, 1e-2), (7, jnp.float32, 1e-5)):
     x = jnp.asarray(rng.standard_normal((5, A.shape[1], d)), dtype)
-    out = jax.jit(jst.spmm)(_on(_gpu(), A), _on(_gpu(), x))
+    out = jax.jit(lambda A, x: jst.spmm(A, x, options=CUDA_CORE))(_on(_gpu(), A),
+                                                                  _on(_gpu(), x))
     ref = np.einsum("hmn,hnd->hmd", _dense64(A, dtype), np.asarray(x, np.float64))
     assert rel_err(out, ref) < tol
     np.testing.assert_array_equal(np.asarray(out, np.float64)[:, empty], 0.0)
@@ -421,16 +404,10 @@ def test_spmm_cuda_core_many_heads_split(rng, monkeypatch):
 @pytest.mark.parametrize("d", DS + [320])
 @pytest.mark.parametrize("dt", list(DTYPES))
 @pytest.mark.parametrize("kind", ["random", "heavy", "cora", "large"])
-@pytest.mark.parametrize("stream", ["4", "0", "13"])
-def test_sddmm_cuda_core(rng, monkeypatch, kind, dt, d, stream):
+def test_sddmm_cuda_core(rng, kind, dt, d):
   """The row-view SDDMM kernels (lane groups for small d, two slabs past 32 lanes, scalar
   tails, long rows as CTA items, the heavy rows as several; on the large graph whole rows as
-  streams of 4 (the default) or 13 rows per group, or one row per group with
-  JAXSPARSE_TC_SDDMM_STREAM=0), every dtype (fp32 exact) and heads x 1 / 1 x heads."""
-  if stream != "4" and kind != "large":
-    pytest.skip("the switch only acts past kSmallGraphNnz nonzeros")
-  monkeypatch.setenv("JAXSPARSE_TC_SDDMM_STREAM", stream)
-  monkeypatch.setenv("JAXSPARSE_TC_SDDMM_VARIANT", "cuda_core")
+  streams of 4 rows per group), every dtype (fp32 exact) and heads x 1 / 1 x heads."""
   dtype, precision, tol = DTYPES[dt]
   if dtype == jnp.float32:
     tol = 1e-5  # no tf32 on this path
@@ -440,7 +417,8 @@ def test_sddmm_cuda_core(rng, monkeypatch, kind, dt, d, stream):
   m, n = A.shape
   x = jnp.asarray(rng.standard_normal((2, m, d)), dtype)
   y = jnp.asarray(rng.standard_normal((n, d)), dtype)
-  f = jax.jit(lambda A, x, y: jst.sddmm(A, x, y, precision=precision).values)
+  opts = jst.KernelOptions(sddmm="cuda_core")
+  f = jax.jit(lambda A, x, y: jst.sddmm(A, x, y, precision=precision, options=opts).values)
   out = f(*_on(_gpu(), (A, x, y)))
   assert out.dtype == dtype and out.shape == (2, A.nnz)
   cpu_out = f(*_on(_cpu(), (A, x, y)))
@@ -449,7 +427,7 @@ def test_sddmm_cuda_core(rng, monkeypatch, kind, dt, d, stream):
   _check(out, ref, cpu_out, tol, f"sddmm cuda_core {kind} {dt} d={d}")
 
 
-def test_sddmm_cuda_core_too_wide_is_an_error(rng, monkeypatch):
+def test_sddmm_cuda_core_too_wide_is_an_error(rng):
   """Forcing the row kernels past their width fails loudly; unforced, the launch falls back."""
   A, _ = _matrix(rng, "random")
   x = jnp.asarray(rng.standard_normal((A.shape[0], 300)), jnp.float32)
@@ -458,23 +436,24 @@ def test_sddmm_cuda_core_too_wide_is_an_error(rng, monkeypatch):
   ref = np.einsum("kd,kd->k", np.asarray(x, np.float64)[np.asarray(A.rows)],
                   np.asarray(y, np.float64)[np.asarray(A.cols)])
   assert rel_err(f(*_on(_gpu(), (A, x, y))), ref) < 1e-5
-  monkeypatch.setenv("JAXSPARSE_TC_SDDMM_VARIANT", "cuda_core")
+  opts = jst.KernelOptions(sddmm="cuda_core")
   with pytest.raises(Exception, match="width"):
-    jax.block_until_ready(jax.jit(lambda A, x, y: jst.sddmm(A, x, y).values)(
+    jax.block_until_ready(jax.jit(lambda A, x, y: jst.sddmm(A, x, y, options=opts).values)(
         *_on(_gpu(), (A, x, y))))
 
 
-@pytest.mark.parametrize("variant", ["tc", "cuda_core"])
+@pytest.mark.parametrize("variant", ["tensor_core", "cuda_core"])
 @pytest.mark.parametrize("dt", ["f32", "f16"])
-def test_sddmm_variants_agree(rng, monkeypatch, variant, dt):
+def test_sddmm_variants_agree(rng, variant, dt):
   """Both SDDMM kernel families compute the same function (the default picks one of them)."""
-  monkeypatch.setenv("JAXSPARSE_TC_SDDMM_VARIANT", variant)
+  opts = jst.KernelOptions(sddmm=variant)
   dtype, _, tol = DTYPES[dt]
   A, _ = _matrix(rng, "heavy")
   m, n = A.shape
   x = jnp.asarray(rng.standard_normal((m, 64)), dtype)
   y = jnp.asarray(rng.standard_normal((n, 64)), dtype)
-  out = jax.jit(lambda A, x, y: jst.sddmm(A, x, y).values)(*_on(_gpu(), (A, x, y)))
+  out = jax.jit(lambda A, x, y: jst.sddmm(A, x, y, options=opts).values)(
+      *_on(_gpu(), (A, x, y)))
   ref = np.einsum("kd,kd->k", np.asarray(x, np.float64)[np.asarray(A.rows)],
                   np.asarray(y, np.float64)[np.asarray(A.cols)])
   assert rel_err(out, ref) < tol

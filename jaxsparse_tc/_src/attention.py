@@ -30,33 +30,33 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from jaxsparse_tc._src import checks, heads, precision as precision_lib, rules
 from jaxsparse_tc._src.extensions import CUDA_TARGETS, cuda_extension
-from jaxsparse_tc._src.lowering import register_ffi_lowering
-from jaxsparse_tc._src.pattern import (NUM_PATTERN_OPERANDS, PERM_T, ROW_VIEW, ROWS, SMALL_GRAPH_NNZ,
-                                  transpose_operands)
+from jaxsparse_tc._src.lowering import param, register_ffi_lowering
+from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, SMALL_GRAPH_NNZ, PatternOperands
+from jaxsparse_tc._src.primitives import (attention_bwd_p, attention_fwd_p, attention_grads_p,
+                                          attention_jvp_p, sddmm_p, spmm_p)
+from jaxsparse_tc.options import kernel_options
 
-attention_fwd_p = Primitive("jaxsparse_tc_attention_fwd")
-attention_fwd_p.multiple_results = True
-attention_jvp_p = Primitive("jaxsparse_tc_attention_jvp")
+__all__ = ["sparse_attention", "attention_fwd_p", "attention_jvp_p", "attention_bwd_p",
+           "attention_grads_p"]
 
 
-def sparse_attention(A, Q, K, V, *, scale=None, bias=None):
+def sparse_attention(A, Q, K, V, *, scale=None, bias=None, options=None):
   """softmax_row(mask_A(scale * Q K^T + bias)) @ V over the nonzeros of A.
 
   A: SparseMatrix [m, n] (its pattern is the mask; its values are not used).
   Q [m, d], K [n, d], V [n, dv], or with a head axis [H, ...] (1 or H heads each).
   bias: optional per-edge logits in A's format order, [nnz] or [H, nnz].
   scale: defaults to 1/sqrt(d). float32 softmax; output [m, dv] or [H, m, dv] in Q's dtype.
-  Rows of A without nonzeros give zeros.
+  Rows of A without nonzeros give zeros. `options`: a KernelOptions (the backward's kernels,
+  split-window merging; None: the launch plans' choices).
   """
   q, k, v = (jnp.asarray(x) for x in (Q, K, V))
   m, n = A.shape
@@ -92,17 +92,20 @@ def sparse_attention(A, Q, K, V, *, scale=None, bias=None):
                               k.reshape((hs[1],) + k.shape[-2:]),
                               v.reshape((hs[2],) + v.shape[-2:]), b, *A.pattern_operands(),
                               shape=A.shape, scale=scale, has_bias=has_bias,
-                              grouped=A.grouped[0], grouped_t=A.grouped[1])
+                              grouped=A.grouped[0], grouped_t=A.grouped[1],
+                              options=kernel_options(options))
   no_heads = q.ndim == 2 and k.ndim == 2 and v.ndim == 2 and (bias is None or jnp.ndim(bias) == 1)
   return o[0] if no_heads else o
 
 
-# FFI attributes of the three kernels.
-_ATTRS = dict(scale=("scale", np.float32), has_bias=("has_bias", np.int32))
+# FFI attributes of the kernels: both platforms, then the CUDA launch plans' (attention/plan.h).
+_ATTRS = {"scale": param("scale", np.float32), "has_bias": param("has_bias")}
+_MERGE = {"merge_split_windows": lambda p: np.int32(p["options"].merge_split_windows)}
 
 
 # -- forward ----------------------------------------------------------------------------------
-def _fwd_abstract(q, k, v, bias, *pattern, shape, scale, has_bias, grouped, grouped_t):
+def _fwd_abstract(q, k, v, bias, *pattern, shape, scale, has_bias, grouped, grouped_t,
+                  options):
   h = heads.num_heads(q.shape[0], k.shape[0], v.shape[0], bias.shape[0])
   m = shape[0]
   return (q.update(shape=(h, m, v.shape[2]), dtype=q.dtype),
@@ -118,7 +121,8 @@ def _fwd_jvp(primals, tangents, **params):
   tans = [ad.instantiate_zeros(t) for t in tans]
   do = attention_jvp_p.bind(q, k, v, bias, o, lse, *tans, *pattern, shape=params["shape"],
                             scale=params["scale"], has_bias=params["has_bias"],
-                            grouped=params["grouped"], grouped_t=params["grouped_t"])
+                            grouped=params["grouped"], grouped_t=params["grouped_t"],
+                            options=params["options"])
   return (o, lse), (do, rules.zero_tangent(lse))
 
 
@@ -130,25 +134,26 @@ def _fwd_batch(args, dims, **params):
   return (o.reshape((size, h) + o.shape[1:]), lse.reshape((size, h) + lse.shape[1:])), (0, 0)
 
 
-def _fwd_cuda_workspace(avals_in, avals_out, params):
-  """Bytes of the fused forward's split-window workspace (cuda/attention.cu)."""
-  q, v, schedule = avals_in[0], avals_in[2], avals_in[9]
+def _fwd_cuda_workspace(dense, P, avals_out, params):
+  """Bytes of the fused forward's split-window workspace (attention/plan.h)."""
+  q, _, v, _ = dense
   h = avals_out[0].shape[0]
-  return cuda_extension().attention_workspace_bytes(q.dtype.itemsize, q.shape[2], v.shape[2], h,
-                                                    schedule.shape[0], params["grouped"])
+  return cuda_extension().attention_workspace_bytes(
+      q.dtype.itemsize, q.shape[2], v.shape[2], h, P.a.schedule.shape[0], params["grouped"],
+      params["options"].merge_split_windows)
 
 
 attention_fwd_p.def_abstract_eval(_fwd_abstract)
 ad.primitive_jvps[attention_fwd_p] = _fwd_jvp
 batching.primitive_batchers[attention_fwd_p] = _fwd_batch
-register_ffi_lowering(attention_fwd_p, "jaxsparse_tc_attention_fwd", 4 + 6,
-                      cuda_workspace=_fwd_cuda_workspace, grouped="grouped",
-                      cuda_only_attrs=("grouped",), **_ATTRS)
+register_ffi_lowering(attention_fwd_p, "jaxsparse_tc_attention_fwd", 4, cpu_pattern=lambda P: P.a,
+                      attrs=_ATTRS, cuda_attrs={"grouped": param("grouped"), **_MERGE},
+                      cuda_workspace=_fwd_cuda_workspace)
 
 
 # -- jvp (linear in operands 6..9) --------------------------------------------------------------
 def _jvp_abstract(q, k, v, bias, o, lse, dq, dk, dv, dbias, *pattern, shape, scale, has_bias,
-                  grouped, grouped_t):
+                  grouped, grouped_t, options):
   h = heads.num_heads(q.shape[0], k.shape[0], v.shape[0], bias.shape[0], dq.shape[0],
                       dk.shape[0], dv.shape[0], dbias.shape[0], o.shape[0])
   return q.update(shape=(h, shape[0], v.shape[2]), dtype=q.dtype)
@@ -163,7 +168,7 @@ def _jvp_transpose(ct, q, k, v, bias, o, lse, dq, dk, dv, dbias, *pattern, **par
     return outs
   gq, gk, gv, gb = _backward(q, k, v, bias, o, lse, ct, tuple(pattern), params["shape"],
                              params["scale"], params["has_bias"],
-                             (params["grouped"], params["grouped_t"]))
+                             (params["grouped"], params["grouped_t"]), params["options"])
   for pos, tangent, g in ((6, dq, gq), (7, dk, gk), (8, dv, gv), (9, dbias, gb)):
     if ad.is_undefined_primal(tangent):
       if pos == 9 and not params["has_bias"]:
@@ -192,7 +197,8 @@ attention_jvp_p.def_abstract_eval(_jvp_abstract)
 ad.primitive_jvps[attention_jvp_p] = _no_higher_order
 ad.primitive_transposes[attention_jvp_p] = _jvp_transpose
 batching.primitive_batchers[attention_jvp_p] = _jvp_batch
-register_ffi_lowering(attention_jvp_p, "jaxsparse_tc_attention_jvp", 10 + 6, **_ATTRS)
+register_ffi_lowering(attention_jvp_p, "jaxsparse_tc_attention_jvp", 10, cpu_pattern=lambda P: P.a,
+                      attrs=_ATTRS)
 
 
 # -- backward ---------------------------------------------------------------------------------
@@ -200,38 +206,35 @@ register_ffi_lowering(attention_jvp_p, "jaxsparse_tc_attention_jvp", 10 + 6, **_
 # P = exp(scale QK^T + bias - lse) and dS = P (dO V^T - rowsum(dO O)) on A's pattern, in A's
 # format order. dS is dbias; dQ = scale dS K is an SpMM over A; permuted to A^T's order, P and
 # dS are the values of the SpMMs that give dV and dK. On CUDA one kernel
-# (cuda/attention_bwd.cu) gathers each K and V row once per nonzero; on CPU, and on CUDA for
-# rows wider than that kernel takes, the pair is composed from two SDDMMs (_edge_pass).
-attention_bwd_p = Primitive("jaxsparse_tc_attention_bwd")
-attention_bwd_p.multiple_results = True
+# (attention/backward_composed.cu) gathers each K and V row once per nonzero; on CPU, and on CUDA
+# for rows wider than that kernel takes, the pair is composed from two SDDMMs (_edge_pass).
 _BWD_ROW_BYTES = 512  # the CUDA kernel's widest row (d and dv): 32 lanes x 16 bytes
 
 
 def _bwd_abstract(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
   h = heads.num_heads(q.shape[0], k.shape[0], v.shape[0], bias.shape[0], o.shape[0],
                       lse.shape[0], do.shape[0])
-  per_edge = q.update(shape=(h, pattern[ROWS].shape[0]), dtype=q.dtype)
+  per_edge = q.update(shape=(h, PatternOperands.unflat(pattern).nnz), dtype=q.dtype)
   return per_edge, per_edge
 
 
 def _edge_pass(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
   """attention_bwd_p composed from the library's SDDMM."""
-  from jaxsparse_tc._src.sddmm import sddmm_p
-
   f32 = jnp.float32
   dtype = q.dtype
   # 16-bit operands: products are exact in the fp32 accumulator, which the SDDMM hands out as
   # float32 (no float32 copies of Q and K), so large logits lose nothing; float32 operands take
   # the exact path, as the forward does.
   prec = precision_lib.HIGHEST if dtype == f32 else precision_lib.DEFAULT
-  rows = pattern[ROWS]
+  rows = PatternOperands.unflat(pattern).rows_a
   f32_out = dtype in (jnp.float16, jnp.bfloat16)
-  logits = scale * sddmm_p.bind(q, k, *pattern, shape=shape, precision=prec,
-                                float32_out=f32_out).astype(f32)
+  sddmm = functools.partial(sddmm_p.bind, shape=shape, precision=prec, float32_out=f32_out,
+                            options=kernel_options(None))
+  logits = scale * sddmm(q, k, *pattern).astype(f32)
   if has_bias:
     logits = logits + bias.astype(f32)
   p = jnp.exp(logits - lse[:, rows])
-  dp = sddmm_p.bind(do, v, *pattern, shape=shape, precision=prec, float32_out=f32_out).astype(f32)
+  dp = sddmm(do, v, *pattern).astype(f32)
   delta = jnp.sum(do.astype(f32) * o.astype(f32), axis=-1)
   return p.astype(dtype), (p * (dp - delta[:, rows])).astype(dtype)
 
@@ -246,19 +249,17 @@ def _bwd_batch(args, dims, **params):
 
 attention_bwd_p.def_abstract_eval(_bwd_abstract)
 batching.primitive_batchers[attention_bwd_p] = _bwd_batch
-register_ffi_lowering(attention_bwd_p, "jaxsparse_tc_attention_bwd", 7,
-                      cuda_extra_operands=(7 + ROW_VIEW, 7 + ROW_VIEW + 1),
-                      cpu_rule=mlir.lower_fun(_edge_pass, multiple_results=True), **_ATTRS)
+register_ffi_lowering(attention_bwd_p, "jaxsparse_tc_attention_bwd", 7, cpu_pattern=lambda P: (),
+                      cuda_pattern=lambda P: P.row_view_a, attrs=_ATTRS,
+                      cpu_rule=mlir.lower_fun(_edge_pass, multiple_results=True))
 
 
 # -- backward on tensor cores ------------------------------------------------------------------
 # attention_grads_p(q, k, v, bias, o, lse, do) -> (dq, dk, dv, dbias): the whole backward in
-# two kernels (cuda/attention_grads.cu, FlashAttention-2 on the window format: dQ over A's
+# two kernels (attention/backward_fused.cu, FlashAttention-2 on the window format: dQ over A's
 # windows, dK and dV over A^T's), for 16-bit operands with d = dv in TENSOR_CORE_D. dbias is
 # [H, nnz] in A's format order with a bias, else [H, 0]. On CPU, and on CUDA for other dtypes and
 # widths, it lowers to the composed backward (_composed_grads).
-attention_grads_p = Primitive("jaxsparse_tc_attention_grads")
-attention_grads_p.multiple_results = True
 TENSOR_CORE_D = (32, 64, 128)
 
 
@@ -268,50 +269,54 @@ def _grads_kernel_fits(q, v) -> bool:
           and q.shape[-1] in TENSOR_CORE_D)
 
 
-def _grads_on_tensor_cores(q, v, nnz: int) -> bool:
+def _grads_on_tensor_cores(q, v, nnz: int, options) -> bool:
   """Whether the backward takes attention_grads_p (decided at trace time). At d = 128 on large
-  graphs the composed backward is faster (rmat17 and rmat20, H=4: 2759 and 15888 us against
-  3383 and 19438 fwd+bwd, docs/NOTES.md session 17), so there it keeps that.
-  JAXSPARSE_TC_ATTN_GRADS=0 or 1 (benchmarks, tests) forces either where both can run."""
-  forced = os.environ.get("JAXSPARSE_TC_ATTN_GRADS", "")
-  return ("jaxsparse_tc_attention_grads" in CUDA_TARGETS and _grads_kernel_fits(q, v)
-          and forced != "0" and (forced == "1" or q.shape[2] <= 64 or nnz < SMALL_GRAPH_NNZ))
+  graphs the composed backward measured faster (H100, H=4, fwd+bwd: rmat17 2759 against 3383 us,
+  rmat20 15888 against 19438 us), so "auto" keeps that there; options.attention_backward
+  forces either where both can run."""
+  if options.attention_backward == "composed" or not _grads_kernel_fits(q, v):
+    return False
+  if "jaxsparse_tc_attention_grads" not in CUDA_TARGETS:
+    return False
+  return options.attention_backward == "fused" or q.shape[2] <= 64 or nnz < SMALL_GRAPH_NNZ
 
 
 def _grads_abstract(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias, grouped,
-                    grouped_t):
+                    grouped_t, options):
   h = heads.num_heads(q.shape[0], k.shape[0], v.shape[0], bias.shape[0], o.shape[0],
                       lse.shape[0], do.shape[0])
   m, n = shape
-  nnz = pattern[ROWS].shape[0] if has_bias else 0
+  nnz = PatternOperands.unflat(pattern).nnz if has_bias else 0
   return (q.update(shape=(h, m, q.shape[2])), q.update(shape=(h, n, q.shape[2])),
           q.update(shape=(h, n, v.shape[2])), q.update(shape=(h, nnz)))
 
 
 def _composed_grads(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias,
-                    edge_pass=None, **_):
+                    edge_pass=None, options=None, **_):
   """The backward from the per-edge pass (attention_bwd_p, or the SDDMMs of _edge_pass) and
   three SpMMs (A^T's pattern for dK and dV)."""
-  from jaxsparse_tc._src.spmm import spmm_p
-
+  options = kernel_options(options)
   edge_pass = edge_pass or _edge_pass
   p, ds = edge_pass(q, k, v, bias, o, lse, do, *pattern, shape=shape, scale=scale,
                     has_bias=has_bias)
   prec = precision_lib.HIGHEST if q.dtype == jnp.float32 else precision_lib.DEFAULT
-  pattern_t, perm_t = transpose_operands(tuple(pattern)), pattern[PERM_T]
+  P = PatternOperands.unflat(pattern)
+  pattern_t, perm_t = P.transpose().flat(), P.perm_t
   ds_scaled = (scale * ds.astype(jnp.float32)).astype(q.dtype)
-  gq = spmm_p.bind(ds_scaled, k, *pattern, shape=shape, precision=prec)
-  gv = spmm_p.bind(p[:, perm_t], do, *pattern_t, shape=shape[::-1], precision=prec)
-  gk = spmm_p.bind(ds_scaled[:, perm_t], q, *pattern_t, shape=shape[::-1], precision=prec)
+  spmm = functools.partial(spmm_p.bind, precision=prec, options=options)
+  gq = spmm(ds_scaled, k, *pattern, shape=shape)
+  gv = spmm(p[:, perm_t], do, *pattern_t, shape=shape[::-1])
+  gk = spmm(ds_scaled[:, perm_t], q, *pattern_t, shape=shape[::-1])
   return gq, gk, gv, ds if has_bias else ds[:, :0]
 
 
-def _grads_cuda_workspace(avals_in, avals_out, params):
-  """Bytes of the backward's workspace: delta and the split windows' slots (attention_grads.cu)."""
-  q, schedule, schedule_t = avals_in[0], avals_in[7 + 5], avals_in[7 + 6 + 5]
+def _grads_cuda_workspace(dense, P, avals_out, params):
+  """Bytes of the backward's workspace: the row stats and the split windows' slots
+  (attention/plan.h)."""
   h, m, d = avals_out[0].shape
   return cuda_extension().attention_grads_workspace_bytes(
-      d, h, m, schedule.shape[0], schedule_t.shape[0], params["grouped"], params["grouped_t"])
+      d, h, m, P.a.schedule.shape[0], P.t.schedule.shape[0], params["grouped"],
+      params["grouped_t"], params["options"].merge_split_windows)
 
 
 def _grads_batch(args, dims, **params):
@@ -324,19 +329,21 @@ def _grads_batch(args, dims, **params):
 
 attention_grads_p.def_abstract_eval(_grads_abstract)
 batching.primitive_batchers[attention_grads_p] = _grads_batch
-# Kernel operands: the 7 arrays, A's and A^T's kernel arrays, perm_t.
-register_ffi_lowering(attention_grads_p, "jaxsparse_tc_attention_grads", 7 + 13,
+# Kernel operands: the 7 arrays, A's and A^T's window arrays, perm_t.
+register_ffi_lowering(attention_grads_p, "jaxsparse_tc_attention_grads", 7,
+                      cpu_pattern=lambda P: (*P.a, *P.t, P.perm_t), attrs=_ATTRS,
+                      cuda_attrs={"grouped": param("grouped"), "grouped_t": param("grouped_t"),
+                                  **_MERGE},
                       cuda_workspace=_grads_cuda_workspace,
                       cpu_rule=mlir.lower_fun(_composed_grads, multiple_results=True),
-                      cuda_supports=lambda avals, _: _grads_kernel_fits(avals[0], avals[2]),
-                      grouped="grouped", grouped_t="grouped_t", **_ATTRS)
+                      cuda_supports=lambda avals, _: _grads_kernel_fits(avals[0], avals[2]))
 
 
 # The backward reads the saved lse as a constant (its tangent is declared zero), so
 # differentiating it (jax.hessian, grad of grad) would give wrong second derivatives: its JVP
 # rule raises instead.
-@functools.partial(jax.custom_jvp, nondiff_argnums=(8, 9, 10, 11))
-def _backward(q, k, v, bias, o, lse, do, pattern, shape, scale, has_bias, grouped):
+@functools.partial(jax.custom_jvp, nondiff_argnums=(8, 9, 10, 11, 12))
+def _backward(q, k, v, bias, o, lse, do, pattern, shape, scale, has_bias, grouped, options):
   """FlashAttention-2 backward from the saved row log-sum-exp.
 
   P = exp(scale QK^T + bias - lse) on A's pattern, dP = dO V^T on the pattern,
@@ -346,15 +353,17 @@ def _backward(q, k, v, bias, o, lse, do, pattern, shape, scale, has_bias, groupe
   `grouped`: whether A's and A^T's schedules are grouped.
   """
   params = dict(shape=shape, scale=scale, has_bias=has_bias)
-  if _grads_on_tensor_cores(q, v, pattern[ROWS].shape[0]):
+  if _grads_on_tensor_cores(q, v, PatternOperands.unflat(pattern).nnz, options):
     return tuple(attention_grads_p.bind(q, k, v, bias, o, lse, do, *pattern, **params,
-                                        grouped=grouped[0], grouped_t=grouped[1]))
+                                        grouped=grouped[0], grouped_t=grouped[1],
+                                        options=options))
   fused = ("jaxsparse_tc_attention_bwd" in CUDA_TARGETS
            and max(q.shape[2], v.shape[2]) * q.dtype.itemsize <= _BWD_ROW_BYTES)
   return _composed_grads(q, k, v, bias, o, lse, do, *pattern, **params,
-                         edge_pass=attention_bwd_p.bind if fused else _edge_pass)
+                         edge_pass=attention_bwd_p.bind if fused else _edge_pass,
+                         options=options)
 
 
 @_backward.defjvp
-def _backward_jvp(shape, scale, has_bias, grouped, primals, tangents):
+def _backward_jvp(shape, scale, has_bias, grouped, options, primals, tangents):
   raise NotImplementedError(_HIGHER_ORDER)

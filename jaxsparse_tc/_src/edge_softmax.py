@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
 from jaxsparse_tc._src import checks, heads, rules
 from jaxsparse_tc._src.lowering import register_ffi_lowering
-from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, ROWS
+from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS
+from jaxsparse_tc._src.primitives import edge_softmax_bwd_p, edge_softmax_p
 
-edge_softmax_p = Primitive("jaxsparse_tc_edge_softmax")
-edge_softmax_bwd_p = Primitive("jaxsparse_tc_edge_softmax_bwd")
+__all__ = ["edge_softmax", "edge_softmax_p", "edge_softmax_bwd_p"]
 
 
 def edge_softmax(A, values=None):
@@ -74,8 +73,8 @@ edge_softmax_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[edge_softmax_p] = _jvp
 batching.primitive_batchers[edge_softmax_p] = _batch
 # CUDA also reads each value's row (its kernel strides over a window's values).
-register_ffi_lowering(edge_softmax_p, "jaxsparse_tc_edge_softmax", 7,
-                      cuda_extra_operands=(1 + ROWS,))
+register_ffi_lowering(edge_softmax_p, "jaxsparse_tc_edge_softmax", 1, cpu_pattern=lambda P: P.a,
+                      cuda_pattern=lambda P: (*P.a, P.rows_a))
 
 
 # -- edge_softmax_bwd_p(y, t) = y * (t - rowsum(y * t)) -----------------------------------------
@@ -125,5 +124,5 @@ edge_softmax_bwd_p.def_abstract_eval(_bwd_abstract_eval)
 ad.primitive_jvps[edge_softmax_bwd_p] = _bwd_jvp
 ad.primitive_transposes[edge_softmax_bwd_p] = _bwd_transpose
 batching.primitive_batchers[edge_softmax_bwd_p] = _bwd_batch
-register_ffi_lowering(edge_softmax_bwd_p, "jaxsparse_tc_edge_softmax_bwd", 8,
-                      cuda_extra_operands=(2 + ROWS,))
+register_ffi_lowering(edge_softmax_bwd_p, "jaxsparse_tc_edge_softmax_bwd", 2,
+                      cpu_pattern=lambda P: P.a, cuda_pattern=lambda P: (*P.a, P.rows_a))

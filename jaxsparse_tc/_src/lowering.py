@@ -1,60 +1,74 @@
-"""FFI lowering shared by the primitives: pass the leading operands a kernel reads."""
+"""FFI lowering shared by the primitives: pass the operands a kernel reads, by name."""
 
 from __future__ import annotations
 
 import functools
+from typing import Callable, Sequence
 
 import jax
 import numpy as np
 from jax.interpreters import mlir
 
 from jaxsparse_tc._src.extensions import CUDA_TARGETS
+from jaxsparse_tc._src.pattern import PatternOperands
 
 try:
   from jax._src.dispatch import apply_primitive  # eager evaluation through a cached jit
 except ImportError:  # pragma: no cover
   from jax.interpreters.xla import apply_primitive
 
+# What a kernel reads of the pattern operands, e.g. `lambda P: P.a` (A's window arrays).
+PatternPick = Callable[[PatternOperands], Sequence]
+# An FFI attribute's value from the primitive's params.
+AttrRule = Callable[[dict], object]
 
-def register_ffi_lowering(prim, target: str, num_kernel_operands: int, *,
-                          cuda_extra_operands: tuple[int, ...] = (), cuda_workspace=None,
-                          cpu_rule=None, cuda_supports=None, cuda_only_attrs: tuple[str, ...] = (),
-                          **static_attrs):
-  """Lowers `prim` to FFI `target` on CPU (always) and CUDA (when built).
 
-  Primitives carry both orientations of the pattern for their transpose rules; a kernel reads
-  only the first `num_kernel_operands`, and on CUDA also the operands at the indices
-  `cuda_extra_operands` (appended in that order). `static_attrs` maps each FFI attribute to
-  the param it comes from: a param name (an int32 attribute) or a (param name, numpy scalar
-  type) pair.
+def param(name: str, typ=np.int32) -> AttrRule:
+  """An attribute equal to the primitive's param `name`, as `typ`."""
+  return lambda params: typ(params[name])
 
-  `cuda_workspace(avals_in, avals_out, params) -> bytes` (avals_in: the operands the kernel
-  reads): the CUDA handler's workspace, an extra uint8 result that XLA plans with the program's
-  other buffers and that is dropped here. (Not the FFI scratch allocator: its memory is freed
-  when the handler returns, while a CUDA graph captured from the handler keeps the address.)
+
+def register_ffi_lowering(prim, target: str, num_dense: int, *, cpu_pattern: PatternPick,
+                          cuda_pattern: PatternPick | None = None, attrs=None,
+                          cuda_attrs=None, cuda_workspace=None, cpu_rule=None,
+                          cuda_supports=None):
+  """Lowers `prim` (operands: `num_dense` dense arrays, then PatternOperands.flat()) to the FFI
+  `target` on CPU (always) and CUDA (when built).
+
+  A kernel reads the dense operands and the pattern arrays its pick returns: `cpu_pattern`, and
+  on CUDA `cuda_pattern` (default: the same). `attrs` maps each FFI attribute to an AttrRule
+  (both platforms); `cuda_attrs` those only the CUDA handler takes (kernel options).
+
+  `cuda_workspace(dense_avals, pattern_avals, avals_out, params) -> bytes`: the CUDA handler's
+  workspace, an extra uint8 result that XLA plans with the program's other buffers and that is
+  dropped here. (Not the FFI scratch allocator: its memory is freed when the handler returns,
+  while a CUDA graph captured from the handler keeps the address.)
 
   `cpu_rule`: a lowering rule for CPU in place of an FFI target (an operator whose CPU
   reference is composed from other primitives). `cuda_supports(avals_in, params) -> bool`: where
   it says no, the CUDA lowering is `cpu_rule` too (a kernel for some dtypes and shapes only, the
-  composed reference elsewhere). `cuda_only_attrs`: attributes the CPU handler does not take.
+  composed reference elsewhere).
   """
-  attr_types = {attr: src if isinstance(src, tuple) else (src, np.int32)
-                for attr, src in static_attrs.items()}
+  attrs = dict(attrs or {})
+  cuda_attrs = {**attrs, **(cuda_attrs or {})}
+  cuda_pattern = cuda_pattern or cpu_pattern
 
-  def lower(ctx, operands, params, picked, workspace=None, cuda=False):
-    attrs = {attr: typ(params[name]) for attr, (name, typ) in attr_types.items()
-             if cuda or attr not in cuda_only_attrs}
+  def lower(ctx, operands, params, pick, attr_rules, workspace=None):
+    pattern = PatternOperands.unflat(range(num_dense, len(operands)))
+    picked = [*range(num_dense), *pick(pattern)]
     avals_in = [ctx.avals_in[i] for i in picked]
+    values = {name: rule(params) for name, rule in attr_rules.items()}
     if workspace is None:
       sub = ctx.replace(avals_in=avals_in)
-      return jax.ffi.ffi_lowering(target)(sub, *(operands[i] for i in picked), **attrs)
-    nbytes = max(int(workspace(avals_in, ctx.avals_out, params)), 1)
-    ws = ctx.avals_out[0].update(shape=(nbytes,), dtype=np.dtype(np.uint8))
+      return jax.ffi.ffi_lowering(target)(sub, *(operands[i] for i in picked), **values)
+    pattern_avals = PatternOperands.unflat(ctx.avals_in[num_dense:])
+    nbytes = workspace(ctx.avals_in[:num_dense], pattern_avals, ctx.avals_out, params)
+    ws = ctx.avals_out[0].update(shape=(max(int(nbytes), 1),), dtype=np.dtype(np.uint8))
     sub = ctx.replace(avals_in=avals_in, avals_out=[*ctx.avals_out, ws])
-    return jax.ffi.ffi_lowering(target)(sub, *(operands[i] for i in picked), **attrs)[:-1]
+    return jax.ffi.ffi_lowering(target)(sub, *(operands[i] for i in picked), **values)[:-1]
 
   def rule(ctx, *operands, **params):
-    return lower(ctx, operands, params, range(num_kernel_operands))
+    return lower(ctx, operands, params, cpu_pattern, attrs)
 
   def cuda_rule(ctx, *operands, **params):
     if cuda_supports is not None and not cuda_supports(ctx.avals_in, params):
@@ -62,8 +76,7 @@ def register_ffi_lowering(prim, target: str, num_kernel_operands: int, *,
     if any(getattr(a, "dtype", None) == np.float64 for a in ctx.avals_in):
       raise NotImplementedError(
           f"{prim.name}: float64 runs on the CPU kernels only; cast to float32 on GPU")
-    return lower(ctx, operands, params, [*range(num_kernel_operands), *cuda_extra_operands],
-                 cuda_workspace, cuda=True)
+    return lower(ctx, operands, params, cuda_pattern, cuda_attrs, cuda_workspace)
 
   prim.def_impl(functools.partial(apply_primitive, prim))
   mlir.register_lowering(prim, cpu_rule or rule, platform="cpu")

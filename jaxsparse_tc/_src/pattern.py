@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import os
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -97,12 +96,9 @@ def grouped_pieces(counts: np.ndarray) -> np.ndarray:
 
 
 def grouped_schedule_fits(window_block_ptr: np.ndarray, nnz: int) -> bool:
-  """Whether a pattern gets a grouped schedule: a small graph (SMALL_GRAPH_NNZ) whose windows
+  """Whether a pattern can take a grouped schedule: a small graph (SMALL_GRAPH_NNZ) whose windows
   have at most GROUPED_MAX_BLOCKS blocks (larger ones keep pieces of SMALL_GRAPH_SPLIT blocks,
-  merged across CTAs), unless JAXSPARSE_TC_SPLIT_BLOCKS forces a piece size or
-  JAXSPARSE_TC_GROUPED=0 (benchmarks)."""
-  if os.environ.get("JAXSPARSE_TC_SPLIT_BLOCKS") or os.environ.get("JAXSPARSE_TC_GROUPED") == "0":
-    return False
+  merged across CTAs)."""
   counts = np.diff(np.asarray(window_block_ptr, dtype=np.int64))
   return nnz < SMALL_GRAPH_NNZ and (counts.size == 0 or int(counts.max()) <= GROUPED_MAX_BLOCKS)
 
@@ -116,12 +112,6 @@ def split_blocks(nnz: int) -> int:
   """Blocks per piece of a split window. On a graph too small to fill the GPU a kernel's time is
   its longest piece's chain of dependent block loads (the attention forward walks a piece two
   blocks per round trip), so small graphs get short pieces."""
-  forced = os.environ.get("JAXSPARSE_TC_SPLIT_BLOCKS")  # benchmarks: force a piece size
-  if forced:
-    if not forced.isdigit() or not 1 <= int(forced) <= SPLIT_BLOCKS:
-      raise ValueError(f"JAXSPARSE_TC_SPLIT_BLOCKS must be an integer in [1, {SPLIT_BLOCKS}]; "
-                       f"got {forced!r}")
-    return int(forced)
   return SMALL_GRAPH_SPLIT if nnz < SMALL_GRAPH_NNZ else SPLIT_BLOCKS
 
 
@@ -174,20 +164,29 @@ def row_schedule(row_ptr: np.ndarray, piece: int) -> np.ndarray:
   return np.ascontiguousarray(np.stack([row, begin, end, slot], axis=1), dtype=np.int32)
 
 
-def build(rows: np.ndarray, cols: np.ndarray, m: int, n: int) -> tuple[Pattern, np.ndarray, bool]:
+def build(rows: np.ndarray, cols: np.ndarray, m: int, n: int,
+          options=None) -> tuple[Pattern, np.ndarray, bool]:
   """Builds the pattern of validated int64 COO indices; returns it, input_to_format and whether
-  its schedule is grouped (window_schedule)."""
+  its schedule is grouped (window_schedule). `options`: a FormatOptions (None: the defaults)."""
   raw = _cpu.build_pattern(rows, cols, m, n)
   nnz = raw["rows"].shape[0]
-  grouped = grouped_schedule_fits(raw["window_block_ptr"], nnz)
+  forced_size = None if options is None else options.split_blocks
+  want_grouped = None if options is None else options.grouped
+  fits = grouped_schedule_fits(raw["window_block_ptr"], nnz)
+  if want_grouped and not fits:
+    raise ValueError(
+        f"FormatOptions(grouped=True): a grouped schedule needs fewer than {SMALL_GRAPH_NNZ} "
+        f"nonzeros and at most {GROUPED_MAX_BLOCKS} blocks per window; this pattern has {nnz} "
+        f"nonzeros")
+  grouped = fits and want_grouped is not False and forced_size is None
+  size = split_blocks(nnz) if forced_size is None else forced_size
   pattern = Pattern(
       window_col_ptr=raw["window_col_ptr"],
       window_cols=raw["window_cols"],
       window_block_ptr=raw["window_block_ptr"],
       block_bitmap=raw["block_bitmap"],
       block_value_ptr=raw["block_value_ptr"],
-      schedule=window_schedule(raw["window_block_ptr"], split_blocks(nnz), grouped,
-                               raw["window_col_ptr"]),
+      schedule=window_schedule(raw["window_block_ptr"], size, grouped, raw["window_col_ptr"]),
       rows=raw["rows"],
       cols=raw["cols"],
       row_entries=raw["row_entries"],
@@ -196,17 +195,55 @@ def build(rows: np.ndarray, cols: np.ndarray, m: int, n: int) -> tuple[Pattern, 
   return pattern, raw["input_to_format"], grouped
 
 
-# A primitive's pattern operands, in order: A's kernel arrays (6), A^T's (6), perm_t, perm_t_inv,
-# A's and A^T's per-value rows (for rules that gather per-row quantities onto nonzeros), then
-# A's row view (2) and A^T's (2).
+class KernelArrays(NamedTuple):
+  """One orientation's window arrays: what every window kernel reads (Pattern.kernel_arrays)."""
+  window_col_ptr: Any
+  window_cols: Any
+  window_block_ptr: Any
+  block_bitmap: Any
+  block_value_ptr: Any
+  schedule: Any
+
+
+class RowView(NamedTuple):
+  """One orientation's row view: what the CUDA-core row kernels read (Pattern.row_arrays)."""
+  entries: Any
+  schedule: Any
+
+
+class PatternOperands(NamedTuple):
+  """What a primitive takes besides its dense operands: A's and A^T's structure, so that a
+  transpose rule can run the transposed product. Primitives bind it flattened (`flat()`) after
+  their dense operands; rules and lowerings rebuild it (`unflat`) and pick fields by name."""
+  a: KernelArrays  # A's window arrays
+  t: KernelArrays  # A^T's
+  perm_t: Any  # int32 [nnz]: A's values in A^T's format order are values[..., perm_t]
+  perm_t_inv: Any  # its inverse
+  rows_a: Any  # int32 [nnz]: each of A's values' row (format order)
+  rows_t: Any  # the same for A^T (the columns of A, in A^T's order)
+  row_view_a: RowView
+  row_view_t: RowView
+
+  def flat(self) -> tuple:
+    return (*self.a, *self.t, self.perm_t, self.perm_t_inv, self.rows_a, self.rows_t,
+            *self.row_view_a, *self.row_view_t)
+
+  @classmethod
+  def unflat(cls, ops) -> "PatternOperands":
+    ops = tuple(ops)
+    if len(ops) != NUM_PATTERN_OPERANDS:
+      raise ValueError(f"expected {NUM_PATTERN_OPERANDS} pattern operands, got {len(ops)}")
+    return cls(KernelArrays(*ops[0:6]), KernelArrays(*ops[6:12]), ops[12], ops[13], ops[14],
+               ops[15], RowView(*ops[16:18]), RowView(*ops[18:20]))
+
+  def transpose(self) -> "PatternOperands":
+    """The operands of A^T."""
+    return PatternOperands(self.t, self.a, self.perm_t_inv, self.perm_t, self.rows_t, self.rows_a,
+                           self.row_view_t, self.row_view_a)
+
+  @property
+  def nnz(self) -> int:
+    return self.rows_a.shape[0]
+
+
 NUM_PATTERN_OPERANDS = 20
-PERM_T = 12
-ROWS = 14
-ROW_VIEW = 16
-
-
-def transpose_operands(operands: tuple) -> tuple:
-  """The pattern operands of A^T, given those of A."""
-  assert len(operands) == NUM_PATTERN_OPERANDS
-  return (*operands[6:12], *operands[:6], operands[13], operands[12], operands[15], operands[14],
-          *operands[18:20], *operands[16:18])

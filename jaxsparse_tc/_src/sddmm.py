@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.extend.core import Primitive
+import numpy as np
 from jax.interpreters import ad, batching
 
 from jaxsparse_tc._src import checks, heads, precision as precision_lib, rules
-from jaxsparse_tc._src.lowering import register_ffi_lowering
-from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, PERM_T, ROW_VIEW, transpose_operands
+from jaxsparse_tc._src.lowering import param, register_ffi_lowering
+from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, PatternOperands
+from jaxsparse_tc._src.primitives import sddmm_p, spmm_p
+from jaxsparse_tc.options import kernel_options
 
-sddmm_p = Primitive("jaxsparse_tc_sddmm")
+__all__ = ["sddmm", "sddmm_p"]
 
 
 def sddmm(A, x, y, *, scale_by_values: bool = False, precision=None,
-          preferred_element_type=None):
+          preferred_element_type=None, options=None):
   """(X @ Y.T) sampled at A's nonzeros, as a SparseMatrix on A's pattern.
 
   X [m, d] or [H, m, d], Y [n, d] or [H, n, d], one float dtype. With `scale_by_values`, the
   result is multiplied by A's values. Values come out in X's dtype (float32 accumulation), or
-  unrounded as float32 with `preferred_element_type=jnp.float32`.
+  unrounded as float32 with `preferred_element_type=jnp.float32`. `options`: a KernelOptions
+  forcing the GPU kernel family (None: the launch plan's choice).
   """
   x, y = jnp.asarray(x), jnp.asarray(y)
   m, n = A.shape
@@ -38,7 +41,7 @@ def sddmm(A, x, y, *, scale_by_values: bool = False, precision=None,
   out = sddmm_p.bind(x.reshape((hx,) + x.shape[-2:]), y.reshape((hy,) + y.shape[-2:]),
                      *A.pattern_operands(), shape=A.shape,
                      precision=precision_lib.canonicalize(precision),
-                     float32_out=out_dtype != x.dtype)
+                     float32_out=out_dtype != x.dtype, options=kernel_options(options))
   if x.ndim == 2 and y.ndim == 2:
     out = out[0]
   if scale_by_values:
@@ -48,27 +51,26 @@ def sddmm(A, x, y, *, scale_by_values: bool = False, precision=None,
 
 # float32_out: 16-bit operands, float32 values out (the fp32 accumulator unrounded, no float32
 # copies of the operands): sddmm's preferred_element_type, and the attention backward's logits.
-def _abstract_eval(x, y, *pattern, shape, precision, float32_out):
-  del shape, precision
+def _abstract_eval(x, y, *pattern, shape, precision, float32_out, options):
+  del shape, precision, options
   h = heads.num_heads(x.shape[0], y.shape[0])
-  nnz = pattern[PERM_T].shape[0]  # perm_t has one entry per nonzero
+  nnz = PatternOperands.unflat(pattern).nnz
   return x.update(shape=(h, nnz), dtype=jnp.float32 if float32_out else x.dtype)
 
 
-def _transpose(ct, x, y, *pattern, shape, precision, float32_out):
-  from jaxsparse_tc._src.spmm import spmm_p
-
+def _transpose(ct, x, y, *pattern, shape, precision, float32_out, options):
   del float32_out
   none = [None] * NUM_PATTERN_OPERANDS
   if type(ct) is ad.Zero:
     return [None, None] + none
   ct = ct.astype((x.aval if ad.is_undefined_primal(x) else x).dtype)  # the operands' dtype
   if ad.is_undefined_primal(x):
-    dx = spmm_p.bind(ct, y, *pattern, shape=shape, precision=precision)
+    dx = spmm_p.bind(ct, y, *pattern, shape=shape, precision=precision, options=options)
     return [heads.sum_to_heads(dx, x.aval.shape[0]), None] + none
-  ct_t = ct[:, pattern[PERM_T]]  # cotangent values in A^T's order
-  dy = spmm_p.bind(ct_t, x, *transpose_operands(tuple(pattern)),
-                   shape=(shape[1], shape[0]), precision=precision)
+  P = PatternOperands.unflat(pattern)
+  ct_t = ct[:, P.perm_t]  # cotangent values in A^T's order
+  dy = spmm_p.bind(ct_t, x, *P.transpose().flat(), shape=(shape[1], shape[0]),
+                   precision=precision, options=options)
   return [None, heads.sum_to_heads(dy, y.aval.shape[0])] + none
 
 
@@ -86,5 +88,7 @@ ad.primitive_jvps[sddmm_p] = rules.bilinear_jvp(sddmm_p)
 ad.primitive_transposes[sddmm_p] = _transpose
 batching.primitive_batchers[sddmm_p] = _batch
 # On CUDA the kernels also read A's row view (the CUDA-core kernels for sparse blocks).
-register_ffi_lowering(sddmm_p, "jaxsparse_tc_sddmm", 8, precision="precision",
-                      cuda_extra_operands=(2 + ROW_VIEW, 3 + ROW_VIEW))
+register_ffi_lowering(sddmm_p, "jaxsparse_tc_sddmm", 2, cpu_pattern=lambda P: P.a,
+                      cuda_pattern=lambda P: (*P.a, *P.row_view_a),
+                      attrs={"precision": param("precision")},
+                      cuda_attrs={"kernel": lambda p: np.int32(p["options"].sddmm_code)})

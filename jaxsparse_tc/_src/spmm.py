@@ -4,24 +4,27 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.extend.core import Primitive
+import numpy as np
 from jax.interpreters import ad, batching
 
 from jaxsparse_tc._src import checks, heads, precision as precision_lib, rules
 from jaxsparse_tc._src.extensions import cuda_extension
-from jaxsparse_tc._src.lowering import register_ffi_lowering
-from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, PERM_T, ROW_VIEW, transpose_operands
+from jaxsparse_tc._src.lowering import param, register_ffi_lowering
+from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, PatternOperands
+from jaxsparse_tc._src.primitives import sddmm_p, spmm_p
+from jaxsparse_tc.options import kernel_options
 
-spmm_p = Primitive("jaxsparse_tc_spmm")
+__all__ = ["spmm", "spmm_p"]
 
 
-def spmm(A, x, *, precision=None):
+def spmm(A, x, *, precision=None, options=None):
   """A @ X: A a SparseMatrix [m, n] (values [nnz] or [H, nnz]), X [n, d] or [H, n, d].
 
   Returns [m, d], or [H, m, d] when A or X has a head axis, in X's dtype (A's values are cast
   to it); accumulation is float32. On GPU, float32 inputs are exact where the CUDA-core
   kernels run (sparse blocks: docs/FORMAT.md) and use tf32 tensor cores otherwise, unless
   `precision="highest"` (or jax.lax.Precision.HIGHEST) asks for exact float32 everywhere.
+  `options`: a KernelOptions forcing the GPU kernel family (None: the launch plan's choice).
   """
   x = jnp.asarray(x)
   m, n = A.shape
@@ -32,28 +35,29 @@ def spmm(A, x, *, precision=None):
   checks.heads_match("spmm", A, x, hv, hx)
   out = spmm_p.bind(values.reshape(hv, A.nnz), x.reshape((hx,) + x.shape[-2:]),
                     *A.pattern_operands(), shape=A.shape,
-                    precision=precision_lib.canonicalize(precision))
+                    precision=precision_lib.canonicalize(precision),
+                    options=kernel_options(options))
   return out if values.ndim == 2 or x.ndim == 3 else out[0]
 
 
-def _abstract_eval(values, x, *pattern, shape, precision):
-  del pattern, precision
+def _abstract_eval(values, x, *pattern, shape, precision, options):
+  del pattern, precision, options
   h = heads.num_heads(values.shape[0], x.shape[0])
   return x.update(shape=(h, shape[0], x.shape[2]), dtype=x.dtype)
 
 
-def _transpose(ct, values, x, *pattern, shape, precision):
-  from jaxsparse_tc._src.sddmm import sddmm_p  # the two primitives are each other's transposes
-
+def _transpose(ct, values, x, *pattern, shape, precision, options):
   none = [None] * NUM_PATTERN_OPERANDS
   if type(ct) is ad.Zero:
     return [None, None] + none
+  P = PatternOperands.unflat(pattern)
   if ad.is_undefined_primal(x):
-    values_t = values[:, pattern[PERM_T]]  # A's values in A^T's order
-    dx = spmm_p.bind(values_t, ct, *transpose_operands(tuple(pattern)),
-                     shape=(shape[1], shape[0]), precision=precision)
+    values_t = values[:, P.perm_t]  # A's values in A^T's order
+    dx = spmm_p.bind(values_t, ct, *P.transpose().flat(), shape=(shape[1], shape[0]),
+                     precision=precision, options=options)
     return [None, heads.sum_to_heads(dx, x.aval.shape[0])] + none
-  dvalues = sddmm_p.bind(ct, x, *pattern, shape=shape, precision=precision, float32_out=False)
+  dvalues = sddmm_p.bind(ct, x, *pattern, shape=shape, precision=precision, float32_out=False,
+                         options=options)
   return [heads.sum_to_heads(dvalues, values.aval.shape[0]), None] + none
 
 
@@ -73,14 +77,15 @@ def _batch(args, dims, **params):
   return out.reshape((size, h) + out.shape[1:]), 0
 
 
-def _cuda_workspace(avals_in, avals_out, params):
-  """Bytes of the CUDA launch's workspace (the plan the handler launches by, cuda/spmm.cu)."""
-  values, x, wcp, _, _, bitmap, _, schedule, _, row_schedule = avals_in
+def _cuda_workspace(dense, P, avals_out, params):
+  """Bytes of the CUDA launch's workspace (the plan the handler launches by, spmm/plan.h)."""
+  values, x = dense
   h, m, d = avals_out[0].shape
   exact = x.dtype == jnp.float32 and params["precision"] == precision_lib.HIGHEST
   return cuda_extension().spmm_workspace_bytes(
-      x.dtype.itemsize, exact, values.shape[1], bitmap.size // 2, schedule.shape[0],
-      wcp.shape[0] - 1, row_schedule.shape[0], m, d, h)
+      x.dtype.itemsize, exact, params["options"].spmm_code, values.shape[1],
+      P.a.block_bitmap.shape[0], P.a.schedule.shape[0], P.a.window_col_ptr.shape[0] - 1,
+      P.row_view_a.schedule.shape[0], m, d, h)
 
 
 spmm_p.def_abstract_eval(_abstract_eval)
@@ -88,6 +93,8 @@ ad.primitive_jvps[spmm_p] = rules.bilinear_jvp(spmm_p)
 ad.primitive_transposes[spmm_p] = _transpose
 batching.primitive_batchers[spmm_p] = _batch
 # On CUDA the kernels also read A's row view (the CUDA-core kernels for sparse blocks).
-register_ffi_lowering(spmm_p, "jaxsparse_tc_spmm", 8, precision="precision",
-                      cuda_extra_operands=(2 + ROW_VIEW, 3 + ROW_VIEW),
+register_ffi_lowering(spmm_p, "jaxsparse_tc_spmm", 2, cpu_pattern=lambda P: P.a,
+                      cuda_pattern=lambda P: (*P.a, *P.row_view_a),
+                      attrs={"precision": param("precision")},
+                      cuda_attrs={"kernel": lambda p: np.int32(p["options"].spmm_code)},
                       cuda_workspace=_cuda_workspace)
