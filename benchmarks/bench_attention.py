@@ -35,9 +35,9 @@ import time
 # bench_attention_memory (a child process) and PyG in bench_train_step need the rest.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-import common  # noqa: E402
+from benchmarks import common
 
 COLUMNS = ["graph", "nodes", "nnz", "d", "H", "mode", "fused_ms", "lib_unfused_ms", "xla_ms",
            "x_vs_xla", "x_vs_lib", "fused_tmp_MB", "lib_tmp_MB", "xla_tmp_MB", "fused_MB",
@@ -85,6 +85,7 @@ def methods(scale):
   """{name: f(graph, q, k, v) -> [H, m, d]}; the graph is A (SparseMatrix) or (rows, cols)."""
   import jax
   import jax.numpy as jnp
+
   import jaxsparse_tc as jst
 
   def fused(A, q, k, v):
@@ -233,8 +234,6 @@ def _grid(quick):
   if quick:
     return [(64, 4), (128, 4)]
   ds = (32, 64, 128)
-  if os.environ.get("BENCH_DIMS"):  # e.g. BENCH_DIMS=64,128: the widths the targets name
-    ds = tuple(int(x) for x in os.environ["BENCH_DIMS"].split(","))
   return [(d, h) for d in ds for h in (1, 4, 8)]
 
 
@@ -251,6 +250,7 @@ def _graphs(quick):
 def run(quick: bool = False) -> list[dict]:
   import jax
   import jax.numpy as jnp
+
   import jaxsparse_tc as jst
 
   configs = _grid(quick)

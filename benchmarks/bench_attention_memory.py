@@ -24,7 +24,7 @@ into goes back to the device when it exits (later benchmarks, PyG, get it back).
 its CUDA context plus what other processes, e.g. the parent benchmark process, hold) go with
 every row. The six programs of a point compile concurrently.
 quick: rmat12-d16 with H in {1, 2}; scales 12 and 13 at H = 2.
-Usage: python benchmarks/bench_attention_memory.py [--quick]
+Usage: python3 -m benchmarks.bench_attention_memory [--quick]
 """
 
 from __future__ import annotations
@@ -40,9 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import common  # noqa: E402
+from benchmarks import common
 
 COLUMNS = ["sweep", "graph", "nodes", "nnz", "H", "mode", "method", "temp_MB", "footprint_MB",
            "status", "ms"]
@@ -141,9 +139,9 @@ def _gpu_used_mb():
 def _build(scale):
   """The graph of one scale: A on the host CPU device (moved per use) and CSR edges (numpy)."""
   import jax
-  import jaxsparse_tc as jst
 
-  import bench_attention as ba
+  import jaxsparse_tc as jst
+  from benchmarks import bench_attention as ba
 
   t0 = time.perf_counter()
   g = common.rmat_csr(scale, EDGES_PER_NODE)
@@ -176,7 +174,7 @@ def _point(ctx, H, sweep, state, deadline, emit, pool):
   import jax
   import jax.numpy as jnp
 
-  import bench_attention as ba
+  from benchmarks import bench_attention as ba
 
   dev = jax.devices()[0]
   shape = (H, ctx["n"], D)

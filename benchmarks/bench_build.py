@@ -1,7 +1,7 @@
 """Format build time: SparseMatrix.from_coo on R-MAT graphs (both orientations, host side).
 
 Target (issue 2): a 10-million-edge graph builds in at most 3 s on a 2-core machine.
-Run alone: python benchmarks/bench_build.py
+Run alone: python3 -m benchmarks.bench_build
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-import common
+from benchmarks import common
 from jaxsparse_tc import SparseMatrix
 
 COLUMNS = ["graph", "nodes", "edges", "nnz", "blocks", "build_s", "Medges_per_s"]

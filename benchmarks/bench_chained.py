@@ -18,7 +18,9 @@ work added), so that every call stands alone on both sides.
 cuSPARSE: the same K-step SpMM chain captured in one CUDA graph and replayed (if capture fails,
 K launches timed with CUDA events; the `how` column says which).
 
-BENCH_CHAINED_OPS=spmm,sddmm,attention picks the operations; BENCH_CHAIN=K (default 32).
+This is the suite behind docs/PERFORMANCE.md:
+  python -m benchmarks.bench_chained [--quick] [--graphs a,b] [--ops spmm,sddmm,attention]
+      [--chain K] [--attention-dims 64,128] [--plot PATH]
 Rows at d=128 (SpMM fp16 and float32 as tf32, SDDMM fp16) and attention forward and
 forward+backward (fp16, d=64 and 128, H=4; fwd+bwd: q <- q + 1e-3 (dq + dk + dv) with the
 gradients of sum(out * w), as bench_attention) on every benchmark graph, against the peers of
@@ -28,30 +30,24 @@ the method); on Cora they differ by the dispatch cost.
 
 from __future__ import annotations
 
+import argparse
 import os
-import sys
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-import common  # noqa: E402
-
-# The tensor-core kernels, forced (the default picks the CUDA-core row kernels for sparse blocks).
-SPMM_TC = {"JAXSPARSE_TC_SPMM_VARIANT": "async"}
-SDDMM_TC = {"JAXSPARSE_TC_SDDMM_VARIANT": "tc"}
+from benchmarks import common
 
 
-def _variants(var: str) -> dict[str, dict[str, str]]:
-  """Kernel experiments: VAR="name=ENV:VALUE;ENV:VALUE,..." adds rows "ours-<dtype>-<name>" run
-  with those environment variables set (BENCH_CHAINED_SPMM_VARIANTS, ..._SDDMM_VARIANTS)."""
-  return {name: dict(kv.split(":", 1) for kv in spec.split(";"))
-          for name, spec in (v.split("=", 1) for v in os.environ.get(var, "").split(",") if v)}
+def _forced(**kwargs):
+  """jst.spmm / jst.sddmm keyword arguments forcing a kernel family, or None where this build of
+  the library has no KernelOptions (then the forced rows are skipped)."""
+  import jaxsparse_tc as jst
 
-
-SPMM_VARIANTS = _variants("BENCH_CHAINED_SPMM_VARIANTS")
-SDDMM_VARIANTS = _variants("BENCH_CHAINED_SDDMM_VARIANTS")
-ATTENTION_VARIANTS = _variants("BENCH_CHAINED_ATTENTION_VARIANTS")  # rows "fused-<name>"
+  if not hasattr(jst, "KernelOptions"):
+    return None
+  return {"options": jst.KernelOptions(**kwargs)}
 
 COLUMNS = ["graph", "op", "d", "H", "impl", "us_per_call", "wall_us", "how", "K"]
 
@@ -88,7 +84,7 @@ def _serial(f):
 def grad_step(f):
   """One fwd+bwd call of a chain: q <- q + 1e-3 (dq + dk + dv), the gradients of
   sum(f(G, q, k, v) * w), so every gradient is used."""
-  import bench_attention
+  from benchmarks import bench_attention
 
   grad = bench_attention.with_grad(f)
 
@@ -132,12 +128,15 @@ def _time_torch(step, x0, k: int) -> tuple[float, str]:
   return ms * 1e3 / k, how
 
 
-def run(quick: bool = False) -> list[dict]:
+def run(quick: bool = False, graphs=None, ops=("spmm", "sddmm", "attention"), k: int = 32,
+        attention_dims=(64, 128)) -> list[dict]:
+  import functools
+
   import jax
   import jax.numpy as jnp
 
-  import bench_attention
   import jaxsparse_tc as jst
+  from benchmarks import bench_attention
 
   try:
     import torch
@@ -146,11 +145,10 @@ def run(quick: bool = False) -> list[dict]:
   except Exception:  # noqa: BLE001 - torch is optional
     has_torch = False
 
-  k = int(os.environ.get("BENCH_CHAIN", "32"))
-  ops = os.environ.get("BENCH_CHAINED_OPS", "spmm,sddmm,attention").split(",")
   rows: list[dict] = []
   d = 128
-  for gname, csr in common.benchmark_graphs(quick).items():
+  spmm_tc, sddmm_tc = _forced(spmm="tensor_core"), _forced(sddmm="tensor_core")
+  for gname, csr in common.benchmark_graphs(quick, graphs).items():
     csr = csr.tocsr()
     csr.sort_indices()
     m, n = csr.shape
@@ -176,10 +174,9 @@ def run(quick: bool = False) -> list[dict]:
       for name, dt in (("fp16", jnp.float16), ("tf32", jnp.float32)):
         Ad = A_n.with_values(A_n.values.astype(dt))
         add("spmm", f"ours-{name}", _time_jax(_chain(jst.spmm, k), (Ad, x32.astype(dt)), k))
-        for vname, env in {"tc": SPMM_TC, **SPMM_VARIANTS}.items():  # same inputs, forced
-          with common.environ(env):
-            add("spmm", f"ours-{name}-{vname}",
-                _time_jax(_chain(jst.spmm, k), (Ad, x32.astype(dt)), k))
+        if spmm_tc:  # same inputs, the tensor-core kernels forced
+          add("spmm", f"ours-{name}-tc", _time_jax(
+              _chain(functools.partial(jst.spmm, **spmm_tc), k), (Ad, x32.astype(dt)), k))
       vals_n = jnp.asarray(norm.tocoo().data.astype(np.float32))
       seg = lambda v, x: jax.ops.segment_sum(v[:, None] * x[c_idx], r_idx, num_segments=m,
                                              indices_are_sorted=True)
@@ -204,15 +201,14 @@ def run(quick: bool = False) -> list[dict]:
       ks = max(4, min(k, int(4e9 // ((m + n) * d * 2))))
       qs = tuple(jnp.asarray(rng.standard_normal((m, d)), jnp.float16) for _ in range(ks))
       ys = tuple(jnp.asarray(rng.standard_normal((n, d)), jnp.float16) for _ in range(ks))
-      # A new program per variant: a handler reads its switches when XLA records it into a
-      # command buffer, and a program replays that record while its buffers stay put.
-      ours = lambda: jax.jit(lambda A, qs, ys: tuple(jst.sddmm(A, q, y).values  # noqa: E731
-                                                     for q, y in zip(qs, ys)))
+      def ours(**kw):
+        return jax.jit(lambda A, qs, ys: tuple(jst.sddmm(A, q, y, **kw).values
+                                               for q, y in zip(qs, ys)))
+
       add("sddmm", "ours-fp16", _time_jax(ours(), (A, qs, ys), ks), how="jit fan", kk=ks)
-      for vname, env in {"tc": SDDMM_TC, **SDDMM_VARIANTS}.items():  # same inputs, forced
-        with common.environ(env):
-          add("sddmm", f"ours-fp16-{vname}", _time_jax(ours(), (A, qs, ys), ks), how="jit fan",
-              kk=ks)
+      if sddmm_tc:  # same inputs, the tensor-core kernel forced
+        add("sddmm", "ours-fp16-tc", _time_jax(ours(**sddmm_tc), (A, qs, ys), ks),
+            how="jit fan", kk=ks)
       gather_one = lambda q, y: jnp.sum(  # noqa: E731
           q[r_idx].astype(jnp.float32) * y[c_idx].astype(jnp.float32), -1).astype(q.dtype)
       gather = jax.jit(lambda qs, ys: tuple(gather_one(q, y) for q, y in zip(qs, ys)))
@@ -233,26 +229,21 @@ def run(quick: bool = False) -> list[dict]:
       edges = (jnp.asarray(rows_e), jnp.asarray(cols_e))
       h = 4
       ka_ = max(2, min(k, int(2e9 // (csr.nnz * h * 4 * 8))))  # XLA's temporaries per call
-      for da in (64, 128):
+      for da in attention_dims:
         qa, ka, va = (jnp.asarray(rng.standard_normal((h, s, da)), jnp.float16) for s in (m, n, n))
         meths = bench_attention.methods(1.0 / np.sqrt(da))
         fused = lambda A, k_, v_, q_: meths["fused"](A, q_, k_, v_)
         xla = lambda e, k_, v_, q_: meths["xla"](e, q_, k_, v_)
-        for vname, env in {"": {}, **ATTENTION_VARIANTS}.items():
-          with common.environ(env):
-            add("attention fwd", "fused" + (vname and f"-{vname}"),
-                _time_jax(_chain(fused, ka_), (A, ka, va, qa), ka_), h=h, dd=da, kk=ka_)
+        add("attention fwd", "fused", _time_jax(_chain(fused, ka_), (A, ka, va, qa), ka_), h=h,
+            dd=da, kk=ka_)
         add("attention fwd", "xla-unfused", _time_jax(_chain(xla, ka_), (edges, ka, va, qa), ka_),
             h=h, dd=da, kk=ka_)
         if m == n:  # fwd+bwd: q <- q + 1e-3 (dq + dk + dv), every gradient used
           w = jnp.asarray(rng.standard_normal((h, m, da)), jnp.float32)
-          runs = [("fused", A, {}), *((f"fused-{nm}", A, env) for nm, env in
-                                      ATTENTION_VARIANTS.items()), ("xla-unfused", edges, {})]
-          for impl, graph, env in runs:
+          for impl, graph in (("fused", A), ("xla-unfused", edges)):
             step = grad_step(meths["xla" if impl == "xla-unfused" else "fused"])
             try:
-              with common.environ(env):
-                us = _time_jax(_chain(step, ka_), (graph, ka, va, w, qa), ka_)
+              us = _time_jax(_chain(step, ka_), (graph, ka, va, w, qa), ka_)
             except Exception as e:  # noqa: BLE001 - XLA's unfused backward may not fit
               if "RESOURCE_EXHAUSTED" not in str(e) and "out of memory" not in str(e).lower():
                 raise
@@ -297,5 +288,54 @@ def summary(rows: list[dict]) -> list[dict]:
           for label, op, ours, peer, d in pairs]
 
 
+def plot(summary_rows: list[dict], path, title: str) -> None:
+  """Speedup over each peer per graph (one panel per comparison), with the geomean line."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  rows = [r for r in summary_rows if np.isfinite(r["geomean"])]
+  graphs = [g for g in rows[0] if g not in ("device time per call (speedup)", "geomean")]
+  fig, axes = plt.subplots(len(rows), 1, figsize=(9, 1.9 * len(rows)), sharex=True)
+  for ax, r in zip(np.atleast_1d(axes), rows):
+    vals = [r.get(g) or np.nan for g in graphs]
+    ax.bar(graphs, vals, color=["tab:green" if v >= 1 else "tab:red" for v in vals])
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.axhline(r["geomean"], color="tab:blue", ls="--", lw=0.8)
+    ax.set_ylabel("x", rotation=0)
+    ax.set_title(f"{r['device time per call (speedup)']} (geomean {r['geomean']:.2f}x)",
+                 fontsize=9, loc="left")
+  plt.xticks(rotation=30, ha="right", fontsize=8)
+  fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--quick", action="store_true")
+  ap.add_argument("--graphs", default=None, help="comma-separated names (default: all)")
+  ap.add_argument("--ops", default="spmm,sddmm,attention")
+  ap.add_argument("--chain", type=int, default=32, help="K calls per program")
+  ap.add_argument("--attention-dims", default="64,128")
+  ap.add_argument("--plot", default=None, help="write the speedup plot (PNG) here")
+  ap.add_argument("--json", default=None, help="write the rows (JSON) here")
+  a = ap.parse_args()
+  rows = run(a.quick, a.graphs.split(",") if a.graphs else None, tuple(a.ops.split(",")),
+             a.chain, tuple(int(x) for x in a.attention_dims.split(",")))
+  common.print_table(rows, COLUMNS, "bench_chained")
+  s = summary(rows)
+  common.print_table(s, list(s[0].keys()), f"summary ({common.device_name()})")
+  if a.json:
+    import json
+
+    with open(a.json, "w") as f:
+      json.dump({"device": common.device_name(), "rows": rows, "summary": s}, f, indent=1)
+  if a.plot:
+    plot(s, a.plot, f"jaxsparse_tc speedup over peers, per call in a chained program "
+         f"({common.device_name()})")
+
+
 if __name__ == "__main__":
-  common.main(sys.modules[__name__])
+  main()

@@ -13,26 +13,17 @@ row once, the output once) over the time.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
 import numpy as np
 
-import common
+from benchmarks import common
 
-# Kernel variants timed at d=128 (environment switches of cuda/spmm.cu, read per launch).
-# `tc` = the register-gather kernel that was the default before the pipelined one (v4); the
-# others are knobs of the pipelined kernel (docs/NOTES.md, v5-v9): `v8` = one unit per warp
-# (no persistent warps). BENCH_VARIANTS="name=K:V;K:V,..." replaces the list.
-_KNOBS = {"tc": "VARIANT:tc", "v8": "PERSIST:0", "slab64": "SLAB:64"}
-if os.environ.get("BENCH_VARIANTS"):
-  _KNOBS = dict(v.split("=", 1) for v in os.environ["BENCH_VARIANTS"].split(","))
-VARIANTS = {name: {f"JAXSPARSE_TC_SPMM_{kv.split(':')[0]}": kv.split(":")[1]
-                   for kv in spec.split(";")} for name, spec in _KNOBS.items()}
-# The CUDA-core kernel family, timed at every d for every dtype next to the default
-# (rows `ours-cuda_core-<dtype>`; its fp32 is exact, so compare it with ours-fp32-highest too).
-CUDA_CORE = {"JAXSPARSE_TC_SPMM_VARIANT": "cuda_core"}
+# At d=128 both kernel families are timed forced next to the default: rows
+# `ours-cuda_core-<dtype>` (its fp32 is exact: compare it with ours-fp32-highest too) and
+# `ours-<dtype>-tc` (the tensor-core window kernels).
+FAMILIES = {"cuda_core": "cuda_core", "tc": "tensor_core"}
 COLUMNS = ["graph", "op", "d", "impl", "ms", "GB/s", "GFLOP/s", "err"]
 
 
@@ -107,8 +98,6 @@ def run(quick: bool = False) -> list[dict]:
   rows_out.append({"graph": "-", "op": "copy", "d": 0, "impl": "device copy", "GB/s": bw})
   print(f"device copy bandwidth: {bw:.0f} GB/s")
   ds = [128] if quick else [32, 64, 128, 256]
-  if os.environ.get("BENCH_DIMS"):  # e.g. BENCH_DIMS=128: all graphs, fewer widths
-    ds = [int(x) for x in os.environ["BENCH_DIMS"].split(",")]
   dtypes = {"fp16": jnp.float16, "bf16": jnp.bfloat16, "fp32": jnp.float32}
 
   for gname, csr in common.benchmark_graphs(quick).items():
@@ -162,7 +151,11 @@ def run(quick: bool = False) -> list[dict]:
           # The pattern is closed over, as the XLA peers close over their index arrays: every JAX
           # call takes the values and x (the structure's 24 arrays as arguments cost ~35 us of
           # dispatch per call on an H100 host, scripts/latency_probe.py).
-          f = jax.jit(lambda v, x, Ad=Ad, prec=prec: jst.spmm(Ad.with_values(v), x, precision=prec))
+          def make(options=None, Ad=Ad, prec=prec):
+            return jax.jit(lambda v, x: jst.spmm(Ad.with_values(v), x, precision=prec,
+                                                 options=options))
+
+          f = make()
           out = f(Ad.values, x)
           impl = f"ours-{'tf32' if (name == 'fp32' and prec is None) else name}"
           if prec == "highest":
@@ -170,17 +163,12 @@ def run(quick: bool = False) -> list[dict]:
           add("spmm", impl, name, _time(lambda: f(Ad.values, x), _sync_jax), _rel(out, ref))
           del out
           if prec is None and d == 128:
-            with common.environ(CUDA_CORE):
-              out = f(Ad.values, x)
-              add("spmm", f"ours-cuda_core-{name}", name,
-                  _time(lambda: f(Ad.values, x), _sync_jax), _rel(out, ref))
+            for fam, choice in FAMILIES.items():
+              g = make(jst.KernelOptions(spmm=choice))
+              out = g(Ad.values, x)
+              label = f"ours-cuda_core-{name}" if fam == "cuda_core" else f"{impl}-{fam}"
+              add("spmm", label, name, _time(lambda: g(Ad.values, x), _sync_jax), _rel(out, ref))
               del out
-          if d == 128 and prec is None and name != "bf16":
-            for vname, env in VARIANTS.items():  # kernel experiments, read per launch
-              with common.environ(env):
-                out = f(Ad.values, x)
-                add("spmm", f"{impl}-{vname}", name, _time(lambda: f(Ad.values, x), _sync_jax),
-                    _rel(out, ref))
       add("spmm", "xla-segment_sum-fp32", "fp32", _time(lambda: seg(vals32, x32), _sync_jax))
       if d == 128:
         # (xla-segment_sum-fp16 is left out: fp16 scatter-add took ~1 s per call on rmat17,

@@ -31,9 +31,9 @@ import sys
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave room for PyG
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-import common  # noqa: E402
+from benchmarks import common
 
 COLUMNS = ["graph", "nodes", "edges", "model", "lib_ms", "xla_ms", "pyg_ms", "pyg_csr_ms",
            "x_vs_xla", "x_vs_pyg", "lib_dev_ms", "xla_dev_ms", "dev_vs_xla", "loss_err"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
@@ -108,14 +107,23 @@ def rmat_csr(scale: int, edges_per_node: int, seed: int = 0, a=0.57, b=0.19, c=0
 
 
 def package_graph(name: str) -> sp.csr_matrix:
-  """A real graph shipped with the package or in ../shared/data (npz with indptr/indices)."""
+  """A real graph: the package's Cora (CSR npz) or an edge list of ../shared/data (row/col npz,
+  symmetrized: the GNN view of graphs stored "listed once"), with unit values."""
   for folder in (ROOT / "jaxsparse_tc" / "data", SHARED_DATA):
     path = folder / f"{name}.npz"
-    if path.exists():
-      z = np.load(path)
+    if not path.exists():
+      continue
+    z = np.load(path)
+    if "indptr" in z:
       return sp.csr_matrix((np.ones(len(z["indices"]), np.float32), z["indices"], z["indptr"]),
                            shape=tuple(int(s) for s in z["shape"]))
-  raise FileNotFoundError(name)
+    n = int(z["num_nodes"])
+    g = sp.coo_matrix((np.ones(len(z["row"]), np.float32), (z["row"], z["col"])), shape=(n, n))
+    g = (g + g.T).tocsr()
+    g.data[:] = 1.0
+    g.sort_indices()
+    return g
+  raise FileNotFoundError(f"no graph {name!r} in jaxsparse_tc/data or {SHARED_DATA}")
 
 
 def real_graph_names() -> list[str]:
@@ -124,11 +132,11 @@ def real_graph_names() -> list[str]:
   return sorted(names)
 
 
-def benchmark_graphs(quick: bool = False) -> dict[str, sp.csr_matrix]:
-  """Real graphs plus the two R-MAT graphs of BASELINES.md (BENCH_GRAPHS=name,...: those only)."""
-  names = [*real_graph_names(), "rmat17-d16", *([] if quick else ["rmat20-d8"])]
-  if os.environ.get("BENCH_GRAPHS"):
-    names = [nm for nm in names if nm in os.environ["BENCH_GRAPHS"].split(",")]
+def benchmark_graphs(quick: bool = False, names=None) -> dict[str, sp.csr_matrix]:
+  """Real graphs plus the two R-MAT graphs of BASELINES.md (`names`: those only), loaded one at a
+  time (a generator's dict view: large graphs are made when reached)."""
+  default = [*real_graph_names(), "rmat17-d16", *([] if quick else ["rmat20-d8"])]
+  names = default if names is None else list(names)
   makers = {"rmat17-d16": lambda: rmat(17, 16), "rmat20-d8": lambda: rmat(20, 8)}
   return {nm: makers[nm]() if nm in makers else package_graph(nm) for nm in names}
 
@@ -266,21 +274,6 @@ def speedup_row(label_col: str, label: str, graphs, ours_time, peer_time, **extr
   row = {label_col: label, "geomean": geomean(ratios.values()), **extra}
   row.update({g: ratios.get(g) for g in graphs})
   return row
-
-
-@contextlib.contextmanager
-def environ(settings: dict):
-  """Sets environment variables for the block (the kernels read their switches per launch)."""
-  old = {k: os.environ.get(k) for k in settings}
-  os.environ.update(settings)
-  try:
-    yield
-  finally:
-    for k, v in old.items():
-      if v is None:
-        os.environ.pop(k, None)
-      else:
-        os.environ[k] = v
 
 
 def main(module) -> None:

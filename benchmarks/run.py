@@ -2,7 +2,7 @@
 
 Each module defines `run(quick: bool) -> list[dict]` rows and `COLUMNS` (the table's columns),
 and may define `summary(rows) -> list[dict]` (ratios against peers). Usage:
-  python benchmarks/run.py [--quick] [--only NAME ...]
+  python3 -m benchmarks.run [--quick] [--only NAME ...]
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ import sys
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import common  # noqa: E402
+from benchmarks import common
 
 
 def main() -> int:

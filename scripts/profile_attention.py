@@ -1,23 +1,20 @@
 """One fused attention forward, or forward and backward, for `ncu` (scripts/gpu_check.sh
 --profile=attn:GRAPH:D or attnbwd:GRAPH:D).
 
-Usage: [JAXSPARSE_TC_ATTN_...=...] python3 scripts/profile_attention.py [graph] [d] [heads] [bwd]
+Usage: python3 -m scripts.profile_attention [graph] [d] [heads] [bwd]
 graph: cora (default), rmat17-d16 or rmat20-d8; fp16 Q, K, V of width d (64) and heads (4);
 bwd: the gradients of sum(out) too. The program runs 3 times (compile + 2); profile the last
 launch of a kernel with `--launch-skip 2`.
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-import common  # noqa: E402
-import jaxsparse_tc as jst  # noqa: E402
+import jaxsparse_tc as jst
+from benchmarks import common
 
 name = sys.argv[1] if len(sys.argv) > 1 else "cora"
 d = int(sys.argv[2]) if len(sys.argv) > 2 else 64

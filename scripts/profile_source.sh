@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Per-SASS-instruction profile of one kernel (ncu's source page), for where a kernel's issue
 # slots and stalls go. Usage (after the in-place build; results in $OUT):
-#   scripts/profile_source.sh NAME KERNEL_REGEX python3 scripts/profile_attention.py cora 128 4 bwd
+#   scripts/profile_source.sh NAME KERNEL_REGEX python3 -m scripts.profile_attention cora 128 4 bwd
 # Writes $OUT/NAME_sass.csv (one row per instruction: executed count, stall samples by reason).
 set -uo pipefail
 name=$1; kre=$2; shift 2

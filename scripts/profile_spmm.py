@@ -1,21 +1,18 @@
 """One SpMM on rmat17-d16 (d=128 by default), for `ncu` (scripts/gpu_check.sh --profile).
 
-Usage: [JAXSPARSE_TC_SPMM_...=...] python3 scripts/profile_spmm.py [dtype] [d] [torch]
+Usage: python3 -m scripts.profile_spmm [dtype] [d] [torch|cuda_core|tensor_core]
 The SpMM runs 3 times (compile + 2); profile the last launch with `--launch-skip 2`.
 With `torch` the same product runs through torch.sparse.mm on a CSR tensor (cuSPARSE).
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-import common  # noqa: E402
-import jaxsparse_tc as jst  # noqa: E402
+import jaxsparse_tc as jst
+from benchmarks import common
 
 dtype = {"fp16": jnp.float16, "bf16": jnp.bfloat16, "fp32": jnp.float32}[
     sys.argv[1] if len(sys.argv) > 1 else "fp16"]
@@ -37,7 +34,8 @@ if len(sys.argv) > 3 and sys.argv[3] == "torch":
 A = jst.SparseMatrix.from_scipy(g)
 A = A.with_values(A.values.astype(dtype))
 x = jnp.asarray(np.random.default_rng(0).standard_normal((A.shape[1], d)), dtype)
-f = jax.jit(jst.spmm)
+kernel = sys.argv[3] if len(sys.argv) > 3 else "auto"
+f = jax.jit(lambda A, x: jst.spmm(A, x, options=jst.KernelOptions(spmm=kernel)))
 for _ in range(3):
   jax.block_until_ready(f(A, x))
 print("done", A.nnz, d, dtype)

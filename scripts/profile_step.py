@@ -4,23 +4,21 @@ and 16, float32) and their vjp (A^T); then the forward (loss), forward + backwar
 the whole step (Adam included), its device time, and a jitted no-op taking the step's arguments
 (their dispatch cost).
 
-Usage: python3 scripts/profile_step.py [gcn|gat] [lib|xla] [rmat20-d16|cora|rmat14-d8]
+Usage: python3 -m scripts.profile_step [gcn|gat] [lib|xla] [rmat20-d16|cora|rmat14-d8]
 """
 
 import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import bench_train_step as bts  # noqa: E402
-import common  # noqa: E402
-import jaxsparse_tc as jst  # noqa: E402
+import jaxsparse_tc as jst
+from benchmarks import bench_train_step as bts
+from benchmarks import common
 
 model = sys.argv[1] if len(sys.argv) > 1 else "gcn"
 impl = sys.argv[2] if len(sys.argv) > 2 else "lib"

@@ -1,7 +1,7 @@
 """A small SpMM/SDDMM/edge-softmax/attention case for `compute-sanitizer --tool memcheck`
 (scripts/gpu_check.sh --sanitize): every dtype and precision, a split window, a partial last window, d not a multiple
 of 8, rows that lane groups, CTAs and several CTAs walk, and a graph past kSmallGraphNnz whose
-SDDMM rows run as streams (`python3 scripts/sanitize_case.py streams`: that part alone; `grads`:
+SDDMM rows run as streams (`python3 -m scripts.sanitize_case streams`: that part alone; `grads`:
 the attention backward's grouped and large-graph parts alone). Buffers come from plain
 cudaMalloc (platform allocator) so out-of-bounds accesses are seen.
 """
@@ -12,14 +12,12 @@ import sys
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jaxsparse_tc as jst  # noqa: E402
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from conftest import rel_err, window_blocks_coo  # noqa: E402  (the tests' helpers)
+import jaxsparse_tc as jst
+from jaxsparse_tc.testing import rel_err, window_blocks_coo
 
 
 def sddmm_err(A, q, x, s) -> float:
@@ -46,10 +44,10 @@ def streams(rng) -> None:
     assert serr < 2e-2, serr
 
 
-def attention_outputs_finite(A, q, k, v, bias=None) -> bool:
+def attention_outputs_finite(A, q, k, v, bias=None, options=None) -> bool:
   """The fused forward and its gradients (the tensor-core backward for 16-bit d in {32, 64,
   128}) all finite."""
-  f = lambda q, k, v: jst.sparse_attention(A, q, k, v, bias=bias)  # noqa: E731
+  f = lambda q, k, v: jst.sparse_attention(A, q, k, v, bias=bias, options=options)  # noqa: E731
   o = jax.jit(f)(q, k, v)
   g = jax.jit(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) ** 2),
                        argnums=(0, 1, 2)))(q, k, v)
@@ -79,14 +77,13 @@ def grads_large(rng) -> None:
   cols = np.concatenate([cols[keep], 6 + rng.permutation(n - 6)[:2500], np.full(2500, 5)])
   A = jst.SparseMatrix.from_coo(rows, cols, shape=(n, n))
   assert A.nnz >= 1 << 16
-  os.environ["JAXSPARSE_TC_ATTN_GRADS"] = "1"
+  fused = jst.KernelOptions(attention_backward="fused")
   for dtype, d in ((jnp.float16, 64), (jnp.bfloat16, 128)):
     q, k, v = (jnp.asarray(rng.standard_normal((2, n, d)), dtype) for _ in range(3))
     bias = jnp.asarray(rng.standard_normal((2, A.nnz)), dtype)
-    ok = attention_outputs_finite(A, q, k, v, bias)
+    ok = attention_outputs_finite(A, q, k, v, bias, fused)
     print(f"{np.dtype(dtype).name:9s} d={d:3d} attention grads, {A.nnz} nonzeros, finite: {ok}")
     assert ok
-  del os.environ["JAXSPARSE_TC_ATTN_GRADS"]
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Where a small graph's chained call spends its GPU time: kernels, memsets and the gaps between.
 
-Usage: python3 scripts/trace_chain.py [OP ...] [--graph cora] [--k 8]
+Usage: python3 -m scripts.trace_chain [OP ...] [--graph cora] [--k 8]
 OP: attn64, attn128 (fused attention forward, fp16, H=4; attn64bwd, attn128bwd: forward and
 backward), xla64, xla128, xla64bwd, xla128bwd (XLA's unfused peer), spmm, sddmm (fp16, d=128;
 sddmm's chain adds each call's summed scores to the next call's operand: one reduction more),
@@ -20,21 +20,18 @@ import json
 import math
 import os
 import re
-import sys
 import tempfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import torch  # noqa: E402
+import jax
+import jax.numpy as jnp
+import torch
 
-import bench_attention as ba  # noqa: E402
-import common  # noqa: E402
-import jaxsparse_tc as jst  # noqa: E402
-from bench_chained import _chain, grad_step  # noqa: E402
+import jaxsparse_tc as jst
+from benchmarks import bench_attention as ba
+from benchmarks import common
+from benchmarks.bench_chained import _chain, grad_step
 
 H = 4
 
@@ -46,7 +43,7 @@ def program(op: str, g, k: int, graph_name: str):
   if step:
     import numpy as np
 
-    import bench_train_step as bts
+    from benchmarks import bench_train_step as bts
 
     x, y, c, edge_index = bts._graph_inputs(graph_name, g, np.random.default_rng(0))
     lib, xla, largs, xargs, _ = bts._jax_steps(step.group(1), x, y, c, edge_index, n)

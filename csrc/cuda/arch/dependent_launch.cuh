@@ -1,17 +1,16 @@
 // Programmatic dependent launch (sm_90+): a kernel launched by launch_kernel(true, ...) may
-// become resident while the stream's previous kernel is still running, so its launch and its prologue
-// hide behind that kernel's tail (on small graphs a chain of kernels is mostly such gaps). It
-// must call wait_prerequisites() before it touches anything the previous kernel writes; a
-// previous kernel that calls allow_dependents() lets it start before its own CTAs exit.
-// Elsewhere (older GPUs, JAXSPARSE_TC_PDL=0) the launch is an ordinary one and both calls are
-// no-ops.
+// become resident while the stream's previous kernel is still running, so its launch and its
+// prologue hide behind that kernel's tail (on small graphs a chain of kernels is mostly such
+// gaps; measured on H100, Cora attention forward + backward d=64: 20.2 -> 19.1 us, R-MAT
+// unchanged). It must call wait_prerequisites() before it touches anything the previous kernel
+// writes; a previous kernel that calls allow_dependents() lets it start before its own CTAs
+// exit. On older GPUs the launch is an ordinary one and both calls are no-ops.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <utility>
 
-#include "cuda/common/cuda_common.cuh"
-#include "cuda/common/ffi_cuda.cuh"
+#include "cuda/common/device.h"
 
 namespace jaxsparse_tc {
 
@@ -41,8 +40,7 @@ cudaError_t launch_kernel(bool dependent, void (*kernel)(Params...), dim3 grid, 
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = &attr;
-  cfg.numAttrs =
-      dependent && device_is_sm90_or_later() && env_int("JAXSPARSE_TC_PDL", 1) != 0 ? 1 : 0;
+  cfg.numAttrs = dependent && device_is_sm90_or_later() ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 

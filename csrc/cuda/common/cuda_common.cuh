@@ -1,21 +1,14 @@
-// Device-side element helpers shared by the CUDA kernels: float conversion, vector loads and
-// stores of a thread's contiguous features, and the FFI glue for launches.
+// Device-side element helpers shared by the CUDA kernels: float conversion, and vector loads and
+// stores of a thread's contiguous features.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 namespace jaxsparse_tc {
-
-// An integer knob from the environment (tests and benchmarks switch kernel variants with them).
-inline int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
 
 template <class T> __device__ __forceinline__ float to_f32(T v);
 template <> __device__ __forceinline__ float to_f32<float>(float v) { return v; }
@@ -108,24 +101,6 @@ __device__ __forceinline__ void store_row(T* row, int64_t f, int64_t d, bool vec
 #pragma unroll
   for (int e = 0; e < E; ++e)
     if (f + e < d) row[f + e] = from_f32<T>(v[e]);
-}
-
-// A release/acquire fence at GPU scope: what a split piece's partial needs before its counter
-// increment (release) and after the increment that completes the window (acquire). Lighter than
-// __threadfence(), which is sequentially consistent (fence.sc).
-__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
-
-// Named CTA barrier ID (1-15; 0 is __syncthreads) over `threads` threads (a multiple of 32):
-// producers arrive without waiting, after their shared-memory writes (arrive releases them);
-// the consumer waits in sync (which acquires them). The ID is an immediate: with an ID in a
-// register ptxas reserves all 16 of the CTA's barriers.
-template <int ID>
-__device__ __forceinline__ void barrier_arrive(int threads) {
-  asm volatile("bar.arrive %0, %1;" ::"n"(ID), "r"(threads) : "memory");
-}
-template <int ID>
-__device__ __forceinline__ void barrier_sync(int threads) {
-  asm volatile("bar.sync %0, %1;" ::"n"(ID), "r"(threads) : "memory");
 }
 
 // Element e of a word array holding 16-bit or 32-bit elements, as float.

@@ -1,14 +1,9 @@
-// The row view of a pattern (docs/FORMAT.md) as the CUDA-core kernels read it, and their lane
-// layout. Where blocks are sparse (R-MAT-like graphs put ~1 nonzero in each condensed column,
-// so an 8x8 block holds ~8 of 64 entries) tensor cores do little useful work and the kernels are
-// bound by gathering dense rows. The CUDA-core kernels walk rows in CSR order instead: few
-// registers, so many warps per SM keep many gathers in flight (DA-SpMM's row-balanced,
-// row-major access with parallel reduction).
-//
-// Lane layout: a warp is cut into G = 32 / L groups of L lanes; each group owns one work item
-// (a row, or a piece of a long row). Lane li of a group owns the kRowVec<T> consecutive
-// features (16 bytes) starting at (slab * L + li) * kRowVec<T>, so one gathered dense row is one
-// coalesced 16-byte load per lane. L is the smallest power of two in [2, 32] covering d.
+// The row view of a pattern (docs/FORMAT.md) as the CUDA-core kernels read it. Where blocks are
+// sparse (R-MAT-like graphs put ~1 nonzero in each condensed column, so an 8x8 block holds ~8 of
+// 64 entries) tensor cores do little useful work and the kernels are bound by gathering dense
+// rows. The CUDA-core kernels walk rows in CSR order instead: few registers, so many warps per SM
+// keep many gathers in flight (DA-SpMM's row-balanced, row-major access with parallel
+// reduction). Their lane layout: row_layout.h.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -16,8 +11,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/common/cuda_common.cuh"
 #include "common/ffi_pattern.h"
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/common/row_layout.h"
 
 namespace jaxsparse_tc {
 
@@ -64,60 +60,7 @@ __device__ __forceinline__ int2 cta_share(int begin, int end, int groups, int g,
   return make_int2(begin + off, begin + min(per, len - off) + off);
 }
 
-// Where the row kernels are the default: blocks this sparse (fill = nnz / (64 blocks) <= 1/4;
-// Cora and R-MAT graphs ~1/8) leave the tensor cores little useful work (docs/NOTES.md).
-inline bool sparse_blocks(int64_t nnz, int64_t num_blocks) {
-  return double(nnz) <= 0.25 * 64.0 * double(num_blocks);
-}
-
-constexpr int kRowThreads = 256;  // threads per CTA of the row kernels
 constexpr unsigned kFullWarp = 0xffffffffu;  // shuffle mask of a warp that runs in lockstep
-
-// Graphs under kSmallGraphNnz nonzeros have row pieces of kSmallGraphPiece entries
-// (jaxsparse_tc/pattern.py SMALL_GRAPH_NNZ, SMALL_GRAPH_PIECE; a test checks they agree).
-constexpr int64_t kSmallGraphNnz = int64_t(1) << 16;
-constexpr int kSmallGraphPiece = 8;
-template <class T> constexpr int kRowVec = 16 / int(sizeof(T));  // features per lane
-
-// Fewest entries of a CTA item one lane group takes, where entries need no combining (the
-// SDDMM and attention-backward row kernels): 32, so that a group's fixed cost per share (its
-// row operands, first entries) is paid on enough entries; on small graphs, whose time is their
-// longest chain, a row piece (Cora's fp16 d=128 SDDMM 18.7 -> 9.2 us, NOTES session 9).
-inline int cta_min_share(int64_t nnz) { return nnz < kSmallGraphNnz ? kSmallGraphPiece : 32; }
-
-// CTAs of a row kernel per slab and head (`copies` = slabs x heads of them): enough for its
-// whole-row items, `per_cta` per CTA, and one per item up to the CTAs the GPU holds at once
-// (`resident`, 0 where unknown) shared by the copies. CTAs take the CTA items (the schedule's
-// prefix) strided, so a grid sized for the whole rows alone left narrow groups (small d: 128
-// groups of 2 lanes per CTA) few CTAs, each walking many CTA items one after another: Cora's
-// float32 SpMM at d=7 had 22 CTAs for 204 CTA items, ~17 us (5 us with this floor).
-// JAXSPARSE_TC_ROW_CTAS=0 (benchmarks): the whole rows' count alone.
-inline int64_t row_ctas(int64_t items, int64_t per_cta, int resident, int64_t copies) {
-  const int64_t whole = (items + per_cta - 1) / per_cta;
-  if (env_int("JAXSPARSE_TC_ROW_CTAS", 1) == 0) return whole;
-  return std::max(whole, std::min<int64_t>(items, resident / std::max<int64_t>(copies, 1)));
-}
-
-// Lanes per group for d features of T.
-template <class T>
-int row_lanes(int64_t d) {
-  int lanes = 2;
-  while (lanes < 32 && int64_t(lanes) * kRowVec<T> < d) lanes *= 2;
-  return lanes;
-}
-
-// Calls f(std::integral_constant<int, L>{}) with L = lanes (a power of two in [2, 32]): the
-// launch of a row kernel instantiated per group width.
-template <class F>
-void with_lanes(int lanes, F&& f) {
-  switch (lanes) {
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    case 8: f(std::integral_constant<int, 8>{}); break;
-    case 16: f(std::integral_constant<int, 16>{}); break;
-    default: f(std::integral_constant<int, 32>{}); break;
-  }
-}
 
 // A value's raw bits (widened to 32; load_raw_if) as float: 16-bit values are loaded raw and
 // converted where they are used, so that their load does not stall the gathers issued after it.
@@ -169,8 +112,8 @@ __device__ __forceinline__ uint32_t load_raw_if(bool p, const T* a) {
 
 // A group's next U entries from k (of a range ending at `end`), read by every lane of the group
 // alike: a broadcast load, so gathers need no shuffles (whose convergence checks, when the two
-// groups of a warp walk different rows, cost more than the load; NOTES session 11). Returns how
-// many of the U exist.
+// groups of a warp walk different rows, cost more than the load). Returns how many of the U
+// exist.
 template <int U>
 __device__ __forceinline__ int load_entries(const int2* entries, int k, int end, int2 (&en)[U]) {
   const int2* e = entries + k;

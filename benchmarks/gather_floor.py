@@ -7,20 +7,16 @@ as the row kernels do), VB bytes per lane, rows of L * VB bytes. Occupancy is ca
 dynamic shared memory. Indices: the column list of rmat17-d16 in CSR order (what SpMM gathers) and
 uniform random ids. Prints rows/s and bytes/s per shape, with the device name.
 
-  python3 scripts/gather_probe.py            (needs cupy and a GPU)
-  GATHER_PROBE_RMAT=20,8 python3 scripts/gather_probe.py   (another R-MAT graph: scale, degree;
+  python3 -m scripts.gather_probe            (needs cupy and a GPU)
+  GATHER_PROBE_RMAT=20,8 python3 -m scripts.gather_probe   (another R-MAT graph: scale, degree;
       only its column list, rows of 64/256/512 bytes, 64 warps/SM)
 """
 
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 SOURCE = r"""
 extern "C" __global__ void gather(const char* __restrict__ x, const int* __restrict__ idx, long long m,
@@ -67,7 +63,7 @@ WARPS_PER_SM = [64, 32, 16]
 def main() -> None:
   import cupy as cp
 
-  import common
+  from benchmarks import common
 
   props = cp.cuda.runtime.getDeviceProperties(0)
   smem_per_sm = props["sharedMemPerMultiprocessor"]
@@ -84,7 +80,7 @@ def main() -> None:
                   "uniform": np.random.default_rng(0).integers(0, csr.shape[1], csr.nnz)
                   .astype(np.int32)}
   n = csr.shape[1]
-  print(f"| indices | row bytes | lanes x bytes | rows in flight | warps/SM | us | G rows/s | TB/s |")
+  print("| indices | row bytes | lanes x bytes | rows in flight | warps/SM | us | G rows/s | TB/s |")
   print("|---|---|---|---|---|---|---|---|")
   for iname, idx_np in index_sets.items():
     idx = cp.asarray(idx_np)

@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m benchmarks.run` (all of them, tables last) or one module."""

@@ -1,0 +1,94 @@
+// The SDDMM launch plan (docs/DESIGN.md, "Which kernel runs"): from the shapes and the `kernel`
+// attribute, the kernel and its launch shape. The SDDMM has no workspace.
+//
+// | kernel attr   | rows: sddmm_rows (d * itemsize <= 1 KB)    | windows                           |
+// |---------------|--------------------------------------------|-----------------------------------|
+// | 0 auto        | sparse blocks or exact fp32, where d fits  | otherwise                         |
+// | 1 cuda_core   | always (InvalidArgument past 1 KB)         | never                             |
+// | 2 tensor_core | never                                      | always: sddmm_f32_exact for exact |
+// |               |                                            | fp32, sddmm_tc otherwise          |
+#pragma once
+#include <cstdint>
+
+#include "cuda/common/plan.h"
+#include "cuda/common/row_layout.h"
+
+namespace jaxsparse_tc {
+
+// The SDDMM kernels (csrc/cuda/sddmm/).
+enum class SddmmKernel {
+  kRows,         // sddmm_rows (rows.cuh): CUDA cores on the row view, exact in float32
+  kTensorCores,  // sddmm_tc (windows.cuh): tensor cores on the windows
+  kExactF32,     // sddmm_f32_exact (exact_f32.cuh): CUDA cores on the windows
+};
+
+// An SDDMM's shapes: all the plan reads.
+struct SddmmShape {
+  int esize;   // bytes per element of X and Y
+  bool exact;  // float32 with precision "highest"
+  int64_t nnz, num_blocks, num_items, heads, d;
+};
+
+struct SddmmPlan {
+  SddmmKernel kernel;
+  // Row kernels: lanes per group and slabs of lanes x 16 bytes (1 or 2) holding a row of X.
+  int lanes, slabs;
+  // Graphs under kSmallGraphNnz nonzeros, whose time is their longest chain: one whole row per
+  // lane group, no register cap. Larger graphs: `stream` whole rows per group as one stream of
+  // batches (measured on H100, fp16 d=128, 4 rows strided over the schedule: rmat20 388 us
+  // against 482-545 with one row per group; rmat17 88 against 89-101).
+  bool small;
+  int stream;
+  int min_share;  // fewest entries of a CTA item one group takes (row_layout.h)
+  // sddmm_tc: warps per schedule item, each taking an equal, even share of its blocks. A launch
+  // of under 16384 items x heads has too few warps to fill the device, and its longest item is
+  // its time: 8 warps per item (measured on H100, Cora fp16 d=128: 24.2 us against 42.7; rmat17,
+  // 19484 items, keeps 1).
+  int sub;
+};
+
+// The row kernels hold at most two slabs of 32 lanes x 16 bytes of X per lane.
+constexpr int64_t kSddmmRowBytes = 32 * 16 * 2;
+
+inline ffi::Error plan_sddmm(const SddmmShape& s, int64_t kernel, SddmmPlan& plan) {
+  KernelChoice choice;
+  if (auto err = kernel_choice("sddmm", kernel, choice); err.failure()) return err;
+  plan = SddmmPlan{};
+  const bool rows_fit = s.d * s.esize <= kSddmmRowBytes;
+  if (choice == KernelChoice::kCudaCore && !rows_fit)
+    return ffi::Error::InvalidArgument(
+        "sddmm: d * itemsize is past the row kernels' width (1024 bytes)");
+  // auto: the row kernels for sparse blocks (common/plan.h) and for exact fp32.
+  const bool rows = rows_fit && (choice == KernelChoice::kCudaCore ||
+                                 (choice == KernelChoice::kAuto &&
+                                  (s.exact || sparse_blocks(s.nnz, s.num_blocks))));
+  if (rows) {
+    plan.kernel = SddmmKernel::kRows;
+    const bool two = s.d > 32 * (16 / s.esize);
+    plan.lanes = two ? 32 : row_lanes(s.esize, s.d);
+    plan.slabs = two ? 2 : 1;
+    plan.small = s.nnz < kSmallGraphNnz;
+    plan.stream = plan.small ? 0 : 4;
+    plan.min_share = cta_min_share(s.nnz);
+  } else if (s.exact) {
+    plan.kernel = SddmmKernel::kExactF32;
+  } else {
+    plan.kernel = SddmmKernel::kTensorCores;
+    plan.sub = s.num_items * s.heads < 16384 ? 8 : 1;
+  }
+  return ffi::Error::Success();
+}
+
+// Whether the kernel may load a thread's features as whole vectors: the row kernels' 16-byte
+// rows (d * itemsize a multiple of 16, X and Y aligned), sddmm_tc's 8 features per thread,
+// sddmm_f32_exact's 4.
+inline bool sddmm_vec(const SddmmShape& s, const SddmmPlan& plan, bool x_aligned16,
+                      bool y_aligned16) {
+  switch (plan.kernel) {
+    case SddmmKernel::kRows: return (s.d * s.esize) % 16 == 0 && x_aligned16 && y_aligned16;
+    case SddmmKernel::kExactF32: return s.d % 4 == 0;
+    default: return s.d % 8 == 0;
+  }
+}
+
+}  // namespace jaxsparse_tc

@@ -1,0 +1,1 @@
+"""GPU check, sanitizer case and profiler drivers: run as `python -m scripts.NAME`."""
