@@ -11,7 +11,7 @@ Ops (one head, A's values random):
 Both sides run under jax.jit with the sparsity structure closed over (ours: the SparseMatrix;
 XLA: its row and column index arrays, CSR order, rows sorted) and the dense operands / values as
 arguments. Time: warm-ups, then the median of repeated calls, each synchronised with
-block_until_ready. ratio = XLA ms / ours ms (> 1: ours is faster). err: the largest difference
+block_until_ready, ours and XLA's alternating (so that both see the same background load). ratio = XLA ms / ours ms (> 1: ours is faster). err: the largest difference
 between the two outputs over the largest magnitude of XLA's (a sanity check, not a test).
 
   python3 -m benchmarks.bench_cpu [--graphs pubmed,DD] [--dims 32,128] [--data ../shared/data]
@@ -43,21 +43,25 @@ def load_graph(data: Path, name: str):
   return rows[order], cols[order], int(z["num_nodes"])
 
 
-def time_ms(fn, args, warmup: int, repeat: int, budget_s: float) -> float:
-  """Median ms of fn(*args) after `warmup` calls; fewer than `repeat` calls for slow ones (at
-  least 3, about `budget_s` in all)."""
+def time_pair(f, args_f, g, args_g, warmup: int, repeat: int, budget_s: float):
+  """Median ms of f(*args_f) and of g(*args_g) after `warmup` calls each; the calls alternate,
+  so that both see the same machine (other load comes and goes). Fewer than `repeat` pairs
+  for slow ones (at least 3, about `budget_s` in all)."""
   for _ in range(warmup):
-    jax.block_until_ready(fn(*args))
+    jax.block_until_ready(f(*args_f))
+    jax.block_until_ready(g(*args_g))
   t0 = time.perf_counter()
-  jax.block_until_ready(fn(*args))
+  jax.block_until_ready(f(*args_f))
+  jax.block_until_ready(g(*args_g))
   first = time.perf_counter() - t0
   n = int(max(3, min(repeat, budget_s / max(first, 1e-6))))
-  times = []
+  tf, tg = [], []
   for _ in range(n):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times) * 1e3)
+    for fn, args, times in ((f, args_f, tf), (g, args_g, tg)):
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      times.append(time.perf_counter() - t0)
+  return float(np.median(tf) * 1e3), float(np.median(tg) * 1e3)
 
 
 # -- XLA's formulations ---------------------------------------------------------------------------
@@ -157,8 +161,7 @@ def run(graphs, dims, dtypes, ops, data, warmup, repeat, budget_s):
           if op == "spmm":
             args_x = (args_x[0], args_o[1])
           err = rel_err(to_common(ours(*args_o)), xla(*args_x))
-          t_o = time_ms(ours, args_o, warmup, repeat, budget_s)
-          t_x = time_ms(xla, args_x, warmup, repeat, budget_s)
+          t_o, t_x = time_pair(ours, args_o, xla, args_x, warmup, repeat, budget_s)
           row = dict(graph=g, op=op, dtype=jnp.dtype(dtype).name,
                      d="-" if op == "edge_softmax" else d, ours_ms=t_o, xla_ms=t_x,
                      ratio=t_x / t_o, err=err)

@@ -172,7 +172,7 @@ def run(quick: bool = False) -> list[dict]:
       add("spmm", "xla-segment_sum-fp32", "fp32", _time(lambda: seg(vals32, x32), _sync_jax))
       if d == 128:
         # (xla-segment_sum-fp16 is left out: fp16 scatter-add took ~1 s per call on rmat17,
-        # see docs/NOTES.md; BASELINES.md has it 10-40x slower than fp32.)
+        # ../shared/BASELINES.md has it 10-40x slower than fp32.)
         fb = jax.jit(lambda a, x: a @ x)
         add("spmm", "jax-bcoo-fp32", "fp32", _time(lambda: fb(bcoo, x32), _sync_jax))
         add("spmm", "jax-bcsr-fp32", "fp32", _time(lambda: fb(bcsr, x32), _sync_jax))

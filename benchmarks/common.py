@@ -11,7 +11,10 @@ import numpy as np
 import scipy.sparse as sp
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED_DATA = ROOT.parent / "shared" / "data"
+# The benchmark graphs: ../shared/data beside the checkout, or shared/data inside it (a GPU
+# machine gets a copy of the checkout only).
+SHARED_DATA = next((p for p in (ROOT.parent / "shared" / "data", ROOT / "shared" / "data")
+                    if p.exists()), ROOT.parent / "shared" / "data")
 
 
 def rmat(scale: int, edges_per_node: int, seed: int = 0, a=0.57, b=0.19, c=0.19) -> sp.csr_matrix:

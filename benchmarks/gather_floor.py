@@ -1,5 +1,6 @@
-"""What rate does the GPU gather random dense rows at? (NOTES, session 7: SpMM kernels with 5 and
-39 instructions per nonzero land within 1.4x of each other in rows per second.)
+"""The gather floor: what rate does the GPU gather random dense rows at? (SpMM kernels with 5 and
+39 instructions per nonzero measured within 1.4x of each other in rows per second: the gathers,
+not the arithmetic, bound them.)
 
 One kernel, no arithmetic beyond a running xor: groups of L lanes each gather `per_group`
 consecutive rows of an index list, U rows in flight per lane (indices of a batch loaded first,
@@ -7,14 +8,14 @@ as the row kernels do), VB bytes per lane, rows of L * VB bytes. Occupancy is ca
 dynamic shared memory. Indices: the column list of rmat17-d16 in CSR order (what SpMM gathers) and
 uniform random ids. Prints rows/s and bytes/s per shape, with the device name.
 
-  python3 -m scripts.gather_probe            (needs cupy and a GPU)
-  GATHER_PROBE_RMAT=20,8 python3 -m scripts.gather_probe   (another R-MAT graph: scale, degree;
-      only its column list, rows of 64/256/512 bytes, 64 warps/SM)
+  python3 -m benchmarks.gather_floor                (needs cupy and a GPU)
+  python3 -m benchmarks.gather_floor --rmat 20,8    (another R-MAT graph: scale, degree; only its
+      column list, rows of 64/256/512 bytes, 64 warps/SM)
 """
 
 from __future__ import annotations
 
-import os
+import argparse
 
 import numpy as np
 
@@ -63,14 +64,18 @@ WARPS_PER_SM = [64, 32, 16]
 def main() -> None:
   import cupy as cp
 
+  ap = argparse.ArgumentParser(description="the GPU's rate of gathering random dense rows")
+  ap.add_argument("--rmat", default=None, help="SCALE,DEGREE of another R-MAT graph")
+  rmat_arg = ap.parse_args().rmat
+
   from benchmarks import common
 
   props = cp.cuda.runtime.getDeviceProperties(0)
   smem_per_sm = props["sharedMemPerMultiprocessor"]
   print("# device:", props["name"].decode())
   shapes, warps_per_sm = SHAPES, WARPS_PER_SM
-  if os.environ.get("GATHER_PROBE_RMAT"):
-    scale, deg = (int(v) for v in os.environ["GATHER_PROBE_RMAT"].split(","))
+  if rmat_arg:
+    scale, deg = (int(v) for v in rmat_arg.split(","))
     csr = common.rmat(scale, deg)
     index_sets = {f"rmat{scale}-d{deg} csr cols": csr.indices.astype(np.int32)}
     shapes, warps_per_sm = [(4, 16, 4), (16, 16, 4), (32, 16, 4)], [64]

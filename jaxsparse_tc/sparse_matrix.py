@@ -155,14 +155,20 @@ class SparseMatrix:
                         format_options=format_options)
 
   @classmethod
-  def from_edge_index(cls, edge_index, num_nodes: int | None = None,
-                      values=None) -> "SparseMatrix":
-    """From a [2, E] edge list: A[edge_index[0, e], edge_index[1, e]] = 1 (or values[e]).
+  def from_edge_index(cls, edge_index, num_nodes: int | None = None, values=None, *,
+                      flow: str = "source_to_target") -> "SparseMatrix":
+    """From a [2, E] edge list in PyG's direction: a message flows from `edge_index[0, e]`
+    (source) to `edge_index[1, e]` (target).
 
-    The convention of `torch.sparse_coo_tensor(edge_index)` and PyG's
-    `to_scipy_sparse_matrix`. Message passing that aggregates at targets uses `A.T`
-    (jaxsparse_tc.nn.graph builds that directly).
+    flow="source_to_target" (default, PyG's): rows = targets, A[edge_index[1, e],
+    edge_index[0, e]] = 1 (or values[e]), so `A @ x` sums each node's in-neighbours, as
+    `jaxsparse_tc.nn.graph.message_passing_matrix` does. flow="target_to_source": rows =
+    sources, A[edge_index[0, e], edge_index[1, e]] (`torch.sparse_coo_tensor(edge_index)`'s
+    layout, PyG's `to_scipy_sparse_matrix`).
     """
+    if flow not in ("source_to_target", "target_to_source"):
+      raise ValueError(f"flow must be 'source_to_target' (rows = targets) or "
+                       f"'target_to_source' (rows = sources); got {flow!r}")
     ei = np.asarray(edge_index)
     if ei.ndim != 2 or ei.shape[0] != 2:
       raise ValueError(f"edge_index must have shape [2, E]; got {ei.shape}")
@@ -170,7 +176,22 @@ class SparseMatrix:
     if shape is None:
       k = int(ei.max()) + 1 if ei.size else 0
       shape = (k, k)
-    return cls.from_coo(ei[0], ei[1], values, shape=shape)
+    rows, cols = (ei[1], ei[0]) if flow == "source_to_target" else (ei[0], ei[1])
+    return cls.from_coo(rows, cols, values, shape=shape)
+
+  @classmethod
+  def from_bcoo(cls, m, *, format_options: FormatOptions | None = None) -> "SparseMatrix":
+    """From a `jax.experimental.sparse.BCOO` [m, n] (concrete; duplicates summed)."""
+    from jaxsparse_tc.interop import from_bcoo
+
+    return from_bcoo(m, format_options=format_options)
+
+  def to_bcoo(self):
+    """This matrix as a `jax.experimental.sparse.BCOO` ([m, n], or [H, m, n] for H value
+    sets), format order; traceable in the values."""
+    from jaxsparse_tc.interop import to_bcoo
+
+    return to_bcoo(self)
 
   # -- accessors ------------------------------------------------------------------------------
   @property
@@ -251,8 +272,65 @@ class SparseMatrix:
       v = v.astype(np.float32)
     return sp.csr_matrix((v, (np.asarray(self.rows), np.asarray(self.cols))), shape=self.shape)
 
+  # numpy operands on the left defer to our reflected operators (x @ A, 2 * A).
+  __array_ufunc__ = None
+
   def __matmul__(self, x):
     return spmm(self, x)
+
+  def __rmatmul__(self, x):
+    """x @ A for dense x [k, m] (or [m]): (A^T @ x^T)^T, one SpMM over A^T's pattern."""
+    x = jnp.asarray(x)
+    if x.ndim not in (1, 2):
+      raise ValueError(f"x @ A takes x of shape [k, {self.shape[0]}] or [{self.shape[0]}]; got "
+                       f"{x.shape}")
+    if x.ndim == 1:
+      return spmm(self.T, x[:, None])[..., 0]
+    return jnp.swapaxes(spmm(self.T, x.T), -1, -2)
+
+  # Elementwise arithmetic on values: scaling, and sums of matrices that share one pattern.
+  def __mul__(self, s):
+    if isinstance(s, SparseMatrix) or jnp.ndim(s) != 0:
+      return NotImplemented  # only scalars: an elementwise product needs a shared pattern
+    return self.with_values(self.values * s)
+
+  __rmul__ = __mul__
+
+  def __truediv__(self, s):
+    if isinstance(s, SparseMatrix) or jnp.ndim(s) != 0:
+      return NotImplemented
+    return self.with_values(self.values / s)
+
+  def __neg__(self):
+    return self.with_values(-self.values)
+
+  def _check_same_pattern(self, other, op: str) -> None:
+    if not isinstance(other, SparseMatrix):
+      raise TypeError(f"SparseMatrix {op} {type(other).__name__}: both operands must be "
+                      "SparseMatrix objects on one pattern (for a dense result use todense())")
+    if self.shape != other.shape or self.nnz != other.nnz:
+      raise ValueError(f"SparseMatrix {op}: shapes {self.shape} / {other.shape} with {self.nnz}"
+                       f" / {other.nnz} nonzeros: both operands must share one pattern")
+    mine = jax.tree_util.tree_leaves((self.pattern, self.pattern_t, self.perm_t))
+    theirs = jax.tree_util.tree_leaves((other.pattern, other.pattern_t, other.perm_t))
+    for a, b in zip(mine, theirs):
+      if a is b:
+        continue
+      if isinstance(a, jax.core.Tracer) or isinstance(b, jax.core.Tracer):
+        raise ValueError(f"SparseMatrix {op}: inside a traced function the operands' patterns "
+                         "cannot be compared; derive one from the other "
+                         "(B = A.with_values(...)) so they share their pattern arrays")
+      if a.shape != b.shape or not np.array_equal(np.asarray(a), np.asarray(b)):
+        raise ValueError(f"SparseMatrix {op}: the operands have different patterns (sums of "
+                         "different patterns are not supported: build the union pattern)")
+
+  def __add__(self, other):
+    self._check_same_pattern(other, "+")
+    return self.with_values(self.values + other.values)
+
+  def __sub__(self, other):
+    self._check_same_pattern(other, "-")
+    return self.with_values(self.values - other.values)
 
   def __repr__(self) -> str:
     return (f"SparseMatrix(shape={self.shape}, nnz={self.nnz}, dtype={self.values.dtype}, "

@@ -329,12 +329,14 @@ def test_repeatable(rng):
 def test_spmm_kernel_families(rng, kind, dt, kernel):
   """Every kernel family computes the same function: d of every row-kernel group width (2, 4,
   8, 16, 32 lanes); on the window side the pipelined kernel (16-byte rows) and the
-  register-gather one (rows not a multiple of 16 bytes: d = 5, 12 in fp16)."""
+  register-gather one (rows not a multiple of 16 bytes: d = 5, 12, 20, 36 in fp16), every slab
+  width of both."""
   opts = jst.KernelOptions(spmm=kernel)
   dtype, precision, tol = DTYPES[dt]
   A, empty = _matrix(rng, kind)
   f = jax.jit(lambda A, x: jst.spmm(A, x, options=opts))
-  for d in (64, 128, 40, 16, 12, 5):
+  # fp16 d = 20, 36 and fp32 d = 17, 33: the register-gather kernel's 2- and 4-tile slabs
+  for d in (64, 128, 40, 16, 12, 5, 20, 36, 17, 33):
     x = jnp.asarray(rng.standard_normal((A.shape[1], d)), dtype)
     out = f(_on(_gpu(), A), _on(_gpu(), x))
     ref = _dense64(A, dtype) @ np.asarray(x, np.float64)

@@ -1,8 +1,8 @@
 """jaxsparse_tc.nn: graph helpers and layers against dense float64 references (numpy).
 
-Runs on the CPU kernels (see _on_cpu). The references are written from the papers' / PyG's formulas on dense matrices built straight
-from the edge list, independently of the library's format. Flax and Equinox twins must agree
-given the same weights; gradients must be finite.
+Runs on the CPU kernels (see _on_cpu). The references are written from the papers' / PyG's
+formulas on dense matrices built straight from the edge list, independently of the library's
+format. Flax and Equinox twins must agree given the same weights; gradients must be finite.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def test_self_loop_helpers(problem):
   for i in range(3):  # existing loops keep their weight
     assert kept[2 * i] == w[np.nonzero((ei[0] == 2 * i) & (ei[1] == 2 * i))[0][0]]
   assert kept[1] == 0.5
-  M = graph.message_passing_matrix(ei, n, self_loops=True)
+  M = graph.message_passing_matrix(ei, n, add_self_loops=True)
   close(M.todense(), dense_adj(ei, n, "replace"))
 
 
@@ -124,13 +124,12 @@ def test_gcn_norm_matches_dense(problem):
   np.add.at(aw, (ei[1], ei[0]), w)
   dw = aw.sum(1)
   inv = np.where(dw > 0, 1 / np.sqrt(np.where(dw > 0, dw, 1)), 0)
-  close(graph.gcn_norm(ei, n, w, add_self_loops=False).todense(),
-        inv[:, None] * aw * inv[None, :])
+  close(graph.gcn_norm(ei, n, w, add_self_loops=False).todense(), inv[:, None] * aw * inv[None, :])
 
 
 def test_normalize_symmetric_traced(problem):
   ei, n, _ = problem
-  M = graph.message_passing_matrix(ei, n, self_loops=True)
+  M = graph.message_passing_matrix(ei, n, add_self_loops=True)
   got = jax.jit(lambda v: graph.normalize_symmetric(M, v).values)(M.values)
   close(M.with_values(got).todense(), graph.gcn_norm(ei, n).todense(), rtol=1e-6)
 
@@ -184,8 +183,7 @@ def gat_reference(ei, n, x, W, att_src, att_dst, bias, heads, concat, slope=0.2)
   h = (f64(x) @ f64(W)).reshape(n, heads, -1)
   outs = []
   for k in range(heads):
-    e = leaky((h[:, k] @ f64(att_dst[k]))[:, None] + (h[:, k] @ f64(att_src[k]))[None, :],
-              slope)
+    e = leaky((h[:, k] @ f64(att_dst[k]))[:, None] + (h[:, k] @ f64(att_src[k]))[None, :], slope)
     outs.append(masked_softmax(e, mask) @ h[:, k])
   out = np.concatenate(outs, 1) if concat else np.mean(outs, 0)
   return out + f64(bias)
@@ -199,7 +197,7 @@ def test_gat_conv(problem, heads, concat):
   W = rng.normal(size=(12, heads * C)).astype(np.float32) * 0.5
   a_s, a_d = (rng.normal(size=(heads, C)).astype(np.float32) for _ in range(2))
   b = rng.normal(size=heads * C if concat else C).astype(np.float32)
-  M = graph.message_passing_matrix(ei, n, self_loops=True)
+  M = graph.message_passing_matrix(ei, n, add_self_loops=True)
   got = F.gat_conv(M, x, W, a_s, a_d, b, heads=heads, concat=concat)
   close(got, gat_reference(ei, n, x, W, a_s, a_d, b, heads, concat))
 
@@ -212,7 +210,7 @@ def agnn_reference(ei, n, x, beta):
 
 def test_agnn_conv(problem):
   ei, n, x = problem
-  M = graph.message_passing_matrix(ei, n, self_loops=True)
+  M = graph.message_passing_matrix(ei, n, add_self_loops=True)
   for beta in (1.0, 3.5):
     close(F.agnn_conv(M, x, jnp.float32(beta)), agnn_reference(ei, n, x, beta))
 
@@ -222,8 +220,7 @@ def transformer_reference(ei, n, x, q, k, v, skip, beta_w, heads, concat):
   x = f64(x)
   Q, K, V = ((x @ f64(w) + f64(bb)).reshape(n, heads, -1) for w, bb in (q, k, v))
   C = Q.shape[-1]
-  outs = [masked_softmax(Q[:, h] @ K[:, h].T / math.sqrt(C), mask) @ V[:, h]
-          for h in range(heads)]
+  outs = [masked_softmax(Q[:, h] @ K[:, h].T / math.sqrt(C), mask) @ V[:, h] for h in range(heads)]
   out = np.concatenate(outs, 1) if concat else np.mean(outs, 0)
   if skip is not None:
     r = x @ f64(skip[0]) + (0 if skip[1] is None else f64(skip[1]))
@@ -235,20 +232,23 @@ def transformer_reference(ei, n, x, q, k, v, skip, beta_w, heads, concat):
   return out
 
 
-@pytest.mark.parametrize("heads,concat,root,beta", [(1, True, True, False),
-                                                    (2, True, True, True),
-                                                    (2, False, False, False)])
+@pytest.mark.parametrize(
+  "heads,concat,root,beta",
+  [(1, True, True, False), (2, True, True, True), (2, False, False, False)],
+)
 def test_transformer_conv(problem, heads, concat, root, beta):
   ei, n, x = problem
   rng = np.random.default_rng(5)
   C = 4
-  lin = lambda i, o: (rng.normal(size=(i, o)).astype(np.float32) * 0.4,  # noqa: E731
-                      rng.normal(size=o).astype(np.float32))
+  lin = lambda i, o: (
+    rng.normal(size=(i, o)).astype(np.float32) * 0.4,  # noqa: E731
+    rng.normal(size=o).astype(np.float32),
+  )
   q, k, v = lin(12, heads * C), lin(12, heads * C), lin(12, heads * C)
   out_w = heads * C if concat else C
   skip = lin(12, out_w) if root else None
   beta_w = rng.normal(size=(3 * out_w, 1)).astype(np.float32) if beta else None
-  M = graph.message_passing_matrix(ei, n, self_loops=True)
+  M = graph.message_passing_matrix(ei, n, add_self_loops=True)
   got = F.transformer_conv(M, x, q, k, v, skip, beta_w, heads=heads, concat=concat)
   close(got, transformer_reference(ei, n, x, q, k, v, skip, beta_w, heads, concat))
 
@@ -287,28 +287,47 @@ def _builders(nnf, nne):
 
   f, c = 12, 5
   return {
-      "GCNConv": (lambda: nnf.GCNConv(f, 7, rngs=nnx.Rngs(0)),
-                  lambda: nne.GCNConv(f, 7, key=jax.random.key(9)), "gcn"),
-      "GATConv": (lambda: nnf.GATConv(f, 4, heads=3, rngs=nnx.Rngs(0)),
-                  lambda: nne.GATConv(f, 4, heads=3, key=jax.random.key(9)), "loops"),
-      "AGNNConv": (lambda: nnf.AGNNConv(), lambda: nne.AGNNConv(), "loops"),
-      "TransformerConv": (
-          lambda: nnf.TransformerConv(f, 4, heads=2, beta=True, rngs=nnx.Rngs(0)),
-          lambda: nne.TransformerConv(f, 4, heads=2, beta=True, key=jax.random.key(9)),
-          "loops"),
-      "GraphTransformerLayer": (
-          lambda: nnf.GraphTransformerLayer(f, heads=3, dropout=0.3, rngs=nnx.Rngs(0)),
-          lambda: nne.GraphTransformerLayer(f, heads=3, dropout=0.3, key=jax.random.key(9)),
-          "loops"),
-      "GCN": (lambda: nnf.GCN(f, 8, c, rngs=nnx.Rngs(0)),
-              lambda: nne.GCN(f, 8, c, key=jax.random.key(9)), "gcn"),
-      "GAT": (lambda: nnf.GAT(f, 4, c, heads=2, rngs=nnx.Rngs(0)),
-              lambda: nne.GAT(f, 4, c, heads=2, key=jax.random.key(9)), "loops"),
-      "AGNN": (lambda: nnf.AGNN(f, 8, c, rngs=nnx.Rngs(0)),
-               lambda: nne.AGNN(f, 8, c, key=jax.random.key(9)), "loops"),
-      "GraphTransformer": (lambda: nnf.GraphTransformer(f, 8, c, heads=2, rngs=nnx.Rngs(0)),
-                           lambda: nne.GraphTransformer(f, 8, c, heads=2,
-                                                        key=jax.random.key(9)), "loops"),
+    "GCNConv": (
+      lambda: nnf.GCNConv(f, 7, rngs=nnx.Rngs(0)),
+      lambda: nne.GCNConv(f, 7, key=jax.random.key(9)),
+      "gcn",
+    ),
+    "GATConv": (
+      lambda: nnf.GATConv(f, 4, heads=3, rngs=nnx.Rngs(0)),
+      lambda: nne.GATConv(f, 4, heads=3, key=jax.random.key(9)),
+      "loops",
+    ),
+    "AGNNConv": (lambda: nnf.AGNNConv(), lambda: nne.AGNNConv(), "loops"),
+    "TransformerConv": (
+      lambda: nnf.TransformerConv(f, 4, heads=2, beta=True, rngs=nnx.Rngs(0)),
+      lambda: nne.TransformerConv(f, 4, heads=2, beta=True, key=jax.random.key(9)),
+      "loops",
+    ),
+    "GraphTransformerLayer": (
+      lambda: nnf.GraphTransformerLayer(f, heads=3, dropout=0.3, rngs=nnx.Rngs(0)),
+      lambda: nne.GraphTransformerLayer(f, heads=3, dropout=0.3, key=jax.random.key(9)),
+      "loops",
+    ),
+    "GCN": (
+      lambda: nnf.GCN(f, 8, c, rngs=nnx.Rngs(0)),
+      lambda: nne.GCN(f, 8, c, key=jax.random.key(9)),
+      "gcn",
+    ),
+    "GAT": (
+      lambda: nnf.GAT(f, 4, c, heads=2, rngs=nnx.Rngs(0)),
+      lambda: nne.GAT(f, 4, c, heads=2, key=jax.random.key(9)),
+      "loops",
+    ),
+    "AGNN": (
+      lambda: nnf.AGNN(f, 8, c, rngs=nnx.Rngs(0)),
+      lambda: nne.AGNN(f, 8, c, key=jax.random.key(9)),
+      "loops",
+    ),
+    "GraphTransformer": (
+      lambda: nnf.GraphTransformer(f, 8, c, heads=2, rngs=nnx.Rngs(0)),
+      lambda: nne.GraphTransformer(f, 8, c, heads=2, key=jax.random.key(9)),
+      "loops",
+    ),
   }
 
 
@@ -316,11 +335,20 @@ def _matrix_for(kind, ei, n):
   """The matrix a model of this kind expects: GCN-normalised, or message passing + self-loops."""
   if kind == "gcn":
     return graph.gcn_norm(ei, n)
-  return graph.message_passing_matrix(ei, n, self_loops=True)
+  return graph.message_passing_matrix(ei, n, add_self_loops=True)
 
 
-NAMES = ["GCNConv", "GATConv", "AGNNConv", "TransformerConv", "GraphTransformerLayer", "GCN",
-         "GAT", "AGNN", "GraphTransformer"]
+NAMES = [
+  "GCNConv",
+  "GATConv",
+  "AGNNConv",
+  "TransformerConv",
+  "GraphTransformerLayer",
+  "GCN",
+  "GAT",
+  "AGNN",
+  "GraphTransformer",
+]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -367,12 +395,14 @@ def test_flax_gat_model_reference(problem):
   m.conv1.bias[...] = jnp.linspace(-1, 1, 8)
   m.eval()
   c1, c2 = m.conv1, m.conv2
-  h = gat_reference(ei, n, x, c1.lin.kernel[...], c1.att_src[...], c1.att_dst[...],
-                    c1.bias[...], 2, True)
+  h = gat_reference(
+    ei, n, x, c1.lin.kernel[...], c1.att_src[...], c1.att_dst[...], c1.bias[...], 2, True
+  )
   h = np.where(h > 0, h, np.expm1(h))
-  ref = gat_reference(ei, n, h, c2.lin.kernel[...], c2.att_src[...], c2.att_dst[...],
-                      c2.bias[...], 1, False)
-  close(m(graph.message_passing_matrix(ei, n, self_loops=True), x), ref, rtol=5e-5, atol=5e-5)
+  ref = gat_reference(
+    ei, n, h, c2.lin.kernel[...], c2.att_src[...], c2.att_dst[...], c2.bias[...], 1, False
+  )
+  close(m(graph.message_passing_matrix(ei, n, add_self_loops=True), x), ref, rtol=5e-5, atol=5e-5)
 
 
 def test_graph_transformer_layer_reference(problem):
@@ -382,8 +412,9 @@ def test_graph_transformer_layer_reference(problem):
   ei, n, x = problem
   mask = dense_adj(ei, n, "replace") > 0
   for norm_first in (False, True):
-    layer = nnf.GraphTransformerLayer(12, heads=3, ff_dim=10, norm_first=norm_first,
-                                      rngs=nnx.Rngs(2))
+    layer = nnf.GraphTransformerLayer(
+      12, heads=3, ff_dim=10, norm_first=norm_first, rngs=nnx.Rngs(2)
+    )
     layer.norm1.scale[...] = jnp.linspace(0.5, 1.5, 12)
     layer.norm2.bias[...] = jnp.linspace(-0.2, 0.2, 12)
     P = lambda lin: (f64(lin.kernel[...]), f64(lin.bias[...]))  # noqa: E731
@@ -393,24 +424,27 @@ def test_graph_transformer_layer_reference(problem):
       var = ((z - mu) ** 2).mean(1, keepdims=True)
       return (z - mu) / np.sqrt(var + 1e-5) * f64(norm.scale[...]) + f64(norm.bias[...])
 
-    def lin(z, l):
-      w, b = P(l)
+    def lin(z, layer_):
+      w, b = P(layer_)
       return z @ w + b
 
     x64 = f64(x)
     h = ln(x64, layer.norm1) if norm_first else x64
-    q, k, v = (lin(h, l).reshape(n, 3, 4) for l in (layer.lin_query, layer.lin_key,
-                                                      layer.lin_value))
-    att = np.concatenate([masked_softmax(q[:, i] @ k[:, i].T / 2.0, mask) @ v[:, i]
-                          for i in range(3)], 1)
+    q, k, v = (
+      lin(h, lin_).reshape(n, 3, 4) for lin_ in (layer.lin_query, layer.lin_key, layer.lin_value)
+    )
+    att = np.concatenate(
+      [masked_softmax(q[:, i] @ k[:, i].T / 2.0, mask) @ v[:, i] for i in range(3)], 1
+    )
     y = x64 + lin(att, layer.lin_out)
     y = y if norm_first else ln(y, layer.norm1)
     h = ln(y, layer.norm2) if norm_first else y
     y = y + lin(np.maximum(lin(h, layer.ff1), 0), layer.ff2)
     y = y if norm_first else ln(y, layer.norm2)
     layer.eval()
-    close(layer(graph.message_passing_matrix(ei, n, self_loops=True), x), y, rtol=1e-4,
-          atol=1e-4)
+    close(
+      layer(graph.message_passing_matrix(ei, n, add_self_loops=True), x), y, rtol=1e-4, atol=1e-4
+    )
 
 
 def test_dropout_train_vs_eval(problem):
@@ -420,7 +454,7 @@ def test_dropout_train_vs_eval(problem):
   from flax import nnx
 
   ei, n, x = problem
-  A = graph.message_passing_matrix(ei, n, self_loops=True)
+  A = graph.message_passing_matrix(ei, n, add_self_loops=True)
   m = nnf.GAT(12, 4, 5, heads=2, dropout=0.5, rngs=nnx.Rngs(0))
   y1, y2 = m(A, x), m(A, x)  # training: fresh dropout masks each call
   assert not np.allclose(np.asarray(y1), np.asarray(y2))
@@ -454,8 +488,8 @@ def test_gradients_finite(problem, name):
 
   g = grads(model, jnp.asarray(x))
   leaves = jax.tree_util.tree_leaves(eqx.filter(g, eqx.is_inexact_array))
-  assert leaves and all(np.all(np.isfinite(np.asarray(l))) for l in leaves)
-  assert sum(float(jnp.sum(jnp.abs(l))) for l in leaves) > 0
+  assert leaves and all(np.all(np.isfinite(np.asarray(leaf))) for leaf in leaves)
+  assert sum(float(jnp.sum(jnp.abs(leaf))) for leaf in leaves) > 0
   if name == "AGNN":  # the learned beta gets a gradient; the fixed one is no parameter
     assert isinstance(model.prop1.beta, float) and float(g.prop2.beta) != 0.0
 
@@ -473,9 +507,11 @@ def test_no_framework_import_on_package_import():
   import subprocess
   import sys
 
-  code = ("import sys, jaxsparse_tc, jaxsparse_tc.nn, jaxsparse_tc.datasets; "
-          "assert 'flax' not in sys.modules and 'equinox' not in sys.modules, "
-          "[m for m in ('flax', 'equinox') if m in sys.modules]")
+  code = (
+    "import sys, jaxsparse_tc, jaxsparse_tc.nn, jaxsparse_tc.datasets; "
+    "assert 'flax' not in sys.modules and 'equinox' not in sys.modules, "
+    "[m for m in ('flax', 'equinox') if m in sys.modules]"
+  )
   subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -489,8 +525,11 @@ def test_layers_gpu_matches_cpu(problem):
   ei, n, x = problem
   for name in ("GCN", "GAT", "AGNN", "GraphTransformer"):
     make_f, _, kind = _builders(nnf, nne)[name]
-    build = (lambda: graph.gcn_norm(ei, n)) if kind == "gcn" else (
-        lambda: graph.message_passing_matrix(ei, n, self_loops=True))
+    build = (
+      (lambda: graph.gcn_norm(ei, n))
+      if kind == "gcn"
+      else (lambda: graph.message_passing_matrix(ei, n, add_self_loops=True))
+    )
     m = make_f()
     m.eval()
     y_cpu = np.asarray(m(build(), x))

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cpu/pattern_build.h"
+#include "cpu/reorder.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace nb = nanobind;
@@ -61,6 +62,7 @@ nb::capsule handler(Fn* fn) {
 }  // namespace
 
 NB_MODULE(_cpu, m) {
+  jaxsparse_tc::register_reorder(m);  // reorder(), block_stats() (cpu/reorder.h)
   m.def("build_pattern", &build_pattern, nb::arg("rows"), nb::arg("cols"), nb::arg("m"),
         nb::arg("n"),
         "One orientation of the format from validated int64 COO indices (docs/FORMAT.md).");

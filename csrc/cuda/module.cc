@@ -18,14 +18,17 @@ extern "C" XLA_FFI_Error* AttentionFwdCuda(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* AttentionJvpCuda(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* AttentionBwdCuda(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* AttentionGradsCuda(XLA_FFI_CallFrame*);
-// Workspace result sizes, from the same plans the handlers launch by (spmm.cu, attention.cu).
-int64_t spmm_workspace_bytes(int esize, bool exact, int64_t nnz, int64_t num_blocks,
+// Workspace result sizes, from the same plans the handlers launch by (spmm/plan.h,
+// attention/plan.h). `kernel`: the SpMM handler's attribute (cuda/common/plan.h KernelChoice);
+// an invalid one sets `error` and returns -1.
+int64_t spmm_workspace_bytes(int esize, bool exact, int kernel, int64_t nnz, int64_t num_blocks,
                              int64_t num_items, int64_t num_windows, int64_t row_items, int64_t m,
                              int64_t d, int64_t heads, std::string* error);
 int64_t attention_workspace_bytes(int esize, int64_t d, int64_t dv, int64_t heads,
-                                  int64_t num_items, bool grouped);
+                                  int64_t num_items, bool grouped, bool merge_split_windows);
 int64_t attention_grads_workspace_bytes(int64_t d, int64_t heads, int64_t m, int64_t items_a,
-                                        int64_t items_t, bool grouped_a, bool grouped_t);
+                                        int64_t items_t, bool grouped_a, bool grouped_t,
+                                        bool merge_split_windows);
 }  // namespace jaxsparse_tc
 
 namespace {
@@ -49,12 +52,12 @@ NB_MODULE(_cuda, m) {
     return d;
   });
   m.def("spmm_workspace_bytes",
-        [](int esize, bool exact, int64_t nnz, int64_t num_blocks, int64_t num_items,
+        [](int esize, bool exact, int kernel, int64_t nnz, int64_t num_blocks, int64_t num_items,
            int64_t num_windows, int64_t row_items, int64_t m, int64_t d, int64_t heads) {
           std::string error;
           const int64_t bytes = jaxsparse_tc::spmm_workspace_bytes(
-              esize, exact, nnz, num_blocks, num_items, num_windows, row_items, m, d, heads,
-              &error);
+              esize, exact, kernel, nnz, num_blocks, num_items, num_windows, row_items, m, d,
+              heads, &error);
           if (bytes < 0) throw nb::value_error(error.c_str());
           return bytes;
         });

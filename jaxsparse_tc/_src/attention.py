@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
-from jaxsparse_tc._src import checks, heads, precision as precision_lib, rules
+from jaxsparse_tc._src import checks, heads, precision as precision_lib, rules, vma
 from jaxsparse_tc._src.extensions import CUDA_TARGETS, cuda_extension
 from jaxsparse_tc._src.lowering import param, register_ffi_lowering
 from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, SMALL_GRAPH_NNZ, PatternOperands
@@ -58,6 +58,9 @@ def sparse_attention(A, Q, K, V, *, scale=None, bias=None, options=None):
   Rows of A without nonzeros give zeros. `options`: a KernelOptions (the backward's kernels,
   split-window merging; None: the launch plans' choices).
   """
+  if hasattr(A, "__jaxsparse_tc_op__"):  # a container of matrices (distributed.ShardedMatrix)
+    return A.__jaxsparse_tc_op__("sparse_attention", Q, K, V, scale=scale, bias=bias,
+                                 options=options)
   q, k, v = (jnp.asarray(x) for x in (Q, K, V))
   m, n = A.shape
   checks.dense_operand("sparse_attention", "Q", q, A, expected_rows=m)
@@ -88,9 +91,10 @@ def sparse_attention(A, Q, K, V, *, scale=None, bias=None, options=None):
         f"sparse_attention: head counts of Q {q.shape}, K {k.shape}, V {v.shape} and bias "
         f"{None if bias is None else jnp.shape(bias)} do not broadcast") from None
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-  o, _ = attention_fwd_p.bind(q.reshape((hs[0],) + q.shape[-2:]),
-                              k.reshape((hs[1],) + k.shape[-2:]),
-                              v.reshape((hs[2],) + v.shape[-2:]), b, *A.pattern_operands(),
+  o, _ = attention_fwd_p.bind(*vma.match(q.reshape((hs[0],) + q.shape[-2:]),
+                                         k.reshape((hs[1],) + k.shape[-2:]),
+                                         v.reshape((hs[2],) + v.shape[-2:]), b,
+                                         *A.pattern_operands()),
                               shape=A.shape, scale=scale, has_bias=has_bias,
                               grouped=A.grouped[0], grouped_t=A.grouped[1],
                               options=kernel_options(options))

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.interpreters import ad, batching
 
-from jaxsparse_tc._src import checks, heads, rules
+from jaxsparse_tc._src import checks, heads, rules, vma
 from jaxsparse_tc._src.lowering import register_ffi_lowering
 from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS
 from jaxsparse_tc._src.primitives import edge_softmax_bwd_p, edge_softmax_p
@@ -30,12 +30,14 @@ def edge_softmax(A, values=None):
   Uses A's values ([nnz] or [H, nnz], format order), or `values` when given. float32 math,
   max-subtracted; the result has the input dtype (float32, float16 or bfloat16).
   """
+  if hasattr(A, "__jaxsparse_tc_op__"):  # a container of matrices (distributed.ShardedMatrix)
+    return A.__jaxsparse_tc_op__("edge_softmax", values)
   v = A.values if values is None else jnp.asarray(values)
   if v.ndim not in (1, 2) or v.shape[-1] != A.nnz:
     raise checks.OperandError(f"edge_softmax: A has shape {A.shape} and {A.nnz} nonzeros, so "
                               f"values must have shape [{A.nnz}] or [H, {A.nnz}]; got {v.shape}")
   checks.softmax_dtype("edge_softmax", "values", v)
-  out = edge_softmax_p.bind(v.reshape(-1, A.nnz), *A.pattern_operands())
+  out = edge_softmax_p.bind(*vma.match(v.reshape(-1, A.nnz), *A.pattern_operands()))
   return A.with_values(out if v.ndim == 2 else out[0])
 
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching
 
-from jaxsparse_tc._src import checks, heads, precision as precision_lib, rules
+from jaxsparse_tc._src import checks, heads, precision as precision_lib, rules, vma
 from jaxsparse_tc._src.lowering import param, register_ffi_lowering
 from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, PatternOperands
 from jaxsparse_tc._src.primitives import sddmm_p, spmm_p
@@ -25,6 +25,10 @@ def sddmm(A, x, y, *, scale_by_values: bool = False, precision=None,
   unrounded as float32 with `preferred_element_type=jnp.float32`. `options`: a KernelOptions
   forcing the GPU kernel family (None: the launch plan's choice).
   """
+  if hasattr(A, "__jaxsparse_tc_op__"):  # a container of matrices (distributed.ShardedMatrix)
+    return A.__jaxsparse_tc_op__("sddmm", x, y, scale_by_values=scale_by_values,
+                                 precision=precision,
+                                 preferred_element_type=preferred_element_type, options=options)
   x, y = jnp.asarray(x), jnp.asarray(y)
   m, n = A.shape
   checks.dense_operand("sddmm", "X", x, A, expected_rows=m)
@@ -38,8 +42,9 @@ def sddmm(A, x, y, *, scale_by_values: bool = False, precision=None,
   hx = x.shape[0] if x.ndim == 3 else 1
   hy = y.shape[0] if y.ndim == 3 else 1
   checks.heads_match("sddmm", A, x, hx, hy, other=y)
-  out = sddmm_p.bind(x.reshape((hx,) + x.shape[-2:]), y.reshape((hy,) + y.shape[-2:]),
-                     *A.pattern_operands(), shape=A.shape,
+  out = sddmm_p.bind(*vma.match(x.reshape((hx,) + x.shape[-2:]),
+                                y.reshape((hy,) + y.shape[-2:]), *A.pattern_operands()),
+                     shape=A.shape,
                      precision=precision_lib.canonicalize(precision),
                      float32_out=out_dtype != x.dtype, options=kernel_options(options))
   if x.ndim == 2 and y.ndim == 2:

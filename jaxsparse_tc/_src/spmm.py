@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching
 
-from jaxsparse_tc._src import checks, heads, precision as precision_lib, rules
+from jaxsparse_tc._src import checks, heads, precision as precision_lib, rules, vma
 from jaxsparse_tc._src.extensions import cuda_extension
 from jaxsparse_tc._src.lowering import param, register_ffi_lowering
 from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, PatternOperands
@@ -26,6 +26,8 @@ def spmm(A, x, *, precision=None, options=None):
   `precision="highest"` (or jax.lax.Precision.HIGHEST) asks for exact float32 everywhere.
   `options`: a KernelOptions forcing the GPU kernel family (None: the launch plan's choice).
   """
+  if hasattr(A, "__jaxsparse_tc_op__"):  # a container of matrices (distributed.ShardedMatrix)
+    return A.__jaxsparse_tc_op__("spmm", x, precision=precision, options=options)
   x = jnp.asarray(x)
   m, n = A.shape
   checks.dense_operand("spmm", "X", x, A, expected_rows=n)
@@ -33,8 +35,8 @@ def spmm(A, x, *, precision=None, options=None):
   hv = values.shape[0] if values.ndim == 2 else 1
   hx = x.shape[0] if x.ndim == 3 else 1
   checks.heads_match("spmm", A, x, hv, hx)
-  out = spmm_p.bind(values.reshape(hv, A.nnz), x.reshape((hx,) + x.shape[-2:]),
-                    *A.pattern_operands(), shape=A.shape,
+  out = spmm_p.bind(*vma.match(values.reshape(hv, A.nnz), x.reshape((hx,) + x.shape[-2:]),
+                               *A.pattern_operands()), shape=A.shape,
                     precision=precision_lib.canonicalize(precision),
                     options=kernel_options(options))
   return out if values.ndim == 2 or x.ndim == 3 else out[0]

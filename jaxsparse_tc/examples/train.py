@@ -3,6 +3,11 @@
     python -m jaxsparse_tc.examples.train --model gcn            # GCN, Flax nnx
     python -m jaxsparse_tc.examples.train --model gat --framework equinox --seed 1
     python -m jaxsparse_tc.examples.train --model gcn --seeds 5 --quiet   # mean over seeds 0..4
+    python -m jaxsparse_tc.examples.train --model gat --reorder affinity  # locality order
+    python -m jaxsparse_tc.examples.train --task graph --dataset PROTEINS DD  # graph classif.
+
+`--task graph` hands the other arguments to jaxsparse_tc.examples.graph_classification (GIN /
+GCN on the TU datasets, 10-fold cross-validation; see its docstring and --help).
 
 Models (hyper-parameters of the papers / PyG's examples; Adam with L2 weight decay 5e-4 added
 to the gradient, as torch's Adam does):
@@ -57,6 +62,19 @@ def _matrix(model: str, ds):
   if model == "gcn":
     return graph.gcn_norm(ds.edge_index, ds.num_nodes)
   return graph.message_passing_matrix(ds.edge_index, ds.num_nodes, self_loops=True)
+
+
+def _reorder(A, x, labels, splits, method: str, mode: str):
+  """--reorder: A stored in a locality order of the nodes (docs/REORDER.md). transparent: A
+  keeps the caller's node order (a ReorderedMatrix); explicit: the matrix, features, labels and
+  splits all move to the new order once."""
+  from jaxsparse_tc.reorder import reorder
+
+  r = reorder(A, method)
+  if mode == "transparent":
+    return r.wrap(A), x, labels, splits
+  splits = {k: jnp.asarray(r.permute_index(np.asarray(v))) for k, v in splits.items()}
+  return r.permute_matrix(A), r.permute(x), r.permute(labels), splits
 
 
 def _optimizer(cfg: Config):
@@ -170,8 +188,11 @@ def _equinox_runner(model_name, cfg, ds, seed):
 
 
 def train(model: str = "gcn", framework: str = "flax", seed: int = 0, epochs: int = 200,
-          verbose: bool = True) -> dict:
-  """Trains one model on Cora; returns the final metrics (see the module docstring)."""
+          verbose: bool = True, devices: int = 1, reorder: str | None = None,
+          reorder_mode: str = "transparent") -> dict:
+  """Trains one model on Cora; returns the final metrics (see the module docstring).
+  `devices` > 1: full-graph training sharded over that many devices (train_sharded.py).
+  `reorder`: a jaxsparse_tc.reorder method, applied in `reorder_mode` (see _reorder)."""
   if model not in CONFIGS:
     raise ValueError(f"model must be one of {sorted(CONFIGS)}; got {model!r}")
   cfg = CONFIGS[model]
@@ -180,6 +201,12 @@ def train(model: str = "gcn", framework: str = "flax", seed: int = 0, epochs: in
   x, labels = jnp.asarray(ds.features), jnp.asarray(ds.labels)
   splits = {"train": jnp.asarray(ds.train_idx), "val": jnp.asarray(ds.val_idx),
             "test": jnp.asarray(ds.test_idx)}
+  if reorder:  # a locality order of the nodes (docs/REORDER.md)
+    A, x, labels, splits = _reorder(A, x, labels, splits, reorder, reorder_mode)
+  if devices != 1:  # row blocks of the graph, one per device (jaxsparse_tc.distributed)
+    from jaxsparse_tc.examples.train_sharded import shard_inputs
+
+    A, x, labels, splits = shard_inputs(A, x, labels, splits, devices)
   runner = {"flax": _flax_runner, "equinox": _equinox_runner}[framework]
   step, evaluate = runner(model, cfg, ds, seed)
 
@@ -200,7 +227,8 @@ def train(model: str = "gcn", framework: str = "flax", seed: int = 0, epochs: in
   result = {"model": model, "framework": framework, "seed": seed, "epochs": epochs,
             "best_epoch": best["epoch"], "best_val_acc": best["val_acc"],
             "test_acc": best["test_acc"], "final_test_acc": m["test_acc"],
-            "loss_history": history, "seconds": seconds, "device": str(jax.devices()[0])}
+            "loss_history": history, "seconds": seconds, "device": str(jax.devices()[0]),
+            "devices": getattr(A, "num_shards", 1)}
   if verbose:
     print(f"{model} ({framework}, seed {seed}): test acc {best['test_acc']:.4f} at the best "
           f"val acc {best['val_acc']:.3f} (epoch {best['epoch']}); last epoch test acc "
@@ -209,7 +237,17 @@ def train(model: str = "gcn", framework: str = "flax", seed: int = 0, epochs: in
 
 
 def main(argv=None) -> int:
+  task = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+  task.add_argument("--task", choices=["node", "graph"], default="node")
+  known, rest = task.parse_known_args(argv)
+  if known.task == "graph":  # graph classification: its own example and arguments
+    from jaxsparse_tc.examples import graph_classification
+
+    return graph_classification.main(rest)
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--task", choices=["node", "graph"], default="node",
+                 help="node: Cora node classification (this example); graph: "
+                      "graph_classification.py (TU datasets), which takes the other arguments")
   p.add_argument("--model", choices=sorted(CONFIGS), default="gcn")
   p.add_argument("--framework", choices=["flax", "equinox"], default="flax")
   p.add_argument("--seed", type=int, default=0)
@@ -217,10 +255,20 @@ def main(argv=None) -> int:
                  help="train with seeds seed .. seed+N-1 and print the mean test accuracy")
   p.add_argument("--epochs", type=int, default=200)
   p.add_argument("--quiet", action="store_true", help="no per-epoch lines")
+  p.add_argument("--devices", default="1",
+                 help="shard the graph over N devices ('auto': all visible; train_sharded.py)")
+  p.add_argument("--reorder", default=None,
+                 choices=["affinity", "rabbit", "rcm", "degree", "identity"],
+                 help="store the graph in a locality order of its nodes (docs/REORDER.md)")
+  p.add_argument("--reorder-mode", choices=["transparent", "explicit"], default="transparent",
+                 help="transparent: the matrix keeps the caller's node order; explicit: "
+                      "features, labels and splits are permuted once")
   args = p.parse_args(argv)
+  devices = len(jax.devices()) if args.devices in ("auto", "0") else int(args.devices)
   accs = []
   for s in range(args.seed, args.seed + args.seeds):
-    r = train(args.model, args.framework, s, args.epochs, verbose=not args.quiet)
+    r = train(args.model, args.framework, s, args.epochs, verbose=not args.quiet,
+              devices=devices, reorder=args.reorder, reorder_mode=args.reorder_mode)
     accs.append(r["test_acc"])
     if args.quiet:
       print(f"{args.model} ({args.framework}, seed {s}): test acc {r['test_acc']:.4f} "

@@ -6,7 +6,9 @@ namespace jaxsparse_tc {
 // A release/acquire fence at GPU scope: what a split piece's partial needs before its counter
 // increment (release) and after the increment that completes the window (acquire). Lighter than
 // __threadfence(), which is sequentially consistent (fence.sc).
-__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+__device__ __forceinline__ void fence_acq_rel_gpu() {
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
 
 // Named CTA barrier ID (1-15; 0 is __syncthreads) over `threads` threads (a multiple of 32):
 // producers arrive without waiting, after their shared-memory writes (arrive releases them);

@@ -2,8 +2,10 @@
 // the MMA's n=8 operand, gathered dense rows the m=16 one. Thin wrappers over mma.sync and
 // movmatrix so the kernels read as math; layouts are the PTX ISA's (groupID g = lane/4,
 // t = lane%4):
-//   m16n8k16 f16/bf16  A: {g,2t..2t+1} {g+8,2t..} {g,2t+8..} {g+8,2t+8..}   B: {k=2t..,n=g} {k=2t+8..,n=g}
-//   m16n8k8  tf32      A: {g,t} {g+8,t} {g,t+4} {g+8,t+4}                     B: {k=t,n=g} {k=t+4,n=g}
+//   m16n8k16 f16/bf16  A: {g,2t..2t+1} {g+8,2t..} {g,2t+8..} {g+8,2t+8..}
+//                      B: {k=2t..,n=g} {k=2t+8..,n=g}
+//   m16n8k8  tf32      A: {g,t} {g+8,t} {g,t+4} {g+8,t+4}
+//                      B: {k=t,n=g} {k=t+4,n=g}
 //   C (both, fp32)     {g,2t} {g,2t+1} {g+8,2t} {g+8,2t+1}
 // mma.sync m16n8k16 / m16n8k8.tf32 and cvt.rna.tf32 need sm_80, movmatrix sm_75: compiled for
 // an older architecture they trap.
@@ -80,7 +82,11 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
 
 // Two 16-bit lanes from two words: lo halves (lo(a), lo(b)) and hi halves (hi(a), hi(b)).
 // The column remapping keeps feature pairs in one word; these re-pair them along k.
-__device__ __forceinline__ uint32_t pack_lo(uint32_t a, uint32_t b) { return __byte_perm(a, b, 0x5410); }
-__device__ __forceinline__ uint32_t pack_hi(uint32_t a, uint32_t b) { return __byte_perm(a, b, 0x7632); }
+__device__ __forceinline__ uint32_t pack_lo(uint32_t a, uint32_t b) {
+  return __byte_perm(a, b, 0x5410);
+}
+__device__ __forceinline__ uint32_t pack_hi(uint32_t a, uint32_t b) {
+  return __byte_perm(a, b, 0x7632);
+}
 
 }  // namespace jaxsparse_tc

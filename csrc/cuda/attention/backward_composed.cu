@@ -1,5 +1,5 @@
-// CUDA sparse attention backward, edge pass (jaxsparse_tc/attention.py `_backward`). For row i
-// of A, head h and each nonzero j of the row, from the forward's saved row log-sum-exp:
+// CUDA sparse attention backward, edge pass (jaxsparse_tc/_src/attention.py `_backward`). For
+// row i of A, head h and each nonzero j of the row, from the forward's saved row log-sum-exp:
 //   p_ij = exp(scale q_i.k_j + bias_ij - lse_i)     dp_ij = do_i.v_j     D_i = do_i.o_i
 //   ds_ij = p_ij (dp_ij - D_i)
 // written in A's format order (dbias, and once permuted to A^T's order the values of the SpMMs
@@ -7,22 +7,24 @@
 // gathers k_j and v_j once per nonzero and keeps the per-edge math in registers, where two
 // SDDMMs and XLA's fusions passed float32 logits, P, dP and dS through memory.
 // (Fusing dQ in as well, which keeps each gathered k_j until ds_ij is known, took 128 registers
-// and ran slower than the composed pass: NOTES, session 10.)
+// and ran slower than the composed pass.)
 //
-// Row view and lane layout as the CUDA-core SDDMM (row_view.cuh): a group of L lanes owns a
-// work item, lane li the 16 bytes of features at li * E of q_i, do_i and every gathered k_j,
-// v_j (so d, dv <= 32 E). Per batch of U entries each lane issues 2U gathers; reduce_many sums
-// the 2U partial dot products over the group and the lane holding entry j fetches its two
-// totals and writes p_ij and ds_ij. Entries are independent, so a CTA item's groups just take
-// equal shares of its entries.
+// Row view and lane layout as the CUDA-core SDDMM (row_view.cuh, row_layout.h): a group of L lanes
+// owns a work item, lane li the 16 bytes of features at li * E of q_i, do_i and every gathered k_j,
+// v_j (so d, dv <= 32 E). Per batch of U entries each lane issues 2U gathers; reduce_many sums the
+// 2U partial dot products over the group and the lane holding entry j fetches its two totals and
+// writes p_ij and ds_ij. Entries are independent, so a CTA item's groups just take equal shares of
+// its entries.
 #include <algorithm>
 #include <cstdint>
 
-#include "cuda/common/ffi_cuda.cuh"
+#include "cuda/attention/plan.h"
 #include "cuda/common/cuda_common.cuh"
+#include "cuda/common/ffi_cuda.cuh"
 #include "cuda/common/row_view.cuh"
 
 namespace jaxsparse_tc {
+namespace attention {
 namespace {
 
 struct BwdParams {
@@ -49,7 +51,7 @@ __device__ __forceinline__ void row_words(const T* row, int64_t f, int64_t d, bo
 // p and ds of entries [b, e) of row `row` (bounds uniform over the group). Every lane of the
 // warp calls it together, empty ranges included, and its loops run to the warp's longest range,
 // so shuffles take the full mask (with a group's mask each one cost five more instructions of
-// convergence checks: NOTES, session 11). Gathers are predicated loads.
+// convergence checks). Gathers are predicated loads.
 template <class T, int L, int U, bool VEC>
 __device__ __forceinline__ void row_edges(const BwdParams& p, const RowView& rv, int h, int row,
                                           int b, int e, int li) {
@@ -137,9 +139,6 @@ __global__ void __launch_bounds__(kRowThreads, UNROLL >= 4 ? 2 : 4)
   row_edges<T, L, U, VEC>(p, rv, h, it.x, it.y, it.z, li);
 }
 
-// Entries per batch (JAXSPARSE_TC_ATTN_BWD_UNROLL=2|4 overrides, read per launch). Large graphs
-// take 2 (32 warps/SM: rmat17, d=64, H=4: 574 us against 1125 with 4), small ones 4 (their time
-// is their longest chain of batches: Cora 11 us against 22; NOTES, session 10).
 template <class T, int L, int UNROLL, bool VEC>
 void launch_k(const BwdParams& p, const RowView& rv, cudaStream_t st) {
   constexpr auto kernel = attention_bwd_edges<T, L, UNROLL, VEC>;
@@ -150,7 +149,7 @@ void launch_k(const BwdParams& p, const RowView& rv, cudaStream_t st) {
 
 template <class T, int L>
 void launch_l(const BwdParams& p, const RowView& rv, cudaStream_t st) {
-  const bool u2 = env_int("JAXSPARSE_TC_ATTN_BWD_UNROLL", p.nnz < kSmallGraphNnz ? 4 : 2) == 2;
+  const bool u2 = attention_bwd_unroll(p.nnz) == 2;  // entries per batch (plan.h)
   if (u2 && p.vec) launch_k<T, L, 2, true>(p, rv, st);
   else if (u2) launch_k<T, L, 2, false>(p, rv, st);
   else if (p.vec) launch_k<T, L, 4, true>(p, rv, st);
@@ -220,8 +219,9 @@ ffi::Error attention_bwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer 
 }
 
 }  // namespace
+}  // namespace attention
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionBwdCuda, attention_bwd_cuda,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionBwdCuda, attention::attention_bwd_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()  // q [Hq, m, d]

@@ -14,7 +14,7 @@
 // the host's per-call dispatch between kernels. That holds because a handler only launches
 // work on its stream, allocates nothing (workspaces are XLA-planned result buffers, not scratch
 // memory that would be freed after the capture while the graph keeps its address) and does
-// the same thing each time it runs with the same shapes.
+// the same thing each time it runs with the same shapes and attributes.
 #define JAXSPARSE_TC_CAPTURABLE \
   { ffi::Traits::kCmdBufferCompatible }
 

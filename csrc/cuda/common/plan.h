@@ -43,9 +43,9 @@ inline bool sparse_blocks(int64_t nnz, int64_t num_blocks) {
 // internal error (the two were given different shapes or attributes).
 inline ffi::Error workspace_mismatch(const char* op, size_t have, size_t need) {
   return ffi::Error::Internal(std::string(op) + ": workspace of " + std::to_string(have) +
-                                   " bytes, the launch plan needs " + std::to_string(need) +
-                                   " (internal error: the workspace was sized from other shapes "
-                                   "or attributes than the launch)");
+                              " bytes, the launch plan needs " + std::to_string(need) +
+                              " (internal error: the workspace was sized from other shapes or "
+                              "attributes than the launch)");
 }
 
 }  // namespace jaxsparse_tc

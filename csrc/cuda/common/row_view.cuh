@@ -18,7 +18,7 @@
 namespace jaxsparse_tc {
 
 // Work items of the row view: (row, begin, end, slot) over entries [begin, end)
-// (jaxsparse_tc/pattern.py row_schedule). slot kWholeRow: a lane group walks the row; any other
+// (jaxsparse_tc/_src/pattern.py row_schedule). slot kWholeRow: a lane group walks the row; any other
 // slot: a CTA item, the CTA's groups share the entries. slot >= 0: one of several CTA items of a
 // very long row, whose sums meet in workspace slot `slot`. CTA items form the schedule's prefix,
 // slotted ones the prefix of that.

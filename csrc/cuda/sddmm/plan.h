@@ -1,12 +1,12 @@
 // The SDDMM launch plan (docs/DESIGN.md, "Which kernel runs"): from the shapes and the `kernel`
 // attribute, the kernel and its launch shape. The SDDMM has no workspace.
 //
-// | kernel attr   | rows: sddmm_rows (d * itemsize <= 1 KB)    | windows                           |
-// |---------------|--------------------------------------------|-----------------------------------|
-// | 0 auto        | sparse blocks or exact fp32, where d fits  | otherwise                         |
-// | 1 cuda_core   | always (InvalidArgument past 1 KB)         | never                             |
-// | 2 tensor_core | never                                      | always: sddmm_f32_exact for exact |
-// |               |                                            | fp32, sddmm_tc otherwise          |
+// | kernel attr   | rows: sddmm_rows (d * itemsize <= 1 KB)   | windows                          |
+// |---------------|-------------------------------------------|----------------------------------|
+// | 0 auto        | sparse blocks or exact fp32, where d fits | otherwise                        |
+// | 1 cuda_core   | always (InvalidArgument past 1 KB)        | never                            |
+// | 2 tensor_core | never                                     | always: sddmm_f32_exact for      |
+// |               |                                           | exact fp32, sddmm_tc otherwise   |
 #pragma once
 #include <cstdint>
 

@@ -80,7 +80,8 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
   p.y_head_stride = yd[0] == 1 ? 0 : p.n * p.d;
   if (heads == 0 || p.nnz == 0) return ffi::Error::Success();
   if (p.d == 0) {  // empty dot products
-    const size_t bytes = size_t(heads * p.nnz) * (out->element_type() == ffi::DataType::F32 ? 4 : 2);
+    const size_t esize_out = out->element_type() == ffi::DataType::F32 ? 4 : 2;
+    const size_t bytes = size_t(heads * p.nnz) * esize_out;
     if (cudaMemsetAsync(p.out, 0, bytes, stream) != cudaSuccess)
       return ffi::Error::Internal("sddmm: memset failed");
     return ffi::Error::Success();
@@ -102,7 +103,8 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
     p.min_share = plan.min_share;
     p.stream = plan.stream;
     if (dtype == ffi::DataType::F32) launch_rows<float, float>(p, rv, plan, stream);
-    else if (dtype == ffi::DataType::F16 && f32_out) launch_rows<__half, float>(p, rv, plan, stream);
+    else if (dtype == ffi::DataType::F16 && f32_out)
+      launch_rows<__half, float>(p, rv, plan, stream);
     else if (dtype == ffi::DataType::F16) launch_rows<__half, __half>(p, rv, plan, stream);
     else if (f32_out) launch_rows<__nv_bfloat16, float>(p, rv, plan, stream);
     else launch_rows<__nv_bfloat16, __nv_bfloat16>(p, rv, plan, stream);
@@ -115,11 +117,13 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
   } else {
     p.sub = plan.sub;
     const dim3 grid(unsigned((p.num_items * p.sub + kWarps - 1) / kWarps), grid1.y);
-    if (dtype == ffi::DataType::F32) sddmm_tc<float><<<grid, kWarps * 32, 0, stream>>>(p);
-    else if (dtype == ffi::DataType::F16 && f32_out) sddmm_tc<__half, float><<<grid, kWarps * 32, 0, stream>>>(p);
-    else if (dtype == ffi::DataType::F16) sddmm_tc<__half><<<grid, kWarps * 32, 0, stream>>>(p);
-    else if (f32_out) sddmm_tc<__nv_bfloat16, float><<<grid, kWarps * 32, 0, stream>>>(p);
-    else sddmm_tc<__nv_bfloat16><<<grid, kWarps * 32, 0, stream>>>(p);
+    const dim3 block(kWarps * 32);
+    if (dtype == ffi::DataType::F32) sddmm_tc<float><<<grid, block, 0, stream>>>(p);
+    else if (dtype == ffi::DataType::F16 && f32_out)
+      sddmm_tc<__half, float><<<grid, block, 0, stream>>>(p);
+    else if (dtype == ffi::DataType::F16) sddmm_tc<__half><<<grid, block, 0, stream>>>(p);
+    else if (f32_out) sddmm_tc<__nv_bfloat16, float><<<grid, block, 0, stream>>>(p);
+    else sddmm_tc<__nv_bfloat16><<<grid, block, 0, stream>>>(p);
   }
   return launch_status("sddmm");
 }

@@ -17,7 +17,7 @@
 namespace jaxsparse_tc {
 namespace spmm {
 
-constexpr int kWarps = 4;                       // warps per CTA
+constexpr int kWarps = 4;  // warps per CTA
 
 struct SpmmParams : KernelPattern {
   const void* values;

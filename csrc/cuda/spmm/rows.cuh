@@ -10,15 +10,15 @@
 namespace jaxsparse_tc {
 namespace spmm {
 
-// A group of L lanes owns a slab of L*E features (E = 16 bytes of T per lane) of a work item;
-// every lane of the group reads a batch's U entries itself (load_entries), then issues U gathers
-// before their U FMAs, so each lane keeps U 16-byte loads in flight with <= 64 registers
-// (U = 4): 32 warps per SM, which is what the gather-bound case needs (the tensor-core kernel's
-// 8 warps/SM drew half the L2 rate XLA's segment_sum draws). fp32 is computed exactly (no tf32). A row longer than a piece is a CTA item: the CTA's groups split its
-// entries and their sums meet in shared memory, so a graph without very long rows takes one
-// launch and no workspace. Only a row cut into several CTA items (slot >= 0) adds the CTAs'
-// sums into a workspace slot, where a countdown (set by row_split_prep) elects the CTA that
-// writes the row.
+// A group of L lanes owns a slab of L*E features (E = 16 bytes of T per lane) of a work item; every
+// lane of the group reads a batch's U entries itself (load_entries), then issues U gathers before
+// their U FMAs, so each lane keeps U 16-byte loads in flight with <= 64 registers (U = 4): 32 warps
+// per SM, which is what the gather-bound case needs (the tensor-core kernel's 8 warps/SM drew half
+// the L2 rate XLA's segment_sum draws). fp32 is computed exactly (no tf32). A row longer than a
+// piece is a CTA item: the CTA's groups split its entries and their sums meet in shared memory, so
+// a graph without very long rows takes one launch and no workspace. Only a row cut into several CTA
+// items (slot >= 0) adds the CTAs' sums into a workspace slot, where a countdown (set by
+// row_split_prep) elects the CTA that writes the row.
 
 struct RowSplit {
   float* ws;   // [slots, heads, d] fp32 partial sums of rows cut into several CTA items

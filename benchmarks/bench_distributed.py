@@ -1,0 +1,407 @@
+"""Multi-device SpMM and GCN training step on row-partitioned R-MAT graphs (distributed module).
+
+One command, any device count (1, 2, 4, 8 GPUs, or CPU with forced host devices):
+
+    python benchmarks/bench_distributed.py --devices 2                       # rmat22-d16
+    python benchmarks/bench_distributed.py --devices 2 --scales 24 --edges-per-node 16
+    python benchmarks/bench_distributed.py --devices 2 --scales 24 --oom-demo  # 1 GPU OOM, 2 fit
+    XLA_FLAGS=--xla_force_host_platform_device_count=4 \
+        python benchmarks/bench_distributed.py --devices 4 --scales 14 --quick  # CPU smoke
+
+For each graph and op it times, in one process:
+- `plain`: the unsharded operator on one device (a SparseMatrix; the 1-device baseline);
+- `shard1`: the sharded code path on a 1-device mesh (its overhead over plain);
+- `shardN`: the graph cut into N row blocks balanced by nonzeros (N = --devices), with each
+  exchange asked for (--exchange: auto, allgather, halo), and with --overlap also each with
+  own/remote parts (`+overlap`: the SpMM multiplies the shard's own columns while the other
+  rows are exchanged).
+Columns: build_s (host build of the format), ms (median per call / step), speedup (plain ms /
+this ms), xbytes_MB (dense bytes one device receives per step by the layout's count: rows
+exchanged x width x itemsize, summed over the step's exchanges), hlo_MB (bytes per device that
+the compiled program's collectives move, parsed from its HLO: all-gather, all-to-all,
+reduce-scatter, all-reduce (x2, ring)), mem_GB (the compiled program's argument + output +
+temporary bytes per device, memory_analysis), halo (rows received per pair / rows per shard).
+A run that does not fit prints OOM in ms (the memory error is shown below the table).
+
+Ops: `spmm` (A @ X, d = --dims, --dtype) and `gcn` (one training step: 2-layer GCN in ->
+hidden -> classes, ReLU, softmax cross-entropy over the real nodes, Adam; float32; features
+generated on the devices, so the host never holds them). R-MAT node ids are random, so halos
+cover nearly every row and "auto" picks the all-gather; --order rcm renumbers the graph
+(reverse Cuthill-McKee, scipy; slow beyond ~2^22 nodes) to give the halo exchange a chance.
+`--oom-demo` sets features 1024, hidden 64 (a feature matrix of n x 1024 float32: 69 GB at
+scale 24) for the gcn op: the plain run fails with the memory error, the sharded one trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+if __name__ == "__main__" and __package__ in (None, ""):
+  sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+
+from benchmarks import common
+
+COLUMNS = ["graph", "nodes", "nnz", "op", "mode", "devices", "exchange", "build_s", "ms",
+           "speedup", "xbytes_MB", "hlo_MB", "mem_GB", "halo"]
+
+
+# -- graphs ---------------------------------------------------------------------------------------
+def rmat_graph(scale: int, edges_per_node: int, order: str = "none", seed: int = 0):
+  """R-MAT CSR (common.rmat_csr: chunked, int32), optionally renumbered for locality:
+  jaxsparse_tc.reorder's methods (affinity, rabbit, rcm, degree) or scipy's RCM (scipy-rcm)."""
+  g = common.rmat_csr(scale, edges_per_node, seed=seed)
+  if order == "none":
+    return g
+  if order == "scipy-rcm":
+    import scipy.sparse.csgraph as csgraph
+
+    perm = csgraph.reverse_cuthill_mckee((g + g.T).tocsr(), symmetric_mode=True)
+  else:
+    from jaxsparse_tc.reorder import reorder
+
+    perm = np.asarray(reorder(g, order).perm)
+  g = g[perm][:, perm].tocsr()
+  g.sort_indices()
+  return g
+
+
+def gcn_normalized(g):
+  """D^-1/2 (A + I) D^-1/2 of a CSR graph (rows = targets), float32, host (int32 indices)."""
+  import scipy.sparse as sp
+
+  n = g.shape[0]
+  a = g.tocsr().astype(np.float32)
+  a.data[:] = 1.0
+  diag = a.diagonal()
+  a = (a + sp.diags((diag == 0).astype(np.float32), format="csr")).tocsr()
+  deg = np.asarray(a.sum(axis=1)).ravel()
+  dinv = np.where(deg > 0, deg ** -0.5, 0.0).astype(np.float32)
+  rows = np.repeat(np.arange(n, dtype=np.int32), np.diff(a.indptr))
+  a.data = (dinv[rows] * a.data * dinv[a.indices]).astype(np.float32)
+  del rows
+  return a
+
+
+# -- measurements ---------------------------------------------------------------------------------
+def _is_oom(e: BaseException) -> bool:
+  s = str(e)
+  return "RESOURCE_EXHAUSTED" in s or "out of memory" in s.lower() or "OOM" in s
+
+
+_SHAPE = re.compile(r"\b(pred|s8|u8|s16|u16|f16|bf16|s32|u32|f32|s64|u64|f64)\[([0-9,]*)\]")
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+_COLLECTIVES = {"all-gather": 1.0, "all-to-all": 1.0, "reduce-scatter": 1.0, "all-reduce": 2.0,
+                "collective-permute": 1.0}
+
+
+def hlo_collective_bytes(text: str, devices: int) -> float:
+  """Bytes per device moved by the collectives of a compiled (per-device) HLO module: the
+  result bytes of each collective times (P-1)/P (x2 for an all-reduce, x P for a
+  reduce-scatter's input); async pairs are counted once (at -start, or the plain op)."""
+  if devices <= 1:
+    return 0.0
+  total = 0.0
+  for line in text.splitlines():
+    if "=" not in line:
+      continue
+    lhs, rhs = line.split("=", 1)
+    m = re.search(r"\b(all-gather|all-to-all|reduce-scatter|all-reduce|collective-permute)"
+                  r"(-start)?\(", rhs)
+    if not m:
+      continue
+    kind = m.group(1)
+    head = rhs[:m.start()]
+    sizes = [int(np.prod([int(d) for d in dims.split(",") if d] or [1])) * _BYTES[t]
+             for t, dims in _SHAPE.findall(head)]
+    if not sizes:
+      continue
+    # An async -start's tuple holds its input and output: count the output (the largest); a
+    # plain op's tuple is its results (an all-to-all of several chunks): count them all.
+    b = (max(sizes) if m.group(2) else sum(sizes)) * _COLLECTIVES[kind] * (devices - 1) / devices
+    total += b * (devices if kind == "reduce-scatter" else 1)
+  return total
+
+
+def memory_gb(compiled) -> float | None:
+  try:
+    ma = compiled.memory_analysis()
+    total = (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
+             - getattr(ma, "alias_size_in_bytes", 0))
+    return total / 1e9
+  except Exception:  # noqa: BLE001 (not every backend reports)
+    return None
+
+
+def _timed(fn, args, repeat):
+  """(median ms, compiled) of jit(fn)(*args); the matrix is an argument (not a constant)."""
+  import jax
+
+  lowered = jax.jit(fn).lower(*args)
+  compiled = lowered.compile()
+  ms = common.time_fn(compiled, *args, warmup=2, repeat=repeat)
+  return ms, compiled
+
+
+# -- one configuration ----------------------------------------------------------------------------
+def _matrices(g, mode, devices, exchange, overlap=False):
+  """(matrix, build seconds) of a run mode: plain SparseMatrix or a ShardedMatrix."""
+  import jaxsparse_tc as jst
+  from jaxsparse_tc import distributed as dist
+
+  coo_rows = np.repeat(np.arange(g.shape[0], dtype=np.int64), np.diff(g.indptr))
+  t0 = time.perf_counter()
+  if mode == "plain":
+    A = jst.SparseMatrix.from_coo(coo_rows, g.indices, g.data, shape=g.shape)
+  else:
+    mesh = dist.make_mesh(devices)
+    A = dist.shard_coo(coo_rows, g.indices, g.data, num_nodes=g.shape[0], mesh=mesh,
+                       exchange=exchange, overlap=overlap)
+  import jax
+
+  jax.block_until_ready(A.values)
+  return A, time.perf_counter() - t0
+
+
+def _dense(A, shape_tail, dtype, key):
+  """Random dense node data [n or P*M, ...] generated on the devices, sharded like A's rows."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding, PartitionSpec
+
+  from jaxsparse_tc.distributed import ShardedMatrix
+
+  if isinstance(A, ShardedMatrix):
+    rows = A.layout.padded_rows
+    out = NamedSharding(A.mesh, PartitionSpec(A.axis_name, *([None] * len(shape_tail))))
+  else:
+    rows, out = A.shape[0], None
+  shape = (rows,) + tuple(shape_tail)
+  if jnp.issubdtype(dtype, jnp.integer):
+    f = lambda k: jax.random.randint(k, shape, 0, 16, dtype)  # noqa: E731
+  else:
+    f = lambda k: jax.random.normal(k, shape, dtype)  # noqa: E731
+  return jax.jit(f, out_shardings=out)(key)
+
+
+def _xbytes(A, widths, itemsize) -> float:
+  from jaxsparse_tc.distributed import ShardedMatrix
+
+  if not isinstance(A, ShardedMatrix):
+    return 0.0
+  return sum(A.exchange_bytes(w, itemsize) for w in widths)
+
+
+def run_spmm(A, d, dtype, repeat):
+  import jax
+  import jax.numpy as jnp
+
+  import jaxsparse_tc as jst
+
+  X = _dense(A, (d,), dtype, jax.random.key(1))
+  v = A.values.astype(dtype)
+  ms, compiled = _timed(lambda A, v, X: jst.spmm(A.with_values(v), X), (A, v, X), repeat)
+  return ms, compiled, _xbytes(A, [d], jnp.dtype(dtype).itemsize)
+
+
+def run_gcn(A, features, hidden, classes, repeat):
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  from jaxsparse_tc.distributed import ShardedMatrix
+  from jaxsparse_tc.nn import functional as F
+
+  x = _dense(A, (features,), jnp.float32, jax.random.key(2))
+  labels = _dense(A, (), jnp.int32, jax.random.key(3)) % classes
+  mask = A.row_mask() if isinstance(A, ShardedMatrix) else jnp.ones((A.shape[0],), bool)
+  k1, k2 = jax.random.split(jax.random.key(4))
+  glorot = jax.nn.initializers.glorot_uniform()
+  params = {"w1": glorot(k1, (features, hidden)), "b1": jnp.zeros((hidden,)),
+            "w2": glorot(k2, (hidden, classes)), "b2": jnp.zeros((classes,))}
+  if isinstance(A, ShardedMatrix):
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    params = jax.device_put(params, NamedSharding(A.mesh, PartitionSpec()))
+  tx = optax.adam(1e-2)
+  opt = tx.init(params)
+
+  def step(A, params, opt, x, labels, mask):
+    def loss_fn(p):
+      h = jax.nn.relu(F.gcn_conv(A, x, p["w1"], p["b1"]))
+      logits = F.gcn_conv(A, h, p["w2"], p["b2"])
+      ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+      return jnp.sum(jnp.where(mask, ce, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
+
+    loss, g = jax.value_and_grad(loss_fn)(params)
+    upd, opt = tx.update(g, opt, params)
+    return loss, optax.apply_updates(params, upd), opt
+
+  ms, compiled = _timed(step, (A, params, opt, x, labels, mask), repeat)
+  # Exchanges: layer 1 propagates min(features, hidden) columns (no backward SpMM when x is
+  # propagated first), layer 2 min(hidden, classes) forward and again in its transpose.
+  w1 = min(features, hidden)
+  widths = [w1] + ([] if features <= hidden else [w1]) + [min(hidden, classes)] * 2
+  return ms, compiled, _xbytes(A, widths, 4)
+
+
+def bench_graph(name, g, devices, ops, exchanges, args, rows, errors):
+  import gc
+
+  import jax
+  import jax.numpy as jnp
+
+  dtype = {"float16": jnp.float16, "bfloat16": jnp.bfloat16, "float32": jnp.float32}[args.dtype]
+  modes = [("plain", 1, "-", False), ("shard1", 1, "auto", False)]
+  if devices > 1:
+    for ex in exchanges:
+      modes.append((f"shard{devices}", devices, ex, False))
+      if args.overlap:
+        modes.append((f"shard{devices}", devices, ex, True))
+  if args.no_shard1:
+    modes = [m for m in modes if m[0] != "shard1"]
+  base = {}
+  for mode, ndev, ex, overlap in modes:
+    if overlap and set(ops) - {"spmm", "gcn"}:
+      continue
+    try:
+      A, build_s = _matrices(g, "plain" if mode == "plain" else "sharded", ndev, ex, overlap)
+    except Exception as e:  # noqa: BLE001
+      if not _is_oom(e):
+        raise
+      errors.append(f"{name} {mode} build: {str(e)[:2000]}")
+      rows.append(dict(graph=name, nodes=g.shape[0], nnz=g.nnz, op="build", mode=mode,
+                       devices=ndev, exchange=ex, ms="OOM"))
+      continue
+    lay = getattr(A, "layout", None)
+    halo = (f"{lay.max_real_halo}/{lay.rows_per_shard}" if lay is not None else None)
+    for op in ops:
+      label = mode if mode == "plain" else f"{mode}/{ex}" + ("+overlap" if overlap else "")
+      row = dict(graph=name, nodes=g.shape[0], nnz=g.nnz, op=op, mode=label, devices=ndev,
+                 exchange=lay.exchange if lay is not None else "-", build_s=build_s, halo=halo)
+      try:
+        if op == "spmm":
+          ms, compiled, xb = run_spmm(A, args.dims, dtype, args.repeat)
+        else:
+          ms, compiled, xb = run_gcn(A, args.features, args.hidden, args.classes, args.repeat)
+        row.update(ms=ms, xbytes_MB=xb / 1e6, mem_GB=memory_gb(compiled),
+                   hlo_MB=hlo_collective_bytes(compiled.as_text(), ndev) / 1e6)
+        if mode == "plain":
+          base[op] = ms
+        if base.get(op):
+          row["speedup"] = base[op] / ms
+      except Exception as e:  # noqa: BLE001
+        if not _is_oom(e):
+          errors.append(f"{name} {mode} {op}: {traceback.format_exc()[-3000:]}")
+          row["ms"] = "error"
+        else:
+          errors.append(f"{name} {mode} {op} (out of memory, as reported):\n{str(e)[:1500]}")
+          row["ms"] = "OOM"
+      rows.append(row)
+      print(common._fmt(row.get("ms")), row, flush=True)
+      gc.collect()
+    del A
+    gc.collect()
+    try:
+      for dev in jax.devices():
+        stats = dev.memory_stats() or {}
+        if "peak_bytes_in_use" in stats:
+          print(f"  {dev}: peak {stats['peak_bytes_in_use'] / 1e9:.2f} GB so far", flush=True)
+    except Exception:  # noqa: BLE001
+      pass
+
+
+def parse(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--devices", type=int, default=0, help="device count (0: all visible)")
+  p.add_argument("--scales", default="22", help="comma-separated R-MAT scales")
+  p.add_argument("--edges-per-node", type=int, default=16)
+  p.add_argument("--order", default="none",
+                 choices=["none", "affinity", "rabbit", "rcm", "degree", "scipy-rcm"],
+                 help="renumber the nodes for locality first (jaxsparse_tc.reorder), so that "
+                      "contiguous row blocks read fewer remote rows")
+  p.add_argument("--ops", default="spmm,gcn")
+  p.add_argument("--exchange", default="auto", help="comma-separated: auto,allgather,halo")
+  p.add_argument("--dims", type=int, default=128, help="SpMM feature width")
+  p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+  p.add_argument("--features", type=int, default=128)
+  p.add_argument("--hidden", type=int, default=128)
+  p.add_argument("--classes", type=int, default=16)
+  p.add_argument("--repeat", type=int, default=10)
+  p.add_argument("--no-shard1", action="store_true", help="skip the 1-device sharded run")
+  p.add_argument("--overlap", action="store_true",
+                 help="also time each exchange with own/remote parts (SpMM overlaps the exchange)")
+  p.add_argument("--oom-demo", action="store_true",
+                 help="gcn only, features 1024, hidden 64: a feature matrix one device cannot hold")
+  p.add_argument("--quick", action="store_true", help="repeat 3 (smoke runs)")
+  args = p.parse_args(argv)
+  if args.oom_demo:
+    args.ops, args.features, args.hidden, args.no_shard1 = "gcn", 1024, 64, True
+  if args.quick:
+    args.repeat = 3
+  return args
+
+
+def run(quick: bool = False, argv=None) -> list[dict]:
+  """benchmarks/run.py's entry: all visible devices, R-MAT 2^20 x 16 (quick: 2^14 x 8)."""
+  import jax
+
+  if argv is None:
+    argv = ["--scales", "14" if quick else "20"] + (["--edges-per-node", "8"] if quick else [])
+    argv += ["--quick"] if quick else []
+  args = parse(argv)
+  devices = args.devices or len(jax.devices())
+  rows, errors = [], []
+  for scale in (int(s) for s in args.scales.split(",")):
+    t0 = time.perf_counter()
+    g = rmat_graph(scale, args.edges_per_node, args.order)
+    name = f"rmat{scale}-d{args.edges_per_node}" + (
+        f"-{args.order}" if args.order != "none" else "")
+    print(f"{name}: {g.shape[0]} nodes, {g.nnz} nonzeros, generated in "
+          f"{time.perf_counter() - t0:.1f} s", flush=True)
+    ops = args.ops.split(",")
+    if "gcn" in ops:
+      gn = gcn_normalized(g)
+      bench_graph(name, gn, devices, ops, args.exchange.split(","), args, rows, errors)
+    else:
+      bench_graph(name, g, devices, ops, args.exchange.split(","), args, rows, errors)
+    del g
+  for e in errors:
+    print("\n--- " + e)
+  return rows
+
+
+def summary(rows):
+  out = []
+  for r in rows:
+    if r.get("mode", "").startswith("shard") and r.get("devices", 1) > 1 and r.get("speedup"):
+      out.append({"graph": r["graph"], "op": r["op"], "mode": r["mode"],
+                  "exchange": r["exchange"], "ms": r["ms"], "speedup_vs_1": r["speedup"]})
+  return out or [{"graph": "-", "op": "-", "mode": "-", "exchange": "-", "ms": None,
+                  "speedup_vs_1": None}]
+
+
+def main(argv=None) -> int:
+  import jax
+
+  args = parse(argv)
+  rows = run(argv=argv if argv is not None else sys.argv[1:])
+  print(f"\n# device: {common.device_name()} x {args.devices or len(jax.devices())}")
+  common.print_table(rows, COLUMNS, "bench_distributed")
+  s = summary(rows)
+  common.print_table(s, list(s[0].keys()), "summary")
+  common.write_json(rows, f"bench_distributed_{args.devices or len(jax.devices())}dev")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

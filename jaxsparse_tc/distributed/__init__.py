@@ -1,0 +1,53 @@
+"""Multi-device sparse operators on JAX's own SPMD machinery (`jax.sharding`, `shard_map`, XLA
+collectives).
+
+Row-partitioned graphs (`ShardedMatrix`): a square matrix cut into contiguous row blocks
+balanced by nonzeros, one per device of a mesh axis, each a local SparseMatrix whose columns
+index a local + halo space; the library's operators (`jst.spmm`, `jst.sddmm`,
+`jst.edge_softmax`, `jst.sparse_attention`, and so the GNN layers) run on it in one `shard_map`
+each, exchanging dense rows by all-gather or by a halo all_to_all (chosen from the halo size at
+build, overridable), with gradients through the exchanges.
+
+    import jaxsparse_tc as jst
+    from jaxsparse_tc import distributed as dist
+
+    mesh = dist.make_mesh()                      # all devices, axis "shards"
+    SA = dist.shard_matrix(A, mesh)              # or dist.shard_coo(rows, cols, values, ...)
+    X = SA.shard_rows(x)                         # [n, d] -> [P*M, d], sharded
+    Y = jst.spmm(SA, X)                          # = SA.shard_rows(A @ x)
+    y = SA.unshard_rows(Y)                       # back to [n, d]
+
+Plain `jax.jit` with sharded dense operands and an ordinary SparseMatrix is covered by
+`jaxsparse_tc.distributed.spmd` (sharding rules for the primitives).
+"""
+
+from jaxsparse_tc.distributed import spmd
+from jaxsparse_tc.distributed.matrix import (
+    DEFAULT_AXIS,
+    EXCHANGES,
+    PartArrays,
+    PartLayout,
+    ShardArrays,
+    ShardedMatrix,
+    ShardLayout,
+    make_mesh,
+    partition_rows,
+    shard_coo,
+    shard_matrix,
+    shard_scipy,
+)
+from jaxsparse_tc.distributed.ops import (
+    edge_softmax,
+    exchange,
+    sddmm,
+    shard_map_compat,
+    sparse_attention,
+    spmm,
+)
+
+spmd.install()
+
+__all__ = ["ShardedMatrix", "ShardLayout", "ShardArrays", "PartLayout", "PartArrays",
+           "make_mesh", "partition_rows",
+           "shard_coo", "shard_matrix", "shard_scipy", "spmm", "sddmm", "edge_softmax",
+           "sparse_attention", "exchange", "shard_map_compat", "spmd", "DEFAULT_AXIS", "EXCHANGES"]

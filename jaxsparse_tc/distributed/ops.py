@@ -1,0 +1,241 @@
+"""The library's operators over a ShardedMatrix: one `shard_map` each, in which every device sees
+its local matrix (M x n_ext), exchanges the dense rows it reads (all_gather, or all_to_all of
+the halo) and runs the ordinary single-device operator.
+
+Gradients come from JAX's transposes of the collectives (all_gather -> reduce-scatter,
+all_to_all -> all_to_all, the halo's row gather -> scatter-add) and the primitives' own rules
+on the local matrices. Padded value positions: inputs' cotangents there are zeroed
+(`_mask_cotangent`); outputs' padded values (which kernels never write) are zeroed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from jaxsparse_tc._src import checks
+from jaxsparse_tc._src.attention import sparse_attention as _attention
+from jaxsparse_tc._src.edge_softmax import edge_softmax as _edge_softmax
+from jaxsparse_tc._src.padding import valid_mask
+from jaxsparse_tc._src.sddmm import sddmm as _sddmm
+from jaxsparse_tc._src.spmm import spmm as _spmm
+from jaxsparse_tc.distributed.matrix import ShardedMatrix, _edge_spec, _node_spec
+from jaxsparse_tc.sparse_matrix import SparseMatrix
+
+__all__ = ["spmm", "sddmm", "edge_softmax", "sparse_attention", "exchange", "shard_map_compat"]
+
+
+def shard_map_compat(f, mesh, in_specs, out_specs):
+  """jax.shard_map (jax >= 0.7) or jax.experimental.shard_map, without replication checks
+  (every operand here is sharded along the mesh axis, none replicated)."""
+  sm = getattr(jax, "shard_map", None)
+  if sm is not None:
+    try:
+      return sm(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+    except TypeError:
+      return sm(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)
+  from jax.experimental.shard_map import shard_map  # pragma: no cover (older jax)
+
+  return shard_map(f, mesh, in_specs, out_specs, check_rep=False)
+
+
+@jax.custom_vjp
+def _mask_cotangent(v, count):
+  """Identity; its cotangent is zeroed past the first `count` positions of the last axis (the
+  padded values, whose cotangents the kernels leave unwritten)."""
+  return v
+
+
+def _mask_fwd(v, count):
+  return v, count
+
+
+def _mask_bwd(count, ct):
+  return jnp.where(valid_mask(count, ct.shape[-1]), ct, jnp.zeros((), ct.dtype)), None
+
+
+_mask_cotangent.defvjp(_mask_fwd, _mask_bwd)
+
+
+def _mask_values(v, count):
+  """Zeroes the padded positions (outputs: kernels never write them)."""
+  return jnp.where(valid_mask(count, v.shape[-1]), v, jnp.zeros((), v.dtype))
+
+
+def _local(arrays):
+  """A shard's arrays without the leading shard axis (of length 1 inside shard_map)."""
+  return jax.tree_util.tree_map(lambda a: a[0], arrays)
+
+
+def _local_matrix(layout, part_layout, part, values) -> SparseMatrix:
+  return SparseMatrix(values, part.a, part.t, part.perm_t, part.perm_t_inv, part.perm_t,
+                      (layout.rows_per_shard, part_layout.cols), part_layout.grouped)
+
+
+def _split_parts(layout, v):
+  """A shard's values [.., nnz_pad] -> one array per part."""
+  out, at = [], 0
+  for pl in layout.parts:
+    out.append(v[..., at:at + pl.nnz])
+    at += pl.nnz
+  return out
+
+
+def _join_parts(vs):
+  return vs[0] if len(vs) == 1 else jnp.concatenate(vs, axis=-1)
+
+
+def _single_part(op: str, SA) -> None:
+  if SA.layout.overlap:
+    raise NotImplementedError(
+        f"{op}: this ShardedMatrix was built with overlap=True (own and remote parts); "
+        f"{op} needs each row's entries in one pattern: build it with overlap=False")
+
+
+def _exchange(layout, arrays, x):
+  """A shard's rows [.., M, d] -> the rows its local matrix's columns index [.., n_ext, d]."""
+  if layout.exchange == "none":
+    return x
+  axis = layout.axis_name
+  node = x.ndim - 2
+  if layout.exchange == "allgather":
+    return jax.lax.all_gather(x, axis, axis=node, tiled=True)
+  send = jnp.take(x, arrays.send, axis=node)  # [.., P*c, d]: chunk p goes to shard p
+  recv = jax.lax.all_to_all(send, axis, node, node, tiled=True)  # chunk q came from shard q
+  return jnp.concatenate([x, recv], axis=node)
+
+
+def _check_dense(op: str, name: str, SA: ShardedMatrix, x):
+  rows = SA.layout.padded_rows
+  if x.ndim not in (2, 3) or x.shape[-2] != rows:
+    raise checks.OperandError(
+        f"{op}: a ShardedMatrix of {SA.num_nodes} nodes on {SA.num_shards} shards takes dense "
+        f"operands in its padded layout, [{rows}, d] or [H, {rows}, d] (ShardedMatrix."
+        f"shard_rows); got {name} with shape {x.shape}")
+
+
+def _run(SA: ShardedMatrix, body, edge_args, node_args, out_specs):
+  """shard_map of body(arrays, *edge_args, *node_args) over SA's mesh axis."""
+  axis = SA.axis_name
+  in_specs = (PartitionSpec(axis),
+              *(_edge_spec(a.ndim, axis) for a in edge_args),
+              *(_node_spec(a.ndim, axis) for a in node_args))
+  f = shard_map_compat(body, SA.mesh, in_specs, out_specs)
+  return f(SA.arrays, *edge_args, *node_args)
+
+
+def exchange(SA: ShardedMatrix, x):
+  """The rows each shard's local matrix reads: [P*M, d] -> [P*n_ext, d] (shard p's block holds
+  its ext rows: its own, then its halo or every shard's rows). For custom per-edge gathers."""
+  x = jnp.asarray(x)
+  _check_dense("exchange", "X", SA, x)
+  lay = SA.layout
+
+  def body(arrays, x):
+    return _exchange(lay, _local(arrays), x)
+
+  return _run(SA, body, (), (x,), _node_spec(x.ndim, SA.axis_name))
+
+
+def spmm(SA: ShardedMatrix, x, *, precision=None, options=None):
+  """SA @ X over the shards: X [P*M, d] or [H, P*M, d] (padded layout) -> the same layout."""
+  x = jnp.asarray(x)
+  _check_dense("spmm", "X", SA, x)
+  values = SA.values.astype(x.dtype)
+  lay = SA.layout
+
+  def body(arrays, values, x):
+    arrays = _local(arrays)
+    out = None
+    # Own part first (no exchange): XLA overlaps the exchange for the remote part with it.
+    for pl, part, v in zip(lay.parts, arrays.parts, _split_parts(lay, values)):
+      A = _local_matrix(lay, pl, part, _mask_cotangent(v, part.nnz))
+      y = _spmm(A, x if pl.kind == "own" else _exchange(lay, arrays, x), precision=precision,
+                options=options)
+      out = y if out is None else out + y
+    return out
+
+  out_ndim = 3 if values.ndim == 2 or x.ndim == 3 else 2
+  return _run(SA, body, (values,), (x,), _node_spec(out_ndim, SA.axis_name))
+
+
+def sddmm(SA: ShardedMatrix, x, y, *, scale_by_values: bool = False, precision=None,
+          preferred_element_type=None, options=None) -> ShardedMatrix:
+  """(X @ Y.T) at SA's nonzeros, as a ShardedMatrix: X, Y [P*M, d] or [H, P*M, d]."""
+  x, y = jnp.asarray(x), jnp.asarray(y)
+  _check_dense("sddmm", "X", SA, x)
+  _check_dense("sddmm", "Y", SA, y)
+  lay = SA.layout
+
+  def body(arrays, x, y):
+    arrays = _local(arrays)
+    outs = []
+    for pl, part in zip(lay.parts, arrays.parts):
+      A = _local_matrix(lay, pl, part, jnp.zeros((pl.nnz,), x.dtype))
+      S = _sddmm(A, x, y if pl.kind == "own" else _exchange(lay, arrays, y),
+                 precision=precision, preferred_element_type=preferred_element_type,
+                 options=options)
+      outs.append(_mask_values(S.values, part.nnz))
+    return _join_parts(outs)
+
+  out_ndim = 2 if x.ndim == 3 or y.ndim == 3 else 1
+  out = _run(SA, body, (), (x, y), _edge_spec(out_ndim, SA.axis_name))
+  if scale_by_values:
+    out = out * SA.values.astype(out.dtype)
+  return SA.with_values(out)
+
+
+def edge_softmax(SA: ShardedMatrix, values=None) -> ShardedMatrix:
+  """Row softmax over SA's nonzeros (its values, or `values` in the sharded layout)."""
+  v = SA.values if values is None else jnp.asarray(values)
+  if v.ndim not in (1, 2) or v.shape[-1] != SA.nnz:
+    raise checks.OperandError(f"edge_softmax: a ShardedMatrix with {SA.nnz} (padded) nonzeros "
+                              f"takes values [{SA.nnz}] or [H, {SA.nnz}]; got {v.shape}")
+  _single_part("edge_softmax", SA)
+  lay = SA.layout
+
+  def body(arrays, v):
+    arrays = _local(arrays)
+    part = arrays.parts[0]
+    v = _mask_cotangent(v, part.nnz)
+    out = _edge_softmax(_local_matrix(lay, lay.parts[0], part, v)).values
+    return _mask_values(out, part.nnz)
+
+  return SA.with_values(_run(SA, body, (v,), (), _edge_spec(v.ndim, SA.axis_name)))
+
+
+def sparse_attention(SA: ShardedMatrix, Q, K, V, *, scale=None, bias=None, options=None):
+  """Fused sparse attention over the shards: Q, K [P*M, d], V [P*M, dv] (or with heads, padded
+  layout); bias [P*nnz_pad] or [H, P*nnz_pad] in the sharded value layout. K and V travel in
+  one exchange where their leading shapes and dtypes agree."""
+  q, k, v = (jnp.asarray(a) for a in (Q, K, V))
+  for name, a in (("Q", q), ("K", k), ("V", v)):
+    _check_dense("sparse_attention", name, SA, a)
+  _single_part("sparse_attention", SA)
+  scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+  lay = SA.layout
+  fuse = k.shape[:-1] == v.shape[:-1] and k.dtype == v.dtype
+  dk = k.shape[-1]
+  edge = () if bias is None else (jnp.asarray(bias),)
+
+  def body(arrays, *args):
+    arrays = _local(arrays)
+    part = arrays.parts[0]
+    b = None
+    if edge:
+      b, *args = args
+      b = _mask_cotangent(b, part.nnz)
+    q, k, v = args
+    if fuse:
+      kv = _exchange(lay, arrays, jnp.concatenate([k, v], axis=-1))
+      k, v = kv[..., :dk], kv[..., dk:]
+    else:
+      k, v = _exchange(lay, arrays, k), _exchange(lay, arrays, v)
+    A = _local_matrix(lay, lay.parts[0], part, jnp.zeros((lay.nnz_per_shard,), q.dtype))
+    return _attention(A, q, k, v, scale=scale, bias=b, options=options)
+
+  heads = q.ndim == 3 or k.ndim == 3 or v.ndim == 3 or (bias is not None and edge[0].ndim == 2)
+  return _run(SA, body, edge, (q, k, v), _node_spec(3 if heads else 2, SA.axis_name))

@@ -1,0 +1,578 @@
+"""jaxsparse_tc.distributed on 4 CPU devices: sharded results equal unsharded ones (every operator
+and its gradients), uneven partitions, empty shards, a shard with no halo, both exchanges,
+sharded GCN/GAT training (Flax nnx and Equinox), the sharding rules of plain jit and the
+primitives inside a user's shard_map.
+
+The host platform's device count is fixed when jax starts, and the rest of the suite runs in
+one process with one device; so the multi-device cases run in a child process started with
+XLA_FLAGS=--xla_force_host_platform_device_count=4 (this file, run as a script), once per
+session, each reporting PASS or FAIL with its message; every case is one test here. Cases that
+need no second device (padding) run in-process.
+
+    python -m pytest -q tests/test_distributed.py
+    XLA_FLAGS=--xla_force_host_platform_device_count=4 python tests/test_distributed.py [case ...]
+
+On a machine with several GPUs the same cases run on them (JSTD_DEVICES = how many; the
+partitions and meshes adapt to 1, 2, 4 or 8):
+
+    JSTD_DEVICES=2 python tests/test_distributed.py        # prints CASE <name> PASS|FAIL
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import traceback
+
+import numpy as np
+import pytest
+
+DEVICES = int(os.environ.get("JSTD_DEVICES", "4"))
+RTOL = 1e-5
+HIGHEST = "highest"  # exact float32 SpMM/SDDMM on GPU too (no tf32 tensor cores)
+
+
+# ----------------------------------------------------------------------------------------------
+# Cases run in the child process (4 devices).
+# ----------------------------------------------------------------------------------------------
+def _rel(a, b) -> float:
+  a = np.asarray(a, np.float64)
+  b = np.asarray(b, np.float64)
+  den = np.linalg.norm(b)
+  return float(np.linalg.norm(a - b) / (den if den else 1.0))
+
+
+def _close(name, a, b, tol=RTOL):
+  r = _rel(a, b)
+  if not r <= tol:
+    raise AssertionError(f"{name}: relative error {r:.3e} > {tol:.0e}")
+
+
+def _graph(n=150, density=0.05, seed=1, loops=True):
+  import scipy.sparse as sp
+
+  m = sp.random(n, n, density=density, format="csr", random_state=seed, dtype=np.float32)
+  if loops:
+    m = (m + sp.eye(n, dtype=np.float32)).tocsr()
+  return m
+
+
+def _matrix(m):
+  import jaxsparse_tc as jst
+
+  return jst.SparseMatrix.from_scipy(m)
+
+
+# Partitions of 150 rows: balanced, uneven with an empty shard, and one with the empty shard
+# last (for DEVICES shards).
+def _bounds(name, n=150):
+  P = DEVICES
+  if name == "balanced" or P == 1:
+    return None
+  if name == "uneven_empty":  # a tiny shard, an empty one, then uneven ones (4: 90 and 50 rows)
+    return [0, 0, n] if P == 2 else [0, 10, 10] + _tail(P, n)
+  return np.linspace(0, n, P).astype(int).tolist() + [n]  # empty_last
+
+
+def _tail(P, n):
+  """P - 2 increasing cut points after row 10 ending at n (P = 4: 100, 150)."""
+  return np.linspace(10, n, P - 1).astype(int).tolist()[1:] if P != 4 else [100, n]
+
+
+def _sharded(A, exchange, bounds_name, mesh=None):
+  from jaxsparse_tc import distributed as dist
+
+  mesh = mesh or dist.make_mesh(DEVICES)
+  return dist.shard_matrix(A, mesh, exchange=exchange, bounds=_bounds(bounds_name))
+
+
+def _ops_case(exchange, bounds_name, heads):
+  """spmm, sddmm, edge_softmax, sparse_attention and their gradients, sharded vs unsharded."""
+  import jax
+  import jax.numpy as jnp
+
+  import jaxsparse_tc as jst
+
+  rng = np.random.default_rng(0)
+  A = _matrix(_graph())
+  SA = _sharded(A, exchange, bounds_name)
+  want = exchange if SA.layout.max_real_halo else "none"  # one device, or nobody reads others
+  assert SA.layout.exchange == want, SA.layout
+  n, d = A.shape[0], 8
+  lead = (heads,) if heads else ()
+  x, y, v = (rng.standard_normal(lead + (n, d)).astype(np.float32) for _ in range(3))
+  vals = rng.standard_normal(lead + (A.nnz,)).astype(np.float32)
+  bias = rng.standard_normal(lead + (A.nnz,)).astype(np.float32)
+
+  def run(M, x, y, v, vals, bias):
+    B = M.with_values(vals)
+    out1 = jst.spmm(B, x, precision=HIGHEST)
+    s = jst.sddmm(B, x, y, scale_by_values=True, precision=HIGHEST)
+    p = jst.edge_softmax(s)
+    out2 = jst.spmm(p, v, precision=HIGHEST)
+    out3 = jst.sparse_attention(M, x, y, v, bias=bias)
+    loss = (jnp.sum(out1 ** 2) + jnp.sum(jnp.sin(s.values)) + jnp.sum(out2 * 1.3)
+            + jnp.sum(out3 ** 2))
+    return loss, (out1, s.values, p.values, out2, out3)
+
+  grad = lambda M: jax.value_and_grad(  # noqa: E731
+      lambda *a: run(M, *a), argnums=(0, 1, 2, 3, 4), has_aux=True)
+  (l0, outs0), g0 = jax.jit(grad(A))(*map(jnp.asarray, (x, y, v, vals, bias)))
+  X, Y, V = (SA.shard_rows(t) for t in (x, y, v))
+  Vals, Bias = SA.values_from_input(vals), SA.values_from_input(bias)
+  (l1, outs1), g1 = jax.jit(grad(SA))(X, Y, V, Vals, Bias)
+  _close("loss", l1, l0)
+  for name, o1, o0 in zip(("spmm", "sddmm", "edge_softmax", "spmm(P)", "attention"),
+                          outs1, outs0):
+    if o1.shape[-1] == SA.nnz:  # values: sharded layout -> A's format order (the input order)
+      assert float(jnp.max(jnp.abs(jnp.where(SA.value_mask(), 0, o1)))) == 0, f"{name} pads"
+      o1 = SA.values_to_input(o1)
+    else:
+      o1 = SA.unshard_rows(o1)
+    _close(name, o1, o0)
+  for name, a, b in zip(("dx", "dy", "dv"), g1[:3], g0[:3]):
+    _close(name, SA.unshard_rows(a), b)
+  for name, a, b in zip(("dvalues", "dbias"), g1[3:], g0[3:]):
+    assert float(jnp.max(jnp.abs(jnp.where(SA.value_mask(), 0, a)))) == 0, f"{name} pads"
+    _close(name, SA.values_to_input(a), b)
+
+
+def case_ops_allgather_balanced():
+  _ops_case("allgather", "balanced", 0)
+
+
+def case_ops_halo_balanced():
+  _ops_case("halo", "balanced", 0)
+
+
+def case_ops_allgather_uneven_empty_shard_heads():
+  _ops_case("allgather", "uneven_empty", 2)
+
+
+def case_ops_halo_uneven_empty_shard_heads():
+  _ops_case("halo", "uneven_empty", 2)
+
+
+def case_ops_halo_empty_last_shard():
+  _ops_case("halo", "empty_last", 0)
+
+
+def case_overlap_parts():
+  """overlap=True (own and remote parts): SpMM and SDDMM and their gradients equal the
+  unsharded ones for both exchanges and an uneven partition; row-wise operators refuse it."""
+  import jax
+  import jax.numpy as jnp
+
+  import jaxsparse_tc as jst
+
+  rng = np.random.default_rng(8)
+  A = _matrix(_graph())
+  x = rng.standard_normal((2, 150, 8)).astype(np.float32)
+  vals = rng.standard_normal(A.nnz).astype(np.float32)
+
+  def loss(M, v, x):
+    B = M.with_values(v)
+    return (jnp.sum(jst.spmm(B, x, precision=HIGHEST) ** 2)
+            + jnp.sum(jnp.sin(jst.sddmm(B, x, x, precision=HIGHEST).values)))
+
+  g = lambda M: jax.value_and_grad(loss, argnums=(1, 2))  # noqa: E731
+  l0, (gv0, gx0) = g(A)(A, jnp.asarray(vals), jnp.asarray(x))
+  from jaxsparse_tc import distributed as dist
+
+  if DEVICES == 1:
+    return
+  uneven = _bounds("uneven_empty") if DEVICES > 2 else [0, 40, 150]
+  for exchange, bounds in (("allgather", None), ("halo", uneven)):
+    SA = dist.shard_matrix(A, dist.make_mesh(DEVICES), exchange=exchange, overlap=True,
+                           bounds=bounds)
+    assert [p.kind for p in SA.layout.parts] == ["own", "remote"], SA.layout.parts
+    l1, (gv1, gx1) = jax.jit(g(SA))(SA, SA.values_from_input(vals), SA.shard_rows(x))
+    _close(f"{exchange} loss", l1, l0)
+    _close(f"{exchange} dvalues", SA.values_to_input(gv1), gv0)
+    _close(f"{exchange} dx", SA.unshard_rows(gx1), gx0)
+    assert abs(SA.to_scipy() - A.to_scipy()).max() == 0
+    mask = np.asarray(SA.value_mask())
+    assert np.array_equal(np.asarray(SA.rows)[~mask], np.asarray(SA.cols)[~mask])
+    for fn in (lambda: jst.edge_softmax(SA),
+               lambda: jst.sparse_attention(SA, *(SA.shard_rows(x),) * 3)):
+      try:
+        fn()
+      except NotImplementedError as e:
+        assert "overlap=True" in str(e), str(e)
+      else:
+        raise AssertionError("expected NotImplementedError")
+
+
+def case_train_gcn_overlap():
+  from jaxsparse_tc.examples import train_sharded
+
+  r = train_sharded.check("gcn", "flax", DEVICES, steps=4, verbose=False, overlap=True)
+  if not max(r["loss_rel_diff"], r["metric_rel_diff"]) <= RTOL:
+    raise AssertionError(f"gcn overlap: {r}")
+
+
+def case_no_halo_shard():
+  """A shard whose rows read only its own rows (its halo lists are empty) next to shards that
+  exchange; and a block-diagonal graph (no exchange at all)."""
+  import jax
+  import jax.numpy as jnp
+  import scipy.sparse as sp
+
+  import jaxsparse_tc as jst
+  from jaxsparse_tc import distributed as dist
+
+  if DEVICES == 1:
+    return
+  rng = np.random.default_rng(2)
+  n = 30 * DEVICES
+  bounds = list(range(0, n + 1, 30))
+  m = _graph(n, 0.08, seed=3).tolil()
+  m[0:30, 30:] = 0  # shard 0 reads nobody
+  m = m.tocsr()
+  m.eliminate_zeros()
+  blocks = sp.block_diag([_graph(30, 0.2, seed=s) for s in range(DEVICES)]).tocsr()
+  mesh = dist.make_mesh(DEVICES)
+  for graph, want in ((m, "halo"), (blocks, "none")):
+    A = _matrix(graph)
+    SA = dist.shard_matrix(A, mesh, bounds=bounds, exchange="halo")
+    assert SA.layout.exchange == want, (want, SA.layout)
+    if want == "halo":
+      send = np.asarray(SA.arrays.send).reshape(DEVICES, DEVICES, -1)
+      e2g = np.asarray(SA.arrays.ext_to_global)[0, SA.layout.rows_per_shard:]
+      assert np.all(e2g == SA.layout.rows_per_shard - 1), "shard 0 should receive nothing"
+      del send
+    x = rng.standard_normal((n, 16)).astype(np.float32)
+
+    def loss(M, x):
+      return (jnp.sum(jst.spmm(M, x, precision=HIGHEST) ** 2)
+              + jnp.sum(jst.sddmm(M, x, x, precision=HIGHEST).values))
+
+    l0, g0 = jax.value_and_grad(loss, argnums=1)(A, jnp.asarray(x))
+    l1, g1 = jax.jit(jax.value_and_grad(loss, argnums=1))(SA, SA.shard_rows(x))
+    _close(f"{want} loss", l1, l0)
+    _close(f"{want} dx", SA.unshard_rows(g1), g0)
+
+
+def case_auto_exchange_and_bytes():
+  """auto picks halo for a local (banded) graph and allgather for a random one; exchange_bytes
+  counts rows received."""
+  import scipy.sparse as sp
+
+  from jaxsparse_tc import distributed as dist
+
+  if DEVICES == 1:
+    return
+  n = 400
+  band = sp.diags([np.ones(n - k, np.float32) for k in (0, 1, 2)], [0, 1, 2], shape=(n, n))
+  mesh = dist.make_mesh(DEVICES)
+  S_band = dist.shard_scipy(band.tocsr(), mesh)
+  S_rand = dist.shard_scipy(_graph(n, 0.05), mesh)
+  assert S_band.layout.exchange == "halo", S_band.layout
+  assert S_rand.layout.exchange == "allgather", S_rand.layout
+  assert S_band.exchange_bytes(128, 4) == (DEVICES - 1) * S_band.layout.halo_rows * 512
+  assert S_rand.exchange_bytes(64, 2) == (DEVICES - 1) * S_rand.layout.rows_per_shard * 128
+  # A forced exchange is honoured either way.
+  assert dist.shard_scipy(band.tocsr(), mesh, exchange="allgather").layout.exchange == "allgather"
+  b = dist.partition_rows(np.diff(_graph(n, 0.05).indptr), DEVICES)
+  assert b[0] == 0 and b[-1] == n and np.all(np.diff(b) > 0)
+
+
+def case_layout_roundtrips():
+  """shard_rows / unshard_rows, values_from_input / values_to_input, to_scipy, rows/cols."""
+  import jax.numpy as jnp
+
+  from jaxsparse_tc import distributed as dist
+
+  g = _graph(97, 0.06)
+  for exchange in ("allgather", "halo"):
+    SA = dist.shard_scipy(g, dist.make_mesh(DEVICES), exchange=exchange)
+    x = np.arange(97 * 3, dtype=np.float32).reshape(97, 3)
+    assert np.array_equal(np.asarray(SA.unshard_rows(SA.shard_rows(x))), x)
+    assert np.array_equal(np.asarray(SA.unshard_rows(SA.shard_rows(jnp.asarray(x)))), x)
+    assert abs(SA.to_scipy() - g).max() == 0
+    coo = g.tocoo()
+    vals = SA.values_from_input(coo.data)
+    assert np.array_equal(np.asarray(SA.values_to_input(vals)), coo.data)
+    pos_r = SA.node_positions(coo.row)
+    pos_c = SA.node_positions(coo.col)
+    p = np.asarray(SA.layout.input_positions)
+    assert np.array_equal(np.asarray(SA.rows)[p], pos_r)
+    assert np.array_equal(np.asarray(SA.cols)[p], pos_c)
+    mask = np.asarray(SA.value_mask())
+    assert np.array_equal(np.asarray(SA.rows)[~mask], np.asarray(SA.cols)[~mask])
+
+
+def case_vmap_and_eager():
+  """vmap over value sets through a sharded SpMM; eager (unjitted) calls."""
+  import jax
+  import jax.numpy as jnp
+
+  import jaxsparse_tc as jst
+  from jaxsparse_tc import distributed as dist
+
+  rng = np.random.default_rng(4)
+  A = _matrix(_graph())
+  SA = dist.shard_matrix(A, dist.make_mesh(DEVICES))
+  x = rng.standard_normal((150, 4)).astype(np.float32)
+  vals = rng.standard_normal((3, A.nnz)).astype(np.float32)
+  ref = jax.vmap(lambda v: jst.spmm(A.with_values(v), jnp.asarray(x)))(vals)
+  V = jnp.stack([SA.values_from_input(v) for v in vals])
+  out = jax.vmap(lambda v: jst.spmm(SA.with_values(v), SA.shard_rows(x)))(V)
+  _close("vmap", SA.unshard_rows(out), ref)
+  _close("eager", SA.unshard_rows(SA @ SA.shard_rows(x)), A @ jnp.asarray(x))
+
+
+def _train_case(model, framework):
+  from jaxsparse_tc.examples import train_sharded
+
+  r = train_sharded.check(model, framework, DEVICES, steps=4, verbose=False)
+  if not max(r["loss_rel_diff"], r["metric_rel_diff"]) <= RTOL:
+    raise AssertionError(f"{model}/{framework}: {r}")
+
+
+def case_train_gcn_flax():
+  _train_case("gcn", "flax")
+
+
+def case_train_gcn_equinox():
+  _train_case("gcn", "equinox")
+
+
+def case_train_gat_flax():
+  _train_case("gat", "flax")
+
+
+def case_train_gat_equinox():
+  _train_case("gat", "equinox")
+
+
+def case_train_main_job_devices_flag():
+  """The main job's --devices N: a few sharded epochs train (the loss goes down)."""
+  from jaxsparse_tc.examples import train
+
+  r = train.train("gcn", "flax", 0, 15, verbose=False, devices=DEVICES)
+  assert r["devices"] == DEVICES, r["devices"]
+  assert r["loss_history"][-1] < r["loss_history"][0], r["loss_history"]
+
+
+def case_spmd_heads_and_features():
+  """Plain jit, replicated SparseMatrix, dense operands sharded along heads (every primitive)
+  or SpMM's features: equal results and gradients, no all-gather in the program."""
+  import warnings
+
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import Mesh, NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  import jaxsparse_tc as jst
+
+  rng = np.random.default_rng(5)
+  A = _matrix(_graph(100))
+  a = 2 if DEVICES >= 2 else 1
+  mesh = Mesh(np.array(jax.devices()[:DEVICES]).reshape(a, DEVICES // a), ("a", "b"))
+  H = 4
+  q, k, v = (rng.standard_normal((H, 100, 8)).astype(np.float32) for _ in range(3))
+  b = rng.standard_normal((H, A.nnz)).astype(np.float32)
+
+  def f(q, k, v, b):
+    o = jst.sparse_attention(A, q, k, v, bias=b)
+    s = jst.sddmm(A, q, k)
+    p = jst.edge_softmax(s)
+    return (jnp.sum(o ** 2) + jnp.sum(jnp.sin(s.values))
+            + jnp.sum(jst.spmm(p, v, precision=HIGHEST) * 1.3))
+
+  ref = jax.value_and_grad(f, argnums=(0, 1, 2, 3))(q, k, v, b)
+  args = [jax.device_put(t, NamedSharding(mesh, P("a"))) for t in (q, k, v, b)]
+  g = jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2, 3)))
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    out = g(*args)
+  _close("heads loss", out[0], ref[0])
+  for a, r in zip(out[1], ref[1]):
+    _close("heads grad", a, r)
+    assert a.sharding.spec[0] == "a", a.sharding
+  assert "all-gather" not in g.lower(*args).compile().as_text()
+  x = rng.standard_normal((H, 100, 16)).astype(np.float32)
+  for spec in (P(None, None, "a"), P("a", None, "b")):
+    X = jax.device_put(x, NamedSharding(mesh, spec))
+    sq = lambda X: jnp.sum(jst.spmm(A, X, precision=HIGHEST) ** 2)
+    h = jax.jit(jax.value_and_grad(sq))
+    (l1, g1), (l0, g0) = h(X), jax.value_and_grad(sq)(jnp.asarray(x))
+    _close("features loss", l1, l0)
+    _close("features grad", g1, g0)
+    assert g1.sharding.spec == spec, (g1.sharding, spec)
+    assert "all-gather" not in h.lower(X).compile().as_text(), spec
+
+
+def case_spmd_rows_fallback_and_error():
+  """X sharded along its rows under plain jit: gathered with a warning (correct result), or a
+  PartitionError with set_fallback("error")."""
+  import warnings
+
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import Mesh, NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  import jaxsparse_tc as jst
+  from jaxsparse_tc.distributed import spmd
+
+  A = _matrix(_graph(128))
+  mesh = Mesh(np.array(jax.devices()[:DEVICES]), ("a",))
+  x = np.random.default_rng(6).standard_normal((128, 16)).astype(np.float32)
+  X = jax.device_put(x, NamedSharding(mesh, P("a")))
+  with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    y = jax.jit(lambda X: jst.spmm(A, X) * 2.0)(X)
+  _close("rows fallback", y, 2.0 * (A @ jnp.asarray(x)))
+  assert any("sharded along dim 1" in str(m.message) for m in w), [str(m.message) for m in w]
+  spmd.set_fallback("error")
+  try:
+    jax.jit(lambda X: jst.spmm(A, X) * 3.0)(X)
+  except Exception as e:  # noqa: BLE001 (XLA wraps the callback's error)
+    assert "PartitionError" in str(e) and "ShardedMatrix" in str(e), str(e)[:500]
+  else:
+    raise AssertionError("expected a PartitionError")
+  finally:
+    spmd.set_fallback("gather")
+
+
+def case_user_shard_map_check_vma():
+  """The primitives inside a user's shard_map (check_vma on and off): a replicated matrix with
+  sharded features / heads, and per-shard matrices; gradients equal the unsharded ones."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import Mesh
+  from jax.sharding import PartitionSpec as P
+
+  import jaxsparse_tc as jst
+  from jaxsparse_tc.distributed import shard_map_compat
+
+  mesh = Mesh(np.array(jax.devices()[:DEVICES]), ("x",))
+  A = _matrix(_graph(64, 0.1))
+  rng = np.random.default_rng(7)
+  X = jnp.asarray(rng.standard_normal((64, 16)).astype(np.float32))
+  H = max(4, DEVICES)
+  q, k, v = (jnp.asarray(rng.standard_normal((H, 64, 8)).astype(np.float32)) for _ in range(3))
+
+  def f(vals, x, q, k, v):
+    B = A.with_values(vals)
+    p = jst.edge_softmax(jst.sddmm(B, q, k, precision=HIGHEST))
+    return (jnp.sum(jst.spmm(B, x, precision=HIGHEST) ** 2)
+            + jnp.sum(jst.spmm(p, v, precision=HIGHEST) ** 2)
+            + jnp.sum(jst.sparse_attention(B, q, k, v) ** 2))
+
+  ref = jax.grad(f, argnums=(0, 1, 2, 3, 4))(A.values, X, q, k, v)
+  specs = (P(), P(None, "x"), P("x"), P("x"), P("x"))
+  sm = getattr(jax, "shard_map", None)
+  for check in ((True, False) if sm is not None else (False,)):
+    g = sm(lambda *a: jax.lax.psum(f(*a), "x"), mesh=mesh, in_specs=specs, out_specs=P(),
+           check_vma=check)
+    out = jax.jit(jax.grad(g, argnums=(0, 1, 2, 3, 4)))(A.values, X, q, k, v)
+    for i, (a, r) in enumerate(zip(out, ref)):
+      _close(f"check_vma={check} grad {i}", a, r)
+  del shard_map_compat  # (per-shard matrices inside shard_map: every ShardedMatrix case)
+
+
+def _cases():
+  return {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
+
+
+def _child_main(names) -> int:
+  import jax
+
+  if len(jax.devices()) < DEVICES:
+    print(f"SETUP FAIL {json.dumps(f'need {DEVICES} devices, have {len(jax.devices())}')}")
+    return 1
+  cases = _cases()
+  failed = 0
+  for name in names or list(cases):
+    try:
+      cases[name]()
+      print(f"CASE {name} PASS", flush=True)
+    except Exception:  # noqa: BLE001
+      failed += 1
+      print(f"CASE {name} FAIL {json.dumps(traceback.format_exc()[-3000:])}", flush=True)
+  print(f"{len(names or cases) - failed} passed, {failed} failed on {DEVICES} "
+        f"{jax.devices()[0].platform} devices", flush=True)
+  return 1 if failed else 0
+
+
+# ----------------------------------------------------------------------------------------------
+# pytest side
+# ----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def child_results():
+  flags = os.environ.get("XLA_FLAGS", "")
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={DEVICES}".strip())
+  proc = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env,
+                        capture_output=True, text=True, timeout=3000)
+  results = {}
+  for line in proc.stdout.splitlines():
+    parts = line.split(" ", 3)
+    if len(parts) >= 3 and parts[0] == "CASE":
+      results[parts[1]] = (parts[2], json.loads(parts[3]) if len(parts) > 3 else "")
+  if not results:
+    pytest.fail(f"the multi-device child process reported nothing (exit {proc.returncode}):\n"
+                f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+  return results, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("name", sorted(_cases()))
+def test_multi_device(child_results, name):
+  results, stderr = child_results
+  if name not in results:
+    pytest.fail(f"case {name} did not report (the child process died?):\n{stderr}")
+  status, message = results[name]
+  assert status == "PASS", message
+
+
+# In-process (one device): the padding of format arrays.
+def test_padded_pattern_runs_like_the_original(rng):
+  import jax.numpy as jnp
+
+  import jaxsparse_tc as jst
+  from jaxsparse_tc._src import padding
+  from jaxsparse_tc._src.pattern import Pattern
+  from jaxsparse_tc.sparse_matrix import SparseMatrix
+
+  m, n = 37, 29
+  rows = rng.integers(0, m, 150)
+  cols = rng.integers(0, n, 150)
+  A = SparseMatrix.from_coo(rows, cols, rng.standard_normal(150).astype(np.float32),
+                            shape=(m + 8 - m % 8 + 8, n + 8 - n % 8 + 8))
+  M, N = A.shape
+  nnz_pad = A.nnz + 13
+
+  def padded(p, rows_, spare):
+    p = Pattern(*map(np.asarray, p))
+    p = padding.reschedule(p, rows_, nnz_pad, False)
+    s = padding.pattern_sizes(p)
+    size = padding.PadSizes(nnz_pad, s.cols + 5, s.blocks + 3, s.items + 7, s.row_items + 9)
+    return padding.pad_pattern(p, size, empty_window=rows_ // 8 - 1, empty_row=rows_ - 1,
+                               fill_col=spare)
+
+  pa, pt = padded(A.pattern, M, N - 1), padded(A.pattern_t, N, M - 1)
+  vals = jnp.concatenate([A.values, jnp.full((13,), 7.0)])
+  B = SparseMatrix(vals, Pattern(*map(jnp.asarray, pa)), Pattern(*map(jnp.asarray, pt)),
+                   jnp.asarray(padding.pad_permutation(A.perm_t, nnz_pad)),
+                   jnp.asarray(padding.pad_permutation(A.perm_t_inv, nnz_pad)),
+                   A.input_to_format, A.shape)
+  x = jnp.asarray(rng.standard_normal((N, 5)).astype(np.float32))
+  y = jnp.asarray(rng.standard_normal((M, 5)).astype(np.float32))
+  np.testing.assert_allclose(np.asarray(B @ x), np.asarray(A @ x), rtol=1e-6, atol=1e-6)
+  mask = np.asarray(padding.valid_mask(A.nnz, nnz_pad))
+  np.testing.assert_allclose(np.asarray(jst.sddmm(B, y, x).values)[mask],
+                             np.asarray(jst.sddmm(A, y, x).values), rtol=1e-6, atol=1e-6)
+  with pytest.raises(ValueError, match="not an empty window"):
+    padding.pad_pattern(Pattern(*map(np.asarray, A.pattern)), padding.pattern_sizes(A.pattern),
+                        empty_window=int(np.asarray(A.rows)[0]) // 8, empty_row=M - 1,
+                        fill_col=0)
+
+
+if __name__ == "__main__":
+  raise SystemExit(_child_main(sys.argv[1:]))
