@@ -39,9 +39,26 @@ import numpy as np
 
 from benchmarks import common
 
-COLUMNS = ["graph", "nodes", "nnz", "d", "H", "mode", "fused_ms", "lib_unfused_ms", "xla_ms",
-           "x_vs_xla", "x_vs_lib", "fused_tmp_MB", "lib_tmp_MB", "xla_tmp_MB", "fused_MB",
-           "lib_MB", "xla_MB", "rel_err"]
+COLUMNS = [
+  "graph",
+  "nodes",
+  "nnz",
+  "d",
+  "H",
+  "mode",
+  "fused_ms",
+  "lib_unfused_ms",
+  "xla_ms",
+  "x_vs_xla",
+  "x_vs_lib",
+  "fused_tmp_MB",
+  "lib_tmp_MB",
+  "xla_tmp_MB",
+  "fused_MB",
+  "lib_MB",
+  "xla_MB",
+  "rel_err",
+]
 
 METHODS = ("fused", "lib", "xla")
 CHECK_TOL = 1e-2
@@ -67,8 +84,11 @@ def _take_f32(x, idx, indices_are_sorted):
 
   @jax.custom_vjp
   def take(x, idx):
-    return x.at[idx].get(indices_are_sorted=indices_are_sorted,
-                         mode="promise_in_bounds").astype(jnp.float32)
+    return (
+      x.at[idx]
+      .get(indices_are_sorted=indices_are_sorted, mode="promise_in_bounds")
+      .astype(jnp.float32)
+    )
 
   def fwd(x, idx):
     return take(x, idx), idx
@@ -120,8 +140,9 @@ def with_grad(f):
   import jax
   import jax.numpy as jnp
 
-  return jax.grad(lambda G, q, k, v, w: jnp.sum(f(G, q, k, v).astype(jnp.float32) * w),
-                  argnums=(1, 2, 3))
+  return jax.grad(
+    lambda G, q, k, v, w: jnp.sum(f(G, q, k, v).astype(jnp.float32) * w), argnums=(1, 2, 3)
+  )
 
 
 @functools.lru_cache(maxsize=None)
@@ -152,8 +173,12 @@ def memory_mb(compiled):
   tmp = getattr(mem, "temp_size_in_bytes", None)
   if tmp is None:
     return None, None
-  tot = (tmp + getattr(mem, "argument_size_in_bytes", 0) + getattr(mem, "output_size_in_bytes", 0)
-         - getattr(mem, "alias_size_in_bytes", 0))
+  tot = (
+    tmp
+    + getattr(mem, "argument_size_in_bytes", 0)
+    + getattr(mem, "output_size_in_bytes", 0)
+    - getattr(mem, "alias_size_in_bytes", 0)
+  )
   return tmp / _MB, tot / _MB
 
 
@@ -206,8 +231,7 @@ def _measure(compiled, args, repeat, keep=False, budget_s=0.4):
     reps = int(np.clip(budget_s / max(first, 1e-6), 3, repeat))
     res["ms"] = common.time_fn(compiled, *args, warmup=1, repeat=reps)
   except Exception as e:  # noqa: BLE001 - out of memory, or a peer that cannot run this size
-    print(f"    failed: {str(e).splitlines()[0][:100] if str(e) else type(e).__name__}",
-          flush=True)
+    print(f"    failed: {str(e).splitlines()[0][:100] if str(e) else type(e).__name__}", flush=True)
     res["ms"] = "OOM" if is_oom(e) else "fail"
   return res
 
@@ -220,13 +244,15 @@ def _check(outs, mode, label):
   worst = 0.0
   names = sorted(got)
   for i, a in enumerate(names):
-    for b in names[i + 1:]:
+    for b in names[i + 1 :]:
       errs = [rel_err(x, y) for x, y in zip(got[a], got[b])]
-      print(f"    check {mode} {a} vs {b}: rel err {', '.join(f'{x:.1e}' for x in errs)}",
-            flush=True)
+      print(
+        f"    check {mode} {a} vs {b}: rel err {', '.join(f'{x:.1e}' for x in errs)}", flush=True
+      )
       worst = max(worst, *errs)
       assert max(errs) < CHECK_TOL, (
-          f"{label} {mode}: {a} and {b} differ (relative errors {errs}); a peer is wrong")
+        f"{label} {mode}: {a} and {b} differ (relative errors {errs}); a peer is wrong"
+      )
   return worst
 
 
@@ -276,8 +302,10 @@ def run(quick: bool = False) -> list[dict]:
         jobs.update({("fwd+bwd", m): (with_grad(fns[m]), args[m] + (w,)) for m in METHODS})
         t0 = time.perf_counter()
         compiled = _compile_all(jobs, pool)
-        print(f"  {name} d={d} H={H}: 6 programs compiled in {time.perf_counter() - t0:.1f} s",
-              flush=True)
+        print(
+          f"  {name} d={d} H={H}: 6 programs compiled in {time.perf_counter() - t0:.1f} s",
+          flush=True,
+        )
         for mode in ("fwd", "fwd+bwd"):
           row = dict(graph=name, nodes=n, nnz=int(A.nnz), d=d, H=H, mode=mode)
           print(f"  {name} d={d} H={H} {mode}", flush=True)
@@ -312,15 +340,24 @@ def summary(rows):
       sel = [r for r in rows if r["mode"] == mode and r["d"] == d]
       vx = [r["x_vs_xla"] for r in sel if isinstance(r.get("x_vs_xla"), float)]
       vl = [r["x_vs_lib"] for r in sel if isinstance(r.get("x_vs_lib"), float)]
-      mem = [r["xla_MB"] / r["fused_MB"] for r in sel
-             if isinstance(r.get("xla_MB"), float) and r.get("fused_MB")]
-      out.append({"mode": mode, "d": d, "cases": len(sel),
-                  "geomean_vs_xla": common.geomean(vx),
-                  "geomean_vs_lib_unfused": common.geomean(vl),
-                  "geomean_mem_xla/fused": common.geomean(mem),
-                  "xla_oom_cases": sum(1 for r in sel if r.get("xla_ms") == "OOM"),
-                  "lib_oom_cases": sum(1 for r in sel if r.get("lib_unfused_ms") == "OOM"),
-                  "target_vs_xla": 4.0 if mode == "fwd" else 3.0})
+      mem = [
+        r["xla_MB"] / r["fused_MB"]
+        for r in sel
+        if isinstance(r.get("xla_MB"), float) and r.get("fused_MB")
+      ]
+      out.append(
+        {
+          "mode": mode,
+          "d": d,
+          "cases": len(sel),
+          "geomean_vs_xla": common.geomean(vx),
+          "geomean_vs_lib_unfused": common.geomean(vl),
+          "geomean_mem_xla/fused": common.geomean(mem),
+          "xla_oom_cases": sum(1 for r in sel if r.get("xla_ms") == "OOM"),
+          "lib_oom_cases": sum(1 for r in sel if r.get("lib_unfused_ms") == "OOM"),
+          "target_vs_xla": 4.0 if mode == "fwd" else 3.0,
+        }
+      )
   return out
 
 

@@ -42,8 +42,19 @@ from pathlib import Path
 
 from benchmarks import common
 
-COLUMNS = ["sweep", "graph", "nodes", "nnz", "H", "mode", "method", "temp_MB", "footprint_MB",
-           "status", "ms"]
+COLUMNS = [
+  "sweep",
+  "graph",
+  "nodes",
+  "nnz",
+  "H",
+  "mode",
+  "method",
+  "temp_MB",
+  "footprint_MB",
+  "status",
+  "ms",
+]
 
 D = 64
 EDGES_PER_NODE = 16
@@ -51,10 +62,17 @@ METHODS = ("fused", "lib", "xla")
 MODES = ("fwd", "fwd+bwd")
 GROUPS = (("edges", ("xla",)), ("A", ("fused", "lib")))  # run order, by graph operand
 SLOW_S = 20.0  # a call slower than this is not repeated at a larger point
-FULL = dict(fixed_scale=20, heads=(1, 2, 4, 8, 16, 32, 64), scales=(20, 21, 22, 23), size_h=8,
-            budget_s=330.0, timeout_s=570.0)
-QUICK = dict(fixed_scale=12, heads=(1, 2), scales=(12, 13), size_h=2, budget_s=240.0,
-             timeout_s=420.0)
+FULL = dict(
+  fixed_scale=20,
+  heads=(1, 2, 4, 8, 16, 32, 64),
+  scales=(20, 21, 22, 23),
+  size_h=8,
+  budget_s=330.0,
+  timeout_s=570.0,
+)
+QUICK = dict(
+  fixed_scale=12, heads=(1, 2), scales=(12, 13), size_h=2, budget_s=240.0, timeout_s=420.0
+)
 _MB = 2.0**20
 
 
@@ -84,8 +102,16 @@ def run(quick: bool = False) -> list[dict]:
     print(f"  attention memory sweep: child exited with {rc}; {len(rows)} rows kept", flush=True)
     if not rows:
       raise RuntimeError(f"attention memory sweep failed (child exit {rc}, no rows)")
-  return sorted(rows, key=lambda r: (r["sweep"] != "heads", r["nodes"], r["H"],
-                                     MODES.index(r["mode"]), METHODS.index(r["method"])))
+  return sorted(
+    rows,
+    key=lambda r: (
+      r["sweep"] != "heads",
+      r["nodes"],
+      r["H"],
+      MODES.index(r["mode"]),
+      METHODS.index(r["method"]),
+    ),
+  )
 
 
 def _why(row):
@@ -97,14 +123,17 @@ def summary(rows):
   """Per method and mode: the largest H (fixed graph) and largest graph (at size_H) that ran."""
   out = []
   limit = next((r["limit_MB"] for r in rows if r.get("limit_MB")), None)
-  used = next((r["gpu_used_at_start_MB"] for r in rows
-               if r.get("gpu_used_at_start_MB") is not None), None)
+  used = next(
+    (r["gpu_used_at_start_MB"] for r in rows if r.get("gpu_used_at_start_MB") is not None), None
+  )
   for method in METHODS:
     for mode in MODES:
       rec = {"method": method, "mode": mode}
       for sweep, key in (("heads", "H"), ("size", "nodes")):
-        sel = sorted((r for r in rows if r["sweep"] == sweep and r["method"] == method
-                      and r["mode"] == mode), key=lambda r: r[key])
+        sel = sorted(
+          (r for r in rows if r["sweep"] == sweep and r["method"] == method and r["mode"] == mode),
+          key=lambda r: r[key],
+        )
         ok = [i for i, r in enumerate(sel) if r.get("status") == "ok"]
         if ok:  # the point after the largest that ran: why it did not
           nxt = sel[ok[-1] + 1] if ok[-1] + 1 < len(sel) else None
@@ -117,8 +146,9 @@ def summary(rows):
         else:
           rec["size_H"] = sel[0]["H"] if sel else None
           best = sel[ok[-1]] if ok else None
-          rec["max_graph_ok"] = (f"{best['graph']} ({best['nnz'] / 1e6:.1f}M nnz)" if best
-                                 else "none")
+          rec["max_graph_ok"] = (
+            f"{best['graph']} ({best['nnz'] / 1e6:.1f}M nnz)" if best else "none"
+          )
           rec["next_graph"] = f"{nxt['graph']}: {_why(nxt)}" if nxt else "-"
       rec["limit_GB"] = round(limit / 1024, 1) if limit else None
       rec["gpu_used_at_start_GB"] = round(used / 1024, 1) if used is not None else None
@@ -129,8 +159,12 @@ def summary(rows):
 # -- child -------------------------------------------------------------------------------------
 def _gpu_used_mb():
   try:
-    r = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                       capture_output=True, text=True, timeout=20)
+    r = subprocess.run(
+      ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+      capture_output=True,
+      text=True,
+      timeout=20,
+    )
     return float(r.stdout.split()[0]) if r.returncode == 0 and r.stdout.strip() else None
   except Exception:  # noqa: BLE001 - no nvidia-smi (CPU)
     return None
@@ -157,10 +191,14 @@ def _build(scale):
   A = jax.device_put(A, host)  # (a no-op where from_coo already followed default_device)
   assert A.nnz == rows.size
   t2 = time.perf_counter()
-  print(f"  {_graph_name(scale)}: {A.nnz} nnz, generated in {t1 - t0:.1f} s, SparseMatrix in "
-        f"{t2 - t1:.1f} s", flush=True)
-  return dict(name=_graph_name(scale), n=1 << scale, nnz=int(A.nnz), A=A, edges=(rows, cols),
-              build_s=t2 - t0)
+  print(
+    f"  {_graph_name(scale)}: {A.nnz} nnz, generated in {t1 - t0:.1f} s, SparseMatrix in "
+    f"{t2 - t1:.1f} s",
+    flush=True,
+  )
+  return dict(
+    name=_graph_name(scale), n=1 << scale, nnz=int(A.nnz), A=A, edges=(rows, cols), build_s=t2 - t0
+  )
 
 
 def _abstract(tree):
@@ -216,7 +254,7 @@ def _point(ctx, H, sweep, state, deadline, emit, pool):
       if graph_key not in on_device:
         on_device[graph_key] = jax.device_put(ctx[graph_key], dev)
       args = [on_device[graph_key]]
-      for c in "qkvw"[:len(jobs[(key, mode)][1]) - 1]:
+      for c in "qkvw"[: len(jobs[(key, mode)][1]) - 1]:
         if c not in inputs:
           inputs[c] = jax.block_until_ready(ba.normal_f16("qkvw".index(c), shape))
         args.append(inputs[c])
@@ -234,13 +272,24 @@ def _point(ctx, H, sweep, state, deadline, emit, pool):
   for graph_key, keys in GROUPS:
     for mode in MODES:
       for key in keys:
-        row = dict(sweep=sweep, graph=ctx["name"], nodes=ctx["n"], nnz=ctx["nnz"], H=H,
-                   mode=mode, method=key, limit_MB=state["limit_MB"],
-                   gpu_used_at_start_MB=state["gpu_used_MB"])
+        row = dict(
+          sweep=sweep,
+          graph=ctx["name"],
+          nodes=ctx["n"],
+          nnz=ctx["nnz"],
+          H=H,
+          mode=mode,
+          method=key,
+          limit_MB=state["limit_MB"],
+          gpu_used_at_start_MB=state["gpu_used_MB"],
+        )
         one(row, graph_key, key, mode)
         ms = "" if row.get("ms") is None else f" {row['ms']:.1f} ms"
-        print(f"  {sweep} {ctx['name']} H={H} {mode} {key}: {row['status']}, footprint "
-              f"{row.get('footprint_MB') or 0:.0f} MB{ms}", flush=True)
+        print(
+          f"  {sweep} {ctx['name']} H={H} {mode} {key}: {row['status']}, footprint "
+          f"{row.get('footprint_MB') or 0:.0f} MB{ms}",
+          flush=True,
+        )
         emit(row)
         rows.append(row)
         gc.collect()
@@ -261,12 +310,18 @@ def _worker(path: str, quick: bool) -> None:
   assert cfg["scales"][0] == cfg["fixed_scale"] and cfg["size_h"] in cfg["heads"]
   deadline = time.perf_counter() + cfg["budget_s"]
   stats = jax.devices()[0].memory_stats() or {}
-  state_init = dict(limit_MB=stats["bytes_limit"] / _MB if stats.get("bytes_limit") else None,
-                    gpu_used_MB=_gpu_used_mb())
-  print(f"  device {common.device_name()}, allocator limit {state_init['limit_MB']} MB, "
-        f"GPU memory in use at start {state_init['gpu_used_MB']} MB", flush=True)
+  state_init = dict(
+    limit_MB=stats["bytes_limit"] / _MB if stats.get("bytes_limit") else None,
+    gpu_used_MB=_gpu_used_mb(),
+  )
+  print(
+    f"  device {common.device_name()}, allocator limit {state_init['limit_MB']} MB, "
+    f"GPU memory in use at start {state_init['gpu_used_MB']} MB",
+    flush=True,
+  )
   pool = concurrent.futures.ThreadPoolExecutor(len(METHODS) * len(MODES))
   with open(path, "w") as f, pool:
+
     def emit(row):
       f.write(json.dumps(row) + "\n")
       f.flush()
@@ -291,8 +346,15 @@ def _worker(path: str, quick: bool) -> None:
     for r in shared:
       emit(dict(r, sweep="size"))
       s = r.get("status", "")
-      stop = ("OOM" if s.startswith("OOM") else "fail" if s.startswith("fail")
-              else "slow" if s == "skipped (slow)" or (r.get("ms") or 0) > SLOW_S * 1e3 else None)
+      stop = (
+        "OOM"
+        if s.startswith("OOM")
+        else "fail"
+        if s.startswith("fail")
+        else "slow"
+        if s == "skipped (slow)" or (r.get("ms") or 0) > SLOW_S * 1e3
+        else None
+      )
       size_state[(r["method"], r["mode"])]["stop"] = stop
     build_s = ctx_build_s
     for scale in cfg["scales"][1:]:
@@ -300,8 +362,18 @@ def _worker(path: str, quick: bool) -> None:
       if time.perf_counter() + build_s + 30.0 > deadline:  # no time to build and run it
         for mode in MODES:
           for m in METHODS:
-            emit(dict(sweep="size", graph=_graph_name(scale), nodes=1 << scale, nnz=None,
-                      H=cfg["size_h"], mode=mode, method=m, status="skipped (time)"))
+            emit(
+              dict(
+                sweep="size",
+                graph=_graph_name(scale),
+                nodes=1 << scale,
+                nnz=None,
+                H=cfg["size_h"],
+                mode=mode,
+                method=m,
+                status="skipped (time)",
+              )
+            )
         continue
       ctx = _build(scale)
       build_s = ctx["build_s"]

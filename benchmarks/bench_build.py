@@ -35,8 +35,17 @@ def run(quick: bool = False) -> list[dict]:
       A.values.block_until_ready()
       times.append(time.perf_counter() - t0)
     best = min(times)
-    rows.append(dict(graph=name, nodes=g.shape[0], edges=len(r), nnz=A.nnz,
-                     blocks=A.pattern.num_blocks, build_s=best, Medges_per_s=len(r) / best / 1e6))
+    rows.append(
+      dict(
+        graph=name,
+        nodes=g.shape[0],
+        edges=len(r),
+        nnz=A.nnz,
+        blocks=A.pattern.num_blocks,
+        build_s=best,
+        Medges_per_s=len(r) / best / 1e6,
+      )
+    )
   return rows
 
 

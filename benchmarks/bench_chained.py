@@ -6,10 +6,10 @@ JAX call, ~30 us per torch call), not its kernels. Inside a user's jitted model 
 run back to back on the device. This benchmark measures that: one program makes K calls, and
 the time per call is the GPU's time for the program over K (`us_per_call`: the program queued
 behind a matmul that outlasts the host's queueing, common.time_jax_device; torch: a CUDA graph
-of the K calls replayed between CUDA events). `wall_us` is the program's wall time over K, which on Cora is the host's
-pace of enqueueing (for XLA's fusions as for our FFI calls), not the GPU's. The calls depend on
-each other through their data, so none can be merged or dropped and nothing is added between
-them: SpMM
+of the K calls replayed between CUDA events). `wall_us` is the program's wall time over K, which
+on Cora is the host's pace of enqueueing (for XLA's fusions as for our FFI calls), not the
+GPU's. The calls depend on each other through their data, so none can be merged or dropped and
+nothing is added between them: SpMM
 x <- A_norm x (A_norm: rows scaled by 1/degree, so values stay bounded), attention q <- out;
 SDDMM (whose output is not an input) runs on K different operand pairs and returns all K
 outputs (independent calls: XLA may fuse some of its K into one kernel, which favours it); the
@@ -48,6 +48,7 @@ def _forced(**kwargs):
   if not hasattr(jst, "KernelOptions"):
     return None
   return {"options": jst.KernelOptions(**kwargs)}
+
 
 COLUMNS = ["graph", "op", "d", "H", "impl", "us_per_call", "wall_us", "how", "K"]
 
@@ -128,8 +129,16 @@ def _time_torch(step, x0, k: int) -> tuple[float, str]:
   return ms * 1e3 / k, how
 
 
-def run(quick: bool = False, graphs=None, ops=("spmm", "sddmm", "attention"), k: int = 32,
-        attention_dims=(64, 128)) -> list[dict]:
+def run(
+  quick: bool = False,
+  graphs=None,
+  ops=("spmm", "sddmm", "attention"),
+  k: int = 32,
+  attention_dims=(64, 128),
+  on_graph=None,
+) -> list[dict]:
+  """The rows of every graph; `on_graph(rows)` is called after each graph (partial results
+  survive a run that is stopped)."""
   import functools
 
   import jax
@@ -161,8 +170,19 @@ def run(quick: bool = False, graphs=None, ops=("spmm", "sddmm", "attention"), k:
 
     def add(op, impl, us, how="jit chain", h=None, dd=d, kk=None):
       us, wall = us if isinstance(us, tuple) else (us, us)  # JAX: (device, wall); torch: one
-      rows.append({"graph": gname, "op": op, "d": dd, "H": h, "impl": impl, "us_per_call": us,
-                   "wall_us": wall, "how": how, "K": kk or k})
+      rows.append(
+        {
+          "graph": gname,
+          "op": op,
+          "d": dd,
+          "H": h,
+          "impl": impl,
+          "us_per_call": us,
+          "wall_us": wall,
+          "how": how,
+          "K": kk or k,
+        }
+      )
       print(f"{gname} {op} d={dd} H={h} {impl}: {us:.1f} us (wall {wall:.1f})", flush=True)
 
     if "spmm" in ops:
@@ -175,17 +195,23 @@ def run(quick: bool = False, graphs=None, ops=("spmm", "sddmm", "attention"), k:
         Ad = A_n.with_values(A_n.values.astype(dt))
         add("spmm", f"ours-{name}", _time_jax(_chain(jst.spmm, k), (Ad, x32.astype(dt)), k))
         if spmm_tc:  # same inputs, the tensor-core kernels forced
-          add("spmm", f"ours-{name}-tc", _time_jax(
-              _chain(functools.partial(jst.spmm, **spmm_tc), k), (Ad, x32.astype(dt)), k))
+          add(
+            "spmm",
+            f"ours-{name}-tc",
+            _time_jax(_chain(functools.partial(jst.spmm, **spmm_tc), k), (Ad, x32.astype(dt)), k),
+          )
       vals_n = jnp.asarray(norm.tocoo().data.astype(np.float32))
-      seg = lambda v, x: jax.ops.segment_sum(v[:, None] * x[c_idx], r_idx, num_segments=m,
-                                             indices_are_sorted=True)
+      seg = lambda v, x: jax.ops.segment_sum(
+        v[:, None] * x[c_idx], r_idx, num_segments=m, indices_are_sorted=True
+      )
       add("spmm", "xla-segment_sum-fp32", _time_jax(_chain(seg, k), (vals_n, x32), k))
       if has_torch:
-        tA = torch.sparse_csr_tensor(torch.as_tensor(norm.indptr.astype(np.int64)),
-                                     torch.as_tensor(norm.indices.astype(np.int64)),
-                                     torch.as_tensor(norm.data.astype(np.float32)),
-                                     size=(m, n)).cuda()
+        tA = torch.sparse_csr_tensor(
+          torch.as_tensor(norm.indptr.astype(np.int64)),
+          torch.as_tensor(norm.indices.astype(np.int64)),
+          torch.as_tensor(norm.data.astype(np.float32)),
+          size=(m, n),
+        ).cuda()
         tx = torch.as_tensor(np.asarray(x32)).cuda()
         for name, tdt in (("fp32", torch.float32), ("fp16", torch.float16)):
           tAd, txd = tA.to(tdt), tx.to(tdt)
@@ -201,26 +227,42 @@ def run(quick: bool = False, graphs=None, ops=("spmm", "sddmm", "attention"), k:
       ks = max(4, min(k, int(4e9 // ((m + n) * d * 2))))
       qs = tuple(jnp.asarray(rng.standard_normal((m, d)), jnp.float16) for _ in range(ks))
       ys = tuple(jnp.asarray(rng.standard_normal((n, d)), jnp.float16) for _ in range(ks))
+
       def ours(**kw):
-        return jax.jit(lambda A, qs, ys: tuple(jst.sddmm(A, q, y, **kw).values
-                                               for q, y in zip(qs, ys)))
+        return jax.jit(
+          lambda A, qs, ys: tuple(jst.sddmm(A, q, y, **kw).values for q, y in zip(qs, ys))
+        )
 
       add("sddmm", "ours-fp16", _time_jax(ours(), (A, qs, ys), ks), how="jit fan", kk=ks)
       if sddmm_tc:  # same inputs, the tensor-core kernel forced
-        add("sddmm", "ours-fp16-tc", _time_jax(ours(**sddmm_tc), (A, qs, ys), ks),
-            how="jit fan", kk=ks)
+        add(
+          "sddmm",
+          "ours-fp16-tc",
+          _time_jax(ours(**sddmm_tc), (A, qs, ys), ks),
+          how="jit fan",
+          kk=ks,
+        )
       gather_one = lambda q, y: jnp.sum(  # noqa: E731
-          q[r_idx].astype(jnp.float32) * y[c_idx].astype(jnp.float32), -1).astype(q.dtype)
+        q[r_idx].astype(jnp.float32) * y[c_idx].astype(jnp.float32), -1
+      ).astype(q.dtype)
       gather = jax.jit(lambda qs, ys: tuple(gather_one(q, y) for q, y in zip(qs, ys)))
       add("sddmm", "xla-gather-fp16", _time_jax(gather, (qs, ys), ks), how="jit fan", kk=ks)
       # The same fans with each call ordered after the previous one (no compute added), so that
       # XLA cannot fuse calls across the fan: each call stands alone, as in a model.
-      add("sddmm", "ours-fp16-serial",
-          _time_jax(jax.jit(_serial(lambda A, q, y: jst.sddmm(A, q, y).values)), (A, qs, ys), ks),
-          how="jit serial fan", kk=ks)
-      add("sddmm", "xla-gather-fp16-serial",
-          _time_jax(jax.jit(_serial(lambda _, q, y: gather_one(q, y))), (None, qs, ys), ks),
-          how="jit serial fan", kk=ks)
+      add(
+        "sddmm",
+        "ours-fp16-serial",
+        _time_jax(jax.jit(_serial(lambda A, q, y: jst.sddmm(A, q, y).values)), (A, qs, ys), ks),
+        how="jit serial fan",
+        kk=ks,
+      )
+      add(
+        "sddmm",
+        "xla-gather-fp16-serial",
+        _time_jax(jax.jit(_serial(lambda _, q, y: gather_one(q, y))), (None, qs, ys), ks),
+        how="jit serial fan",
+        kk=ks,
+      )
       del qs, ys
 
     if "attention" in ops:
@@ -234,10 +276,22 @@ def run(quick: bool = False, graphs=None, ops=("spmm", "sddmm", "attention"), k:
         meths = bench_attention.methods(1.0 / np.sqrt(da))
         fused = lambda A, k_, v_, q_: meths["fused"](A, q_, k_, v_)
         xla = lambda e, k_, v_, q_: meths["xla"](e, q_, k_, v_)
-        add("attention fwd", "fused", _time_jax(_chain(fused, ka_), (A, ka, va, qa), ka_), h=h,
-            dd=da, kk=ka_)
-        add("attention fwd", "xla-unfused", _time_jax(_chain(xla, ka_), (edges, ka, va, qa), ka_),
-            h=h, dd=da, kk=ka_)
+        add(
+          "attention fwd",
+          "fused",
+          _time_jax(_chain(fused, ka_), (A, ka, va, qa), ka_),
+          h=h,
+          dd=da,
+          kk=ka_,
+        )
+        add(
+          "attention fwd",
+          "xla-unfused",
+          _time_jax(_chain(xla, ka_), (edges, ka, va, qa), ka_),
+          h=h,
+          dd=da,
+          kk=ka_,
+        )
         if m == n:  # fwd+bwd: q <- q + 1e-3 (dq + dk + dv), every gradient used
           w = jnp.asarray(rng.standard_normal((h, m, da)), jnp.float32)
           for impl, graph in (("fused", A), ("xla-unfused", edges)):
@@ -254,6 +308,8 @@ def run(quick: bool = False, graphs=None, ops=("spmm", "sddmm", "attention"), k:
           del w
         del qa, ka, va
     del A
+    if on_graph is not None:
+      on_graph(rows)
   return rows
 
 
@@ -267,25 +323,36 @@ def summary(rows: list[dict]) -> list[dict]:
     return None
 
   graphs = sorted({r["graph"] for r in rows})
-  pairs = [("SpMM ours-fp16 vs cusparse-fp32", "spmm", "ours-fp16", "cusparse-fp32", 128),
-           ("SpMM ours-fp16 vs cusparse-fp16", "spmm", "ours-fp16", "cusparse-fp16", 128),
-           ("SpMM ours-tf32 vs cusparse-fp32", "spmm", "ours-tf32", "cusparse-fp32", 128),
-           ("SpMM ours-fp16 vs ours-fp16-tc", "spmm", "ours-fp16", "ours-fp16-tc", 128),
-           ("SDDMM ours-fp16 vs ours-fp16-tc", "sddmm", "ours-fp16", "ours-fp16-tc", 128),
-           ("SpMM ours-tf32 vs xla-segment_sum-fp32", "spmm", "ours-tf32",
-            "xla-segment_sum-fp32", 128),
-           ("SDDMM ours-fp16 vs xla-gather-fp16", "sddmm", "ours-fp16", "xla-gather-fp16", 128),
-           ("SDDMM serial fans: ours vs xla-gather", "sddmm", "ours-fp16-serial",
-            "xla-gather-fp16-serial", 128),
-           ("attention fwd H=4 d=64: fused vs xla", "attention fwd", "fused", "xla-unfused", 64),
-           ("attention fwd H=4 d=128: fused vs xla", "attention fwd", "fused", "xla-unfused", 128),
-           ("attention fwd+bwd H=4 d=64: fused vs xla", "attention fwd+bwd", "fused",
-            "xla-unfused", 64),
-           ("attention fwd+bwd H=4 d=128: fused vs xla", "attention fwd+bwd", "fused",
-            "xla-unfused", 128)]
-  return [common.speedup_row("device time per call (speedup)", label, graphs,
-                             lambda g: us(g, op, ours, d), lambda g: us(g, op, peer, d))
-          for label, op, ours, peer, d in pairs]
+  pairs = [
+    ("SpMM ours-fp16 vs cusparse-fp32", "spmm", "ours-fp16", "cusparse-fp32", 128),
+    ("SpMM ours-fp16 vs cusparse-fp16", "spmm", "ours-fp16", "cusparse-fp16", 128),
+    ("SpMM ours-tf32 vs cusparse-fp32", "spmm", "ours-tf32", "cusparse-fp32", 128),
+    ("SpMM ours-fp16 vs ours-fp16-tc", "spmm", "ours-fp16", "ours-fp16-tc", 128),
+    ("SDDMM ours-fp16 vs ours-fp16-tc", "sddmm", "ours-fp16", "ours-fp16-tc", 128),
+    ("SpMM ours-tf32 vs xla-segment_sum-fp32", "spmm", "ours-tf32", "xla-segment_sum-fp32", 128),
+    ("SDDMM ours-fp16 vs xla-gather-fp16", "sddmm", "ours-fp16", "xla-gather-fp16", 128),
+    (
+      "SDDMM serial fans: ours vs xla-gather",
+      "sddmm",
+      "ours-fp16-serial",
+      "xla-gather-fp16-serial",
+      128,
+    ),
+    ("attention fwd H=4 d=64: fused vs xla", "attention fwd", "fused", "xla-unfused", 64),
+    ("attention fwd H=4 d=128: fused vs xla", "attention fwd", "fused", "xla-unfused", 128),
+    ("attention fwd+bwd H=4 d=64: fused vs xla", "attention fwd+bwd", "fused", "xla-unfused", 64),
+    ("attention fwd+bwd H=4 d=128: fused vs xla", "attention fwd+bwd", "fused", "xla-unfused", 128),
+  ]
+  return [
+    common.speedup_row(
+      "device time per call (speedup)",
+      label,
+      graphs,
+      lambda g: us(g, op, ours, d),
+      lambda g: us(g, op, peer, d),
+    )
+    for label, op, ours, peer, d in pairs
+  ]
 
 
 def plot(summary_rows: list[dict], path, title: str) -> None:
@@ -304,11 +371,12 @@ def plot(summary_rows: list[dict], path, title: str) -> None:
     ax.axhline(1.0, color="k", lw=0.8)
     ax.axhline(r["geomean"], color="tab:blue", ls="--", lw=0.8)
     ax.set_ylabel("x", rotation=0)
-    ax.set_title(f"{r['device time per call (speedup)']} (geomean {r['geomean']:.2f}x)",
-                 fontsize=9, loc="left")
+    ax.set_title(
+      f"{r['device time per call (speedup)']} (geomean {r['geomean']:.2f}x)", fontsize=9, loc="left"
+    )
   plt.xticks(rotation=30, ha="right", fontsize=8)
   fig.suptitle(title, fontsize=10)
-  fig.tight_layout()
+  fig.tight_layout(rect=(0, 0, 1, 0.98))
   fig.savefig(path, dpi=110)
 
 
@@ -322,19 +390,33 @@ def main() -> None:
   ap.add_argument("--plot", default=None, help="write the speedup plot (PNG) here")
   ap.add_argument("--json", default=None, help="write the rows (JSON) here")
   a = ap.parse_args()
-  rows = run(a.quick, a.graphs.split(",") if a.graphs else None, tuple(a.ops.split(",")),
-             a.chain, tuple(int(x) for x in a.attention_dims.split(",")))
+
+  def save(rows):
+    if a.json:
+      import json
+
+      with open(a.json, "w") as f:
+        json.dump(
+          {"device": common.device_name(), "rows": rows, "summary": summary(rows)}, f, indent=1
+        )
+
+  rows = run(
+    a.quick,
+    a.graphs.split(",") if a.graphs else None,
+    tuple(a.ops.split(",")),
+    a.chain,
+    tuple(int(x) for x in a.attention_dims.split(",")),
+    on_graph=save,
+  )
   common.print_table(rows, COLUMNS, "bench_chained")
   s = summary(rows)
   common.print_table(s, list(s[0].keys()), f"summary ({common.device_name()})")
-  if a.json:
-    import json
-
-    with open(a.json, "w") as f:
-      json.dump({"device": common.device_name(), "rows": rows, "summary": s}, f, indent=1)
   if a.plot:
-    plot(s, a.plot, f"jaxsparse_tc speedup over peers, per call in a chained program "
-         f"({common.device_name()})")
+    plot(
+      s,
+      a.plot,
+      f"jaxsparse_tc speedup over peers, per call in a chained program ({common.device_name()})",
+    )
 
 
 if __name__ == "__main__":

@@ -11,11 +11,12 @@ Ops (one head, A's values random):
 Both sides run under jax.jit with the sparsity structure closed over (ours: the SparseMatrix;
 XLA: its row and column index arrays, CSR order, rows sorted) and the dense operands / values as
 arguments. Time: warm-ups, then the median of repeated calls, each synchronised with
-block_until_ready, ours and XLA's alternating (so that both see the same background load). ratio = XLA ms / ours ms (> 1: ours is faster). err: the largest difference
-between the two outputs over the largest magnitude of XLA's (a sanity check, not a test).
+block_until_ready, ours and XLA's alternating (so that both see the same background load).
+ratio = XLA ms / ours ms (> 1: ours is faster). err: the largest difference between the two
+outputs over the largest magnitude of XLA's (a sanity check, not a test).
 
-  python3 -m benchmarks.bench_cpu [--graphs pubmed,DD] [--dims 32,128] [--data ../shared/data]
-                                 [--dtypes float32,float16] [--ops spmm,...] [--quick]
+  python3 benchmarks/bench_cpu.py [--graphs pubmed,DD] [--dims 32,128] [--data ../shared/data]
+                                  [--dtypes float32,float16] [--ops spmm,...] [--quick]
 """
 
 from __future__ import annotations
@@ -37,10 +38,17 @@ DEFAULT_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 
 
 def load_graph(data: Path, name: str):
+  """(rows, cols, nodes) in CSR order from an edge-list npz (row, col, num_nodes) or a CSR one
+  (indptr, indices, shape: cora)."""
   z = np.load(data / f"{name}.npz")
-  rows, cols = z["row"].astype(np.int64), z["col"].astype(np.int64)
+  if "row" in z:
+    rows, cols, n = z["row"].astype(np.int64), z["col"].astype(np.int64), int(z["num_nodes"])
+  else:
+    indptr = z["indptr"].astype(np.int64)
+    rows = np.repeat(np.arange(indptr.size - 1), np.diff(indptr))
+    cols, n = z["indices"].astype(np.int64), int(z["shape"][0])
   order = np.lexsort((cols, rows))  # CSR order (the files are sorted already; keep it certain)
-  return rows[order], cols[order], int(z["num_nodes"])
+  return rows[order], cols[order], n
 
 
 def time_pair(f, args_f, g, args_g, warmup: int, repeat: int, budget_s: float):
@@ -66,8 +74,7 @@ def time_pair(f, args_f, g, args_g, warmup: int, repeat: int, budget_s: float):
 
 # -- XLA's formulations ---------------------------------------------------------------------------
 def xla_spmm(vals, x, rows, cols, m):
-  return jax.ops.segment_sum(vals[:, None] * x[cols], rows, num_segments=m,
-                             indices_are_sorted=True)
+  return jax.ops.segment_sum(vals[:, None] * x[cols], rows, num_segments=m, indices_are_sorted=True)
 
 
 def xla_sddmm(x, y, rows, cols):
@@ -77,8 +84,7 @@ def xla_sddmm(x, y, rows, cols):
 def xla_edge_softmax(v, rows, m):
   """PyG-style: the row max detached, float32 math, the input's dtype out."""
   vf = v.astype(jnp.float32)
-  mx = jax.lax.stop_gradient(jax.ops.segment_max(vf, rows, num_segments=m,
-                                                 indices_are_sorted=True))
+  mx = jax.lax.stop_gradient(jax.ops.segment_max(vf, rows, num_segments=m, indices_are_sorted=True))
   e = jnp.exp(vf - mx[rows])
   s = jax.ops.segment_sum(e, rows, num_segments=m, indices_are_sorted=True)
   return (e / s[rows]).astype(v.dtype)
@@ -127,7 +133,10 @@ def make_args(op, A, n, d, dtype, rng):
   if op in ("spmm", "edge_softmax"):
     vi = jnp.asarray(rng.standard_normal(A.nnz, np.float32), dtype)
     vf = A.values_from_input(vi)
-    return ((vf, dense()), (vi,)) if op == "spmm" else ((vf,), (vi,))
+    if op == "edge_softmax":
+      return (vf,), (vi,)
+    x = dense()
+    return (vf, x), (vi, x)
   if op == "sddmm":
     x, y = dense(), dense()
     return (x, y), (x, y)
@@ -158,20 +167,33 @@ def run(graphs, dims, dtypes, ops, data, warmup, repeat, budget_s):
             continue  # no feature axis
           ours, xla, to_common = make_pair(op, A, rows, cols, n)
           args_o, args_x = make_args(op, A, n, d, dtype, rng)
-          if op == "spmm":
-            args_x = (args_x[0], args_o[1])
           err = rel_err(to_common(ours(*args_o)), xla(*args_x))
           t_o, t_x = time_pair(ours, args_o, xla, args_x, warmup, repeat, budget_s)
-          row = dict(graph=g, op=op, dtype=jnp.dtype(dtype).name,
-                     d="-" if op == "edge_softmax" else d, ours_ms=t_o, xla_ms=t_x,
-                     ratio=t_x / t_o, err=err)
+          row = dict(
+            graph=g,
+            op=op,
+            dtype=jnp.dtype(dtype).name,
+            d="-" if op == "edge_softmax" else d,
+            ours_ms=t_o,
+            xla_ms=t_x,
+            ratio=t_x / t_o,
+            err=err,
+          )
           rows_out.append(row)
           print_row(row, flush=True)
   return rows_out
 
 
-COLUMNS = [("graph", 8), ("op", 13), ("dtype", 8), ("d", 4), ("ours_ms", 10), ("xla_ms", 10),
-           ("ratio", 7), ("err", 8)]
+COLUMNS = [
+  ("graph", 8),
+  ("op", 13),
+  ("dtype", 8),
+  ("d", 4),
+  ("ours_ms", 10),
+  ("xla_ms", 10),
+  ("ratio", 7),
+  ("err", 8),
+]
 
 
 def _fmt(v):
@@ -186,14 +208,14 @@ def print_header():
 
 
 def print_row(row, flush=False):
-  print("| " + " | ".join(_fmt(row.get(c, "")).ljust(w) for c, w in COLUMNS) + " |",
-        flush=flush)
+  print("| " + " | ".join(_fmt(row.get(c, "")).ljust(w) for c, w in COLUMNS) + " |", flush=flush)
 
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--graphs", default=None, help="comma-separated npz names (default pubmed,DD; "
-                  "--quick: pubmed)")
+  ap.add_argument(
+    "--graphs", default=None, help="comma-separated npz names (default pubmed,DD; --quick: pubmed)"
+  )
   ap.add_argument("--dims", default="32,128")
   ap.add_argument("--dtypes", default="float32,float16")
   ap.add_argument("--ops", default=",".join(OPS))

@@ -2,11 +2,11 @@
 
 One command, any device count (1, 2, 4, 8 GPUs, or CPU with forced host devices):
 
-    python benchmarks/bench_distributed.py --devices 2                       # rmat22-d16
-    python benchmarks/bench_distributed.py --devices 2 --scales 24 --edges-per-node 16
-    python benchmarks/bench_distributed.py --devices 2 --scales 24 --oom-demo  # 1 GPU OOM, 2 fit
+    python -m benchmarks.bench_distributed --devices 2                       # rmat22-d16
+    python -m benchmarks.bench_distributed --devices 2 --scales 24 --edges-per-node 16
+    python -m benchmarks.bench_distributed --devices 2 --scales 24 --oom-demo  # 1 GPU OOM, 2 fit
     XLA_FLAGS=--xla_force_host_platform_device_count=4 \
-        python benchmarks/bench_distributed.py --devices 4 --scales 14 --quick  # CPU smoke
+        python -m benchmarks.bench_distributed --devices 4 --scales 14 --quick  # CPU smoke
 
 For each graph and op it times, in one process:
 - `plain`: the unsharded operator on one device (a SparseMatrix; the 1-device baseline);
@@ -40,18 +40,29 @@ import re
 import sys
 import time
 import traceback
-from pathlib import Path
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-if __name__ == "__main__" and __package__ in (None, ""):
-  sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 
 from benchmarks import common
 
-COLUMNS = ["graph", "nodes", "nnz", "op", "mode", "devices", "exchange", "build_s", "ms",
-           "speedup", "xbytes_MB", "hlo_MB", "mem_GB", "halo"]
+COLUMNS = [
+  "graph",
+  "nodes",
+  "nnz",
+  "op",
+  "mode",
+  "devices",
+  "exchange",
+  "build_s",
+  "ms",
+  "speedup",
+  "xbytes_MB",
+  "hlo_MB",
+  "mem_GB",
+  "halo",
+]
 
 
 # -- graphs ---------------------------------------------------------------------------------------
@@ -84,7 +95,7 @@ def gcn_normalized(g):
   diag = a.diagonal()
   a = (a + sp.diags((diag == 0).astype(np.float32), format="csr")).tocsr()
   deg = np.asarray(a.sum(axis=1)).ravel()
-  dinv = np.where(deg > 0, deg ** -0.5, 0.0).astype(np.float32)
+  dinv = np.where(deg > 0, deg**-0.5, 0.0).astype(np.float32)
   rows = np.repeat(np.arange(n, dtype=np.int32), np.diff(a.indptr))
   a.data = (dinv[rows] * a.data * dinv[a.indices]).astype(np.float32)
   del rows
@@ -98,10 +109,28 @@ def _is_oom(e: BaseException) -> bool:
 
 
 _SHAPE = re.compile(r"\b(pred|s8|u8|s16|u16|f16|bf16|s32|u32|f32|s64|u64|f64)\[([0-9,]*)\]")
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
-          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
-_COLLECTIVES = {"all-gather": 1.0, "all-to-all": 1.0, "reduce-scatter": 1.0, "all-reduce": 2.0,
-                "collective-permute": 1.0}
+_BYTES = {
+  "pred": 1,
+  "s8": 1,
+  "u8": 1,
+  "s16": 2,
+  "u16": 2,
+  "f16": 2,
+  "bf16": 2,
+  "s32": 4,
+  "u32": 4,
+  "f32": 4,
+  "s64": 8,
+  "u64": 8,
+  "f64": 8,
+}
+_COLLECTIVES = {
+  "all-gather": 1.0,
+  "all-to-all": 1.0,
+  "reduce-scatter": 1.0,
+  "all-reduce": 2.0,
+  "collective-permute": 1.0,
+}
 
 
 def hlo_collective_bytes(text: str, devices: int) -> float:
@@ -115,14 +144,19 @@ def hlo_collective_bytes(text: str, devices: int) -> float:
     if "=" not in line:
       continue
     lhs, rhs = line.split("=", 1)
-    m = re.search(r"\b(all-gather|all-to-all|reduce-scatter|all-reduce|collective-permute)"
-                  r"(-start)?\(", rhs)
+    m = re.search(
+      r"\b(all-gather|all-to-all|reduce-scatter|all-reduce|collective-permute)"
+      r"(-start)?\(",
+      rhs,
+    )
     if not m:
       continue
     kind = m.group(1)
-    head = rhs[:m.start()]
-    sizes = [int(np.prod([int(d) for d in dims.split(",") if d] or [1])) * _BYTES[t]
-             for t, dims in _SHAPE.findall(head)]
+    head = rhs[: m.start()]
+    sizes = [
+      int(np.prod([int(d) for d in dims.split(",") if d] or [1])) * _BYTES[t]
+      for t, dims in _SHAPE.findall(head)
+    ]
     if not sizes:
       continue
     # An async -start's tuple holds its input and output: count the output (the largest); a
@@ -135,8 +169,12 @@ def hlo_collective_bytes(text: str, devices: int) -> float:
 def memory_gb(compiled) -> float | None:
   try:
     ma = compiled.memory_analysis()
-    total = (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
-             - getattr(ma, "alias_size_in_bytes", 0))
+    total = (
+      ma.argument_size_in_bytes
+      + ma.output_size_in_bytes
+      + ma.temp_size_in_bytes
+      - getattr(ma, "alias_size_in_bytes", 0)
+    )
     return total / 1e9
   except Exception:  # noqa: BLE001 (not every backend reports)
     return None
@@ -164,8 +202,15 @@ def _matrices(g, mode, devices, exchange, overlap=False):
     A = jst.SparseMatrix.from_coo(coo_rows, g.indices, g.data, shape=g.shape)
   else:
     mesh = dist.make_mesh(devices)
-    A = dist.shard_coo(coo_rows, g.indices, g.data, num_nodes=g.shape[0], mesh=mesh,
-                       exchange=exchange, overlap=overlap)
+    A = dist.shard_coo(
+      coo_rows,
+      g.indices,
+      g.data,
+      num_nodes=g.shape[0],
+      mesh=mesh,
+      exchange=exchange,
+      overlap=overlap,
+    )
   import jax
 
   jax.block_until_ready(A.values)
@@ -226,8 +271,12 @@ def run_gcn(A, features, hidden, classes, repeat):
   mask = A.row_mask() if isinstance(A, ShardedMatrix) else jnp.ones((A.shape[0],), bool)
   k1, k2 = jax.random.split(jax.random.key(4))
   glorot = jax.nn.initializers.glorot_uniform()
-  params = {"w1": glorot(k1, (features, hidden)), "b1": jnp.zeros((hidden,)),
-            "w2": glorot(k2, (hidden, classes)), "b2": jnp.zeros((classes,))}
+  params = {
+    "w1": glorot(k1, (features, hidden)),
+    "b1": jnp.zeros((hidden,)),
+    "w2": glorot(k2, (hidden, classes)),
+    "b2": jnp.zeros((classes,)),
+  }
   if isinstance(A, ShardedMatrix):
     from jax.sharding import NamedSharding, PartitionSpec
 
@@ -279,22 +328,45 @@ def bench_graph(name, g, devices, ops, exchanges, args, rows, errors):
       if not _is_oom(e):
         raise
       errors.append(f"{name} {mode} build: {str(e)[:2000]}")
-      rows.append(dict(graph=name, nodes=g.shape[0], nnz=g.nnz, op="build", mode=mode,
-                       devices=ndev, exchange=ex, ms="OOM"))
+      rows.append(
+        dict(
+          graph=name,
+          nodes=g.shape[0],
+          nnz=g.nnz,
+          op="build",
+          mode=mode,
+          devices=ndev,
+          exchange=ex,
+          ms="OOM",
+        )
+      )
       continue
     lay = getattr(A, "layout", None)
-    halo = (f"{lay.max_real_halo}/{lay.rows_per_shard}" if lay is not None else None)
+    halo = f"{lay.max_real_halo}/{lay.rows_per_shard}" if lay is not None else None
     for op in ops:
       label = mode if mode == "plain" else f"{mode}/{ex}" + ("+overlap" if overlap else "")
-      row = dict(graph=name, nodes=g.shape[0], nnz=g.nnz, op=op, mode=label, devices=ndev,
-                 exchange=lay.exchange if lay is not None else "-", build_s=build_s, halo=halo)
+      row = dict(
+        graph=name,
+        nodes=g.shape[0],
+        nnz=g.nnz,
+        op=op,
+        mode=label,
+        devices=ndev,
+        exchange=lay.exchange if lay is not None else "-",
+        build_s=build_s,
+        halo=halo,
+      )
       try:
         if op == "spmm":
           ms, compiled, xb = run_spmm(A, args.dims, dtype, args.repeat)
         else:
           ms, compiled, xb = run_gcn(A, args.features, args.hidden, args.classes, args.repeat)
-        row.update(ms=ms, xbytes_MB=xb / 1e6, mem_GB=memory_gb(compiled),
-                   hlo_MB=hlo_collective_bytes(compiled.as_text(), ndev) / 1e6)
+        row.update(
+          ms=ms,
+          xbytes_MB=xb / 1e6,
+          mem_GB=memory_gb(compiled),
+          hlo_MB=hlo_collective_bytes(compiled.as_text(), ndev) / 1e6,
+        )
         if mode == "plain":
           base[op] = ms
         if base.get(op):
@@ -325,10 +397,13 @@ def parse(argv=None):
   p.add_argument("--devices", type=int, default=0, help="device count (0: all visible)")
   p.add_argument("--scales", default="22", help="comma-separated R-MAT scales")
   p.add_argument("--edges-per-node", type=int, default=16)
-  p.add_argument("--order", default="none",
-                 choices=["none", "affinity", "rabbit", "rcm", "degree", "scipy-rcm"],
-                 help="renumber the nodes for locality first (jaxsparse_tc.reorder), so that "
-                      "contiguous row blocks read fewer remote rows")
+  p.add_argument(
+    "--order",
+    default="none",
+    choices=["none", "affinity", "rabbit", "rcm", "degree", "scipy-rcm"],
+    help="renumber the nodes for locality first (jaxsparse_tc.reorder), so that "
+    "contiguous row blocks read fewer remote rows",
+  )
   p.add_argument("--ops", default="spmm,gcn")
   p.add_argument("--exchange", default="auto", help="comma-separated: auto,allgather,halo")
   p.add_argument("--dims", type=int, default=128, help="SpMM feature width")
@@ -338,10 +413,16 @@ def parse(argv=None):
   p.add_argument("--classes", type=int, default=16)
   p.add_argument("--repeat", type=int, default=10)
   p.add_argument("--no-shard1", action="store_true", help="skip the 1-device sharded run")
-  p.add_argument("--overlap", action="store_true",
-                 help="also time each exchange with own/remote parts (SpMM overlaps the exchange)")
-  p.add_argument("--oom-demo", action="store_true",
-                 help="gcn only, features 1024, hidden 64: a feature matrix one device cannot hold")
+  p.add_argument(
+    "--overlap",
+    action="store_true",
+    help="also time each exchange with own/remote parts (SpMM overlaps the exchange)",
+  )
+  p.add_argument(
+    "--oom-demo",
+    action="store_true",
+    help="gcn only, features 1024, hidden 64: a feature matrix one device cannot hold",
+  )
   p.add_argument("--quick", action="store_true", help="repeat 3 (smoke runs)")
   args = p.parse_args(argv)
   if args.oom_demo:
@@ -365,9 +446,13 @@ def run(quick: bool = False, argv=None) -> list[dict]:
     t0 = time.perf_counter()
     g = rmat_graph(scale, args.edges_per_node, args.order)
     name = f"rmat{scale}-d{args.edges_per_node}" + (
-        f"-{args.order}" if args.order != "none" else "")
-    print(f"{name}: {g.shape[0]} nodes, {g.nnz} nonzeros, generated in "
-          f"{time.perf_counter() - t0:.1f} s", flush=True)
+      f"-{args.order}" if args.order != "none" else ""
+    )
+    print(
+      f"{name}: {g.shape[0]} nodes, {g.nnz} nonzeros, generated in "
+      f"{time.perf_counter() - t0:.1f} s",
+      flush=True,
+    )
     ops = args.ops.split(",")
     if "gcn" in ops:
       gn = gcn_normalized(g)
@@ -384,10 +469,19 @@ def summary(rows):
   out = []
   for r in rows:
     if r.get("mode", "").startswith("shard") and r.get("devices", 1) > 1 and r.get("speedup"):
-      out.append({"graph": r["graph"], "op": r["op"], "mode": r["mode"],
-                  "exchange": r["exchange"], "ms": r["ms"], "speedup_vs_1": r["speedup"]})
-  return out or [{"graph": "-", "op": "-", "mode": "-", "exchange": "-", "ms": None,
-                  "speedup_vs_1": None}]
+      out.append(
+        {
+          "graph": r["graph"],
+          "op": r["op"],
+          "mode": r["mode"],
+          "exchange": r["exchange"],
+          "ms": r["ms"],
+          "speedup_vs_1": r["speedup"],
+        }
+      )
+  return out or [
+    {"graph": "-", "op": "-", "mode": "-", "exchange": "-", "ms": None, "speedup_vs_1": None}
+  ]
 
 
 def main(argv=None) -> int:

@@ -12,12 +12,13 @@ logits summed; Adam lr 0.01; cross-entropy. PyG: the same with GINConv,
 torch_geometric.nn.MLP(norm="batch_norm"), BatchNorm1d and global_add_pool.
 An epoch: one pass over every graph of the dataset in batches of --batch-size, ended by a device
 synchronisation. Both sides train on batches built before the timed epochs, the same graphs in
-the same batches (the example's device-resident reshuffles, `--shuffles` of them, cycled;
-ours: one jitted lax.scan over the epoch's padded batches, which also evaluates one batch in
-eval mode; PyG: `Batch.from_data_list` per batch, moved to the device once, a Python loop of
-steps). "PyG loader" is PyG's usual path for reference: a DataLoader(shuffle=True) that
-collates every batch during the epoch. Reported: the median epoch time after `--warmup` epochs
-(compilation and cuDNN/cuBLAS warm-up excluded), and the time to build ours' batches once.
+the same batches (`--shuffles` random partitions, cycled; ours: the example's device-resident
+`SharedBatches` and its jitted epoch, one lax.scan over the padded batches, for one model with
+every graph a training graph and no evaluation; PyG: `Batch.from_data_list` per batch, moved
+to the device once, a Python loop of steps). "PyG loader" is PyG's usual path, for reference:
+a DataLoader(shuffle=True) that collates every batch during the epoch. Reported: the median
+epoch time after `--warmup` epochs (compilation and cuDNN/cuBLAS warm-up excluded), and the
+time to build ours' batches once.
 Data: <dataset>.npz from --data, or ../shared/data / shared/data (no network needed).
 """
 
@@ -55,36 +56,43 @@ def _ours(ds, args, budget):
 
   from jaxsparse_tc.examples import graph_classification as gc
 
-  split = {
-    "train": np.arange(len(ds)),
-    "val": np.zeros(0, np.int64),
-    "test": np.arange(min(args.batch_size, len(ds))),
-  }
-  max_batches, max_eval = gc.pool_shapes(ds, [split], budget, args.batch_size, args.shuffles, [0])
-  device = jnp.zeros(()).devices().pop()
   t0 = time.perf_counter()
-  data = gc.FoldData(
-    ds, split, budget, args.batch_size, args.shuffles, max_batches, max_eval, 0, 8, device
-  )
+  data = gc.SharedBatches(ds.graphs, budget, args.batch_size, args.shuffles, seed=0, workers=8)
   jax.block_until_ready(data.train)
   build_s = time.perf_counter() - t0
   model = gc.build_model(
     "gin", ds.num_features, args.hidden, ds.num_classes, layers=args.layers, dropout=0.5, seed=0
   )
-  trainer = gc.Trainer(model)
-  carry = trainer.init(model)
+  trainer = gc.Trainer(model, masked=not data.uniform)
+  carry = trainer.init([model], data.device)
+  roles = jnp.zeros((1, len(ds)), jnp.int32)  # one model, every graph a training graph
   lr = jnp.float32(args.lr)
   times, losses = [], []
   for e in range(args.warmup + args.epochs):
     s = e % args.shuffles
     t0 = time.perf_counter()
     carry, m = trainer.epoch(
-      carry, lr, data.train, data.order[s], data.valid[s], data.evaluate, data.split
+      carry,
+      lr,
+      data.train,
+      data.gid,
+      data.order[s],
+      data.valid[s],
+      roles,
+      data.order[0],
+      data.valid[0],
+      evaluate=False,
     )
-    m = np.asarray(m)  # synchronises
+    m = np.asarray(m)[0]  # synchronises
     times.append(time.perf_counter() - t0)
     losses.append(float(m[0] / m[2]))
-  return times[args.warmup :], int(data.valid[0].sum()), str(device.device_kind), losses, build_s
+  return (
+    times[args.warmup :],
+    int(data.valid[0].sum()),
+    str(data.device.device_kind),
+    losses,
+    build_s,
+  )
 
 
 def _pyg(ds, args, packings):

@@ -32,13 +32,40 @@ import numpy as np
 
 from benchmarks import common
 
-COLUMNS = ["graph", "nodes", "nnz", "ordering", "time_s", "build_s", "x_build", "nnz/block",
-           "cols/window", "fill", "groups"]
-DIST_COLUMNS = ["graph", "ordering", "blocks", "nnz/block p10/p50/p90", "blocks >16 nnz",
-                "nnz in blocks >16"]
-OVERHEAD_COLUMNS = ["graph", "d", "plain_ms", "explicit_ms", "transparent_ms", "gathers_ms",
-                    "extra_%", "gcn_plain_ms", "gcn_explicit_ms", "gcn_transparent_ms",
-                    "gcn_extra_%"]
+COLUMNS = [
+  "graph",
+  "nodes",
+  "nnz",
+  "ordering",
+  "time_s",
+  "build_s",
+  "x_build",
+  "nnz/block",
+  "cols/window",
+  "fill",
+  "groups",
+]
+DIST_COLUMNS = [
+  "graph",
+  "ordering",
+  "blocks",
+  "nnz/block p10/p50/p90",
+  "blocks >16 nnz",
+  "nnz in blocks >16",
+]
+OVERHEAD_COLUMNS = [
+  "graph",
+  "d",
+  "plain_ms",
+  "explicit_ms",
+  "transparent_ms",
+  "gathers_ms",
+  "extra_%",
+  "gcn_plain_ms",
+  "gcn_explicit_ms",
+  "gcn_transparent_ms",
+  "gcn_extra_%",
+]
 METHODS = ("affinity", "rabbit", "rcm", "degree")
 RMAT = {"rmat17-d16": (17, 16), "rmat20-d8": (20, 8), "rmat20-d10": (20, 10)}
 
@@ -52,8 +79,11 @@ def _graph(name: str):
 def graph_names(quick: bool) -> list[str]:
   if quick:
     return ["cora", "pubmed", "rmat17-d16"]
-  real = [g for g in ("pubmed", "proteins", "facebook-page-page", "github-musae", "DD")
-          if g in common.real_graph_names()]
+  real = [
+    g
+    for g in ("pubmed", "proteins", "facebook-page-page", "github-musae", "DD")
+    if g in common.real_graph_names()
+  ]
   return real + list(RMAT)
 
 
@@ -97,22 +127,45 @@ def run(quick: bool = False, graphs=None, methods=METHODS, dist_rows=None) -> li
         res = jst.reorder((r, c), method, num_nodes=g.shape[0])
         best = res if best is None or res.seconds < best.seconds else best
       b, a = best.before, best.after
-      rows_out.append({
-          "graph": name, "nodes": g.shape[0], "nnz": b.nnz, "ordering": method,
-          "time_s": best.seconds, "build_s": build, "x_build": best.seconds / build,
+      rows_out.append(
+        {
+          "graph": name,
+          "nodes": g.shape[0],
+          "nnz": b.nnz,
+          "ordering": method,
+          "time_s": best.seconds,
+          "build_s": build,
+          "x_build": best.seconds / build,
           "nnz/block": _arrow(b.nnz_per_block, a.nnz_per_block, ".2f"),
           "cols/window": _arrow(b.cols_per_window, a.cols_per_window, ".1f"),
-          "fill": _arrow(b.fill, a.fill, ".3f"), "groups": best.groups})
+          "fill": _arrow(b.fill, a.fill, ".3f"),
+          "groups": best.groups,
+        }
+      )
       if dist_rows is not None:
         if method == methods[0]:
           q, d, dn = _dist(b)
-          dist_rows.append({"graph": name, "ordering": "(input)", "blocks": b.blocks,
-                            "nnz/block p10/p50/p90": q, "blocks >16 nnz": f"{d:.3f}",
-                            "nnz in blocks >16": f"{dn:.3f}"})
+          dist_rows.append(
+            {
+              "graph": name,
+              "ordering": "(input)",
+              "blocks": b.blocks,
+              "nnz/block p10/p50/p90": q,
+              "blocks >16 nnz": f"{d:.3f}",
+              "nnz in blocks >16": f"{dn:.3f}",
+            }
+          )
         q, d, dn = _dist(a)
-        dist_rows.append({"graph": name, "ordering": method, "blocks": a.blocks,
-                          "nnz/block p10/p50/p90": q, "blocks >16 nnz": f"{d:.3f}",
-                          "nnz in blocks >16": f"{dn:.3f}"})
+        dist_rows.append(
+          {
+            "graph": name,
+            "ordering": method,
+            "blocks": a.blocks,
+            "nnz/block p10/p50/p90": q,
+            "blocks >16 nnz": f"{d:.3f}",
+            "nnz in blocks >16": f"{dn:.3f}",
+          }
+        )
     del g, r, c
   return rows_out
 
@@ -137,8 +190,9 @@ def overhead(graphs, dims) -> list[dict]:
     for d in dims:
       x = jnp.asarray(rng.standard_normal((g.shape[0], d)), jnp.float32)
       xb = x[perm]
-      w1, w2 = (jnp.asarray(rng.standard_normal((d, d)) / np.sqrt(d), jnp.float32)
-                for _ in range(2))
+      w1, w2 = (
+        jnp.asarray(rng.standard_normal((d, d)) / np.sqrt(d), jnp.float32) for _ in range(2)
+      )
       spmm = jax.jit(lambda M, x: M @ x)
       gathers = jax.jit(lambda x: x[perm][inv])
 
@@ -148,17 +202,28 @@ def overhead(graphs, dims) -> list[dict]:
       step = jax.jit(jax.grad(gcn_loss, argnums=(0, 1)))
       t = {}
       for _ in range(2):  # alternate the variants twice: background load hits all of them
-        for key, fn, args in (("plain_ms", spmm, (A, x)), ("explicit_ms", spmm, (B, xb)),
-                              ("transparent_ms", spmm, (R, x)), ("gathers_ms", gathers, (x,)),
-                              ("gcn_plain_ms", step, (w1, w2, x, A)),
-                              ("gcn_explicit_ms", step, (w1, w2, xb, B)),
-                              ("gcn_transparent_ms", step, (w1, w2, x, R))):
+        for key, fn, args in (
+          ("plain_ms", spmm, (A, x)),
+          ("explicit_ms", spmm, (B, xb)),
+          ("transparent_ms", spmm, (R, x)),
+          ("gathers_ms", gathers, (x,)),
+          ("gcn_plain_ms", step, (w1, w2, x, A)),
+          ("gcn_explicit_ms", step, (w1, w2, xb, B)),
+          ("gcn_transparent_ms", step, (w1, w2, x, R)),
+        ):
           ms = common.time_fn(fn, *args, repeat=30)
           t[key] = min(t.get(key, ms), ms)
-      out.append({"graph": name, "d": d, **t,
-                  "extra_%": 100 * (t["transparent_ms"] - t["explicit_ms"]) / t["explicit_ms"],
-                  "gcn_extra_%": 100 * (t["gcn_transparent_ms"] - t["gcn_explicit_ms"])
-                  / t["gcn_explicit_ms"]})
+      out.append(
+        {
+          "graph": name,
+          "d": d,
+          **t,
+          "extra_%": 100 * (t["transparent_ms"] - t["explicit_ms"]) / t["explicit_ms"],
+          "gcn_extra_%": 100
+          * (t["gcn_transparent_ms"] - t["gcn_explicit_ms"])
+          / t["gcn_explicit_ms"],
+        }
+      )
   return out
 
 
@@ -175,8 +240,10 @@ def main() -> None:
   if args.overhead:
     import jaxsparse_tc as jst  # noqa: F401 (device name below)
 
-    rows = overhead(graphs or ["pubmed", "github-musae", "DD", "rmat17-d16"],
-                    [int(d) for d in args.dims.split(",")])
+    rows = overhead(
+      graphs or ["pubmed", "github-musae", "DD", "rmat17-d16"],
+      [int(d) for d in args.dims.split(",")],
+    )
     common.print_table(rows, OVERHEAD_COLUMNS, f"transparent mode on {common.device_name()}")
     return
   dist = []

@@ -3,9 +3,9 @@ attention forward on one GPU, checked against float64 on a sample of rows (int32
 format, the kernels or the schedule shows up as wrong rows: the sample always holds the last
 rows, the longest rows and rows reading the largest column ids).
 
-    python benchmarks/bench_scale.py                         # R-MAT 2^24 nodes x 20: ~330M nnz
-    python benchmarks/bench_scale.py --scale 24 --edges-per-node 16 --dims 128 --dtype float16
-    python benchmarks/bench_scale.py --scale 16 --edges-per-node 8            # smoke run (CPU)
+    python -m benchmarks.bench_scale                         # R-MAT 2^24 nodes x 20: ~330M nnz
+    python -m benchmarks.bench_scale --scale 24 --edges-per-node 16 --dims 128 --dtype float16
+    python -m benchmarks.bench_scale --scale 16 --edges-per-node 8            # smoke run (CPU)
 
 Memory-aware: the graph is generated in chunks with int32 indices (common.rmat_csr, ~24 bytes
 per edge at its peak); the dense operands are generated on the device (never on the host); the
@@ -25,18 +25,28 @@ import os
 import resource
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-if __name__ == "__main__" and __package__ in (None, ""):
-  sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 
 from benchmarks import common
 
-COLUMNS = ["graph", "nodes", "nnz", "phase", "dtype", "d", "seconds", "ms", "max_rel_err",
-           "tol", "ok", "host_peak_GB", "dev_peak_GB"]
+COLUMNS = [
+  "graph",
+  "nodes",
+  "nnz",
+  "phase",
+  "dtype",
+  "d",
+  "seconds",
+  "ms",
+  "max_rel_err",
+  "tol",
+  "ok",
+  "host_peak_GB",
+  "dev_peak_GB",
+]
 
 
 def host_peak_gb() -> float:
@@ -95,13 +105,13 @@ def run(quick: bool = False, argv=None) -> list[dict]:
   name = f"rmat{args.scale}-d{args.edges_per_node}"
 
   def record(phase, **kw):
-    row = dict(graph=name, phase=phase, host_peak_GB=host_peak_gb(), dev_peak_GB=device_peak_gb(),
-               **kw)
+    row = dict(
+      graph=name, phase=phase, host_peak_GB=host_peak_gb(), dev_peak_GB=device_peak_gb(), **kw
+    )
     if "max_rel_err" in row:
       row["max_rel_err"] = f"{row['max_rel_err']:.2e}"
     rows.append(row)
-    print({k: (common._fmt(v) if isinstance(v, float) else v) for k, v in row.items()},
-          flush=True)
+    print({k: (common._fmt(v) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
 
   t0 = time.perf_counter()
   g = common.rmat_csr(args.scale, args.edges_per_node, seed=args.seed)
@@ -131,9 +141,11 @@ def run(quick: bool = False, argv=None) -> list[dict]:
   ent = ent.astype(np.int64)
   ent_col = indices[ent].astype(np.int64)
   seg = np.repeat(np.arange(sample.size), ends - starts)
-  print(f"checking {sample.size} rows ({ent.size} entries; longest {int(deg.max())}, last row "
-        f"{int(sample.max())}, largest column {int(ent_col.max()) if ent.size else -1})",
-        flush=True)
+  print(
+    f"checking {sample.size} rows ({ent.size} entries; longest {int(deg.max())}, last row "
+    f"{int(sample.max())}, largest column {int(ent_col.max()) if ent.size else -1})",
+    flush=True,
+  )
   # Format positions of the sampled entries (input order = CSR order here).
   pos = np.asarray(jnp.take(A.input_to_format, jnp.asarray(ent, jnp.int32)))
   need = np.unique(np.concatenate([sample, ent_col]))
@@ -164,8 +176,9 @@ def run(quick: bool = False, argv=None) -> list[dict]:
   err = _rel_rows(np.asarray(jnp.take(Y, jnp.asarray(sample, jnp.int32), axis=0)), ref)
   del Y
   ms = common.time_fn(f, A, X, warmup=1, repeat=args.repeat)
-  record("spmm", nodes=n, nnz=nnz, dtype=args.dtype, d=d, ms=ms, max_rel_err=err, tol=tol,
-         ok=err <= tol)
+  record(
+    "spmm", nodes=n, nnz=nnz, dtype=args.dtype, d=d, ms=ms, max_rel_err=err, tol=tol, ok=err <= tol
+  )
 
   # SDDMM: values at the sampled rows' entries.
   f = jax.jit(lambda A, X, Y: jst.sddmm(A, X, Y).values)
@@ -179,8 +192,9 @@ def run(quick: bool = False, argv=None) -> list[dict]:
   err = err if np.all(np.isfinite(got)) else float("inf")
   del S
   ms = common.time_fn(f, A, X, Y2, warmup=1, repeat=args.repeat)
-  record("sddmm", nodes=n, nnz=nnz, dtype=args.dtype, d=d, ms=ms, max_rel_err=err, tol=tol,
-         ok=err <= tol)
+  record(
+    "sddmm", nodes=n, nnz=nnz, dtype=args.dtype, d=d, ms=ms, max_rel_err=err, tol=tol, ok=err <= tol
+  )
   del Y2
 
   # Attention forward (16-bit or float32; float32 softmax).
@@ -201,17 +215,32 @@ def run(quick: bool = False, argv=None) -> list[dict]:
     err = _rel_rows(np.asarray(jnp.take(out, jnp.asarray(sample, jnp.int32), axis=0)), ref)
     del out
     ms = common.time_fn(f, A, Q, K, V, warmup=1, repeat=args.repeat)
-    record("attention_fwd", nodes=n, nnz=nnz, dtype=jnp.dtype(adt).name, d=d, ms=ms,
-           max_rel_err=err, tol=tol, ok=err <= tol)
+    record(
+      "attention_fwd",
+      nodes=n,
+      nnz=nnz,
+      dtype=jnp.dtype(adt).name,
+      d=d,
+      ms=ms,
+      max_rel_err=err,
+      tol=tol,
+      ok=err <= tol,
+    )
   return rows
 
 
 def summary(rows):
   bad = [r["phase"] for r in rows if r.get("ok") is False]
-  return [{"graph": rows[0]["graph"] if rows else "-", "nnz": rows[0].get("nnz") if rows else None,
-           "all_ok": not bad, "failed": ",".join(bad) or "-",
-           "host_peak_GB": max((r["host_peak_GB"] for r in rows), default=None),
-           "dev_peak_GB": max((r["dev_peak_GB"] or 0 for r in rows), default=None)}]
+  return [
+    {
+      "graph": rows[0]["graph"] if rows else "-",
+      "nnz": rows[0].get("nnz") if rows else None,
+      "all_ok": not bad,
+      "failed": ",".join(bad) or "-",
+      "host_peak_GB": max((r["host_peak_GB"] for r in rows), default=None),
+      "dev_peak_GB": max((r["dev_peak_GB"] or 0 for r in rows), default=None),
+    }
+  ]
 
 
 def parse(argv=None):
@@ -221,8 +250,12 @@ def parse(argv=None):
   p.add_argument("--dims", type=int, default=128)
   p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
   p.add_argument("--sample", type=int, default=2048, help="rows checked against float64")
-  p.add_argument("--max-entries", type=int, default=1_000_000,
-                 help="most nonzeros of the sampled rows (bounds the host's check)")
+  p.add_argument(
+    "--max-entries",
+    type=int,
+    default=1_000_000,
+    help="most nonzeros of the sampled rows (bounds the host's check)",
+  )
   p.add_argument("--repeat", type=int, default=5)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--skip-attention", action="store_true")

@@ -107,9 +107,11 @@ def run(quick: bool = False) -> list[dict]:
     nnz = csr.nnz
     t0 = time.perf_counter()
     A = jst.SparseMatrix.from_scipy(csr)
-    print(f"{gname}: {m} x {n}, nnz {nnz}, blocks {A.pattern.num_blocks}, "
-          f"items {A.pattern.schedule.shape[0]}, built in {time.perf_counter() - t0:.1f}s",
-          flush=True)
+    print(
+      f"{gname}: {m} x {n}, nnz {nnz}, blocks {A.pattern.num_blocks}, "
+      f"items {A.pattern.schedule.shape[0]}, built in {time.perf_counter() - t0:.1f}s",
+      flush=True,
+    )
     coo = csr.tocoo()
     r_idx = jnp.asarray(coo.row.astype(np.int32))
     c_idx = jnp.asarray(coo.col.astype(np.int32))
@@ -119,8 +121,10 @@ def run(quick: bool = False) -> list[dict]:
       t_rowptr = torch.as_tensor(csr.indptr.astype(np.int64)).cuda()
       t_col = torch.as_tensor(csr.indices.astype(np.int64)).cuda()
       t_val32 = torch.as_tensor(csr.data.astype(np.float32)).cuda()
-      tA = {k: torch.sparse_csr_tensor(t_rowptr, t_col, t_val32.to(dt), size=(m, n))
-            for k, dt in (("fp32", torch.float32), ("fp16", torch.float16))}
+      tA = {
+        k: torch.sparse_csr_tensor(t_rowptr, t_col, t_val32.to(dt), size=(m, n))
+        for k, dt in (("fp32", torch.float32), ("fp16", torch.float16))
+      }
     bcoo = jsparse.BCOO((vals32, jnp.stack([r_idx, c_idx], 1)), shape=(m, n))
     bcsr = jsparse.BCSR.from_bcoo(bcoo)
     rng = np.random.default_rng(0)
@@ -132,16 +136,26 @@ def run(quick: bool = False) -> list[dict]:
 
       def add(op, impl, dt_name, ms, err=None):
         isz = 2 if dt_name in ("fp16", "bf16") else 4
-        rows_out.append({
-            "graph": gname, "op": op, "d": d, "impl": impl, "ms": ms,
+        rows_out.append(
+          {
+            "graph": gname,
+            "op": op,
+            "d": d,
+            "impl": impl,
+            "ms": ms,
             "GB/s": _floor_bytes(csr, d, isz, op) / (ms * 1e-3) / 1e9,
             "GFLOP/s": flops_spmm / (ms * 1e-3) / 1e9,
-            "err": None if err is None else f"{err:.1e}"})
+            "err": None if err is None else f"{err:.1e}",
+          }
+        )
 
       # ---- SpMM -------------------------------------------------------------------------
       # rows come from the sorted CSR: sorted segments, as BASELINES.md's xla-segment_sum
-      seg = jax.jit(lambda v, x: jax.ops.segment_sum(v[:, None] * x[c_idx], r_idx,
-                                                      num_segments=m, indices_are_sorted=True))
+      seg = jax.jit(
+        lambda v, x: jax.ops.segment_sum(
+          v[:, None] * x[c_idx], r_idx, num_segments=m, indices_are_sorted=True
+        )
+      )
       ref = np.asarray(seg(vals32, x32), np.float64)  # fp32 reference for the err column
       for name, dt in dtypes.items():
         x = x32.astype(dt)
@@ -152,8 +166,9 @@ def run(quick: bool = False) -> list[dict]:
           # call takes the values and x (the structure's 24 arrays as arguments cost ~35 us of
           # dispatch per call on an H100 host, scripts/latency_probe.py).
           def make(options=None, Ad=Ad, prec=prec):
-            return jax.jit(lambda v, x: jst.spmm(Ad.with_values(v), x, precision=prec,
-                                                 options=options))
+            return jax.jit(
+              lambda v, x: jst.spmm(Ad.with_values(v), x, precision=prec, options=options)
+            )
 
           f = make()
           out = f(Ad.values, x)
@@ -187,8 +202,11 @@ def run(quick: bool = False) -> list[dict]:
         del tx32, tx, out
 
       # ---- SDDMM ------------------------------------------------------------------------
-      gather = jax.jit(lambda q, x: jnp.sum(q[r_idx].astype(jnp.float32)
-                                            * x[c_idx].astype(jnp.float32), -1).astype(q.dtype))
+      gather = jax.jit(
+        lambda q, x: jnp.sum(
+          q[r_idx].astype(jnp.float32) * x[c_idx].astype(jnp.float32), -1
+        ).astype(q.dtype)
+      )
       sref = np.asarray(gather(q32, x32), np.float64)
       sref_f = None
       for name, dt in dtypes.items():
@@ -198,10 +216,13 @@ def run(quick: bool = False) -> list[dict]:
           f = jax.jit(lambda q, x, prec=prec: jst.sddmm(A, q, x, precision=prec).values)
           out = f(q, x)
           if sref_f is None:  # the reference in the library's value order
-            sref_f = np.asarray(jax.jit(lambda A, s: A.values_from_input(s))(
-                A, jnp.asarray(sref, jnp.float32)), np.float64)
-          impl = "ours-fp32-highest" if prec else (
-              "ours-tf32" if name == "fp32" else f"ours-{name}")
+            sref_f = np.asarray(
+              jax.jit(lambda A, s: A.values_from_input(s))(A, jnp.asarray(sref, jnp.float32)),
+              np.float64,
+            )
+          impl = (
+            "ours-fp32-highest" if prec else ("ours-tf32" if name == "fp32" else f"ours-{name}")
+          )
           add("sddmm", impl, name, _time(lambda: f(q, x), _sync_jax), _rel(out, sref_f))
           del out
       for name in ("fp32", "fp16"):
@@ -226,30 +247,67 @@ def summary(rows: list[dict]) -> list[dict]:
 
   graphs = sorted({r["graph"] for r in rows if r.get("d") == 128})
   pairs = [
-      ("SpMM ours-fp16 vs cusparse-fp32", "spmm", "ours-fp16", "cusparse-fp32", 2.5),
-      ("SpMM ours-fp16 vs cusparse-fp16", "spmm", "ours-fp16", "cusparse-fp16", 2.0),
-      ("SpMM ours-tf32 vs cusparse-fp32", "spmm", "ours-tf32", "cusparse-fp32", 1.5),
-      ("SpMM ours-fp32-highest vs cusparse-fp32", "spmm", "ours-fp32-highest", "cusparse-fp32",
-       None),
-      ("SpMM ours-cuda_core-fp16 vs ours-fp16 (default)", "spmm", "ours-cuda_core-fp16",
-       "ours-fp16", None),
-      ("SpMM ours-cuda_core-bf16 vs ours-bf16 (default)", "spmm", "ours-cuda_core-bf16",
-       "ours-bf16", None),
-      ("SpMM ours-cuda_core-fp32 vs ours-fp32-highest", "spmm", "ours-cuda_core-fp32",
-       "ours-fp32-highest", None),
-      ("SpMM ours-cuda_core-fp32 vs ours-tf32", "spmm", "ours-cuda_core-fp32", "ours-tf32", None),
-      ("SpMM ours-cuda_core-fp16 vs cusparse-fp32", "spmm", "ours-cuda_core-fp16",
-       "cusparse-fp32", 2.5),
-      ("SpMM ours-cuda_core-fp16 vs cusparse-fp16", "spmm", "ours-cuda_core-fp16",
-       "cusparse-fp16", 2.0),
-      ("SpMM ours-cuda_core-fp32 vs cusparse-fp32", "spmm", "ours-cuda_core-fp32",
-       "cusparse-fp32", None),
-      ("SDDMM ours-fp16 vs xla-gather-fp16", "sddmm", "ours-fp16", "xla-gather-fp16", 3.0),
-      ("SDDMM ours-tf32 vs xla-gather-fp32", "sddmm", "ours-tf32", "xla-gather-fp32", None),
+    ("SpMM ours-fp16 vs cusparse-fp32", "spmm", "ours-fp16", "cusparse-fp32", 2.5),
+    ("SpMM ours-fp16 vs cusparse-fp16", "spmm", "ours-fp16", "cusparse-fp16", 2.0),
+    ("SpMM ours-tf32 vs cusparse-fp32", "spmm", "ours-tf32", "cusparse-fp32", 1.5),
+    ("SpMM ours-fp32-highest vs cusparse-fp32", "spmm", "ours-fp32-highest", "cusparse-fp32", None),
+    (
+      "SpMM ours-cuda_core-fp16 vs ours-fp16 (default)",
+      "spmm",
+      "ours-cuda_core-fp16",
+      "ours-fp16",
+      None,
+    ),
+    (
+      "SpMM ours-cuda_core-bf16 vs ours-bf16 (default)",
+      "spmm",
+      "ours-cuda_core-bf16",
+      "ours-bf16",
+      None,
+    ),
+    (
+      "SpMM ours-cuda_core-fp32 vs ours-fp32-highest",
+      "spmm",
+      "ours-cuda_core-fp32",
+      "ours-fp32-highest",
+      None,
+    ),
+    ("SpMM ours-cuda_core-fp32 vs ours-tf32", "spmm", "ours-cuda_core-fp32", "ours-tf32", None),
+    (
+      "SpMM ours-cuda_core-fp16 vs cusparse-fp32",
+      "spmm",
+      "ours-cuda_core-fp16",
+      "cusparse-fp32",
+      2.5,
+    ),
+    (
+      "SpMM ours-cuda_core-fp16 vs cusparse-fp16",
+      "spmm",
+      "ours-cuda_core-fp16",
+      "cusparse-fp16",
+      2.0,
+    ),
+    (
+      "SpMM ours-cuda_core-fp32 vs cusparse-fp32",
+      "spmm",
+      "ours-cuda_core-fp32",
+      "cusparse-fp32",
+      None,
+    ),
+    ("SDDMM ours-fp16 vs xla-gather-fp16", "sddmm", "ours-fp16", "xla-gather-fp16", 3.0),
+    ("SDDMM ours-tf32 vs xla-gather-fp32", "sddmm", "ours-tf32", "xla-gather-fp32", None),
   ]
-  return [common.speedup_row("comparison (d=128, speedup)", label, graphs,
-                             lambda g: ms(g, op, ours), lambda g: ms(g, op, peer), target=target)
-          for label, op, ours, peer, target in pairs]
+  return [
+    common.speedup_row(
+      "comparison (d=128, speedup)",
+      label,
+      graphs,
+      lambda g: ms(g, op, ours),
+      lambda g: ms(g, op, peer),
+      target=target,
+    )
+    for label, op, ours, peer, target in pairs
+  ]
 
 
 if __name__ == "__main__":

@@ -35,8 +35,22 @@ import numpy as np
 
 from benchmarks import common
 
-COLUMNS = ["graph", "nodes", "edges", "model", "lib_ms", "xla_ms", "pyg_ms", "pyg_csr_ms",
-           "x_vs_xla", "x_vs_pyg", "lib_dev_ms", "xla_dev_ms", "dev_vs_xla", "loss_err"]
+COLUMNS = [
+  "graph",
+  "nodes",
+  "edges",
+  "model",
+  "lib_ms",
+  "xla_ms",
+  "pyg_ms",
+  "pyg_csr_ms",
+  "x_vs_xla",
+  "x_vs_pyg",
+  "lib_dev_ms",
+  "xla_dev_ms",
+  "dev_vs_xla",
+  "loss_err",
+]
 
 HIDDEN, HEADS = 128, 8
 
@@ -66,8 +80,11 @@ def _sorted_edges(A):
 
   rows, cols = np.asarray(A.rows), np.asarray(A.cols)
   order = np.lexsort((cols, rows))
-  return (jnp.asarray(rows[order]), jnp.asarray(cols[order]),
-          jnp.asarray(np.asarray(A.values)[order]))
+  return (
+    jnp.asarray(rows[order]),
+    jnp.asarray(cols[order]),
+    jnp.asarray(np.asarray(A.values)[order]),
+  )
 
 
 def _jax_steps(model_name, x, y, c, edge_index, n):
@@ -90,10 +107,12 @@ def _jax_steps(model_name, x, y, c, edge_index, n):
     model = nnf.GAT(f, HIDDEN // HEADS, c, heads=HEADS, dropout=0.0, rngs=rngs)
   model.eval()
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
   def xla_forward(m, x, edges):
     rows, cols, vals = edges
     seg = lambda d: jax.ops.segment_sum(d, rows, n, indices_are_sorted=True)  # noqa: E731
     if model_name == "gcn":
+
       def conv(layer, h):  # the library's order: the narrower width is propagated (ties: h)
         w = layer.lin.kernel[...]
         if w.shape[0] <= w.shape[1]:
@@ -105,15 +124,15 @@ def _jax_steps(model_name, x, y, c, edge_index, n):
 
     def conv(layer, h, concat):
       heads = layer.heads
-      h = (h @ layer.lin.kernel[...]).reshape(n, heads, -1)               # [n, H, C]
+      h = (h @ layer.lin.kernel[...]).reshape(n, heads, -1)  # [n, H, C]
       a_src = jnp.einsum("nhc,hc->nh", h, layer.att_src[...])
       a_dst = jnp.einsum("nhc,hc->nh", h, layer.att_dst[...])
-      e = jax.nn.leaky_relu(a_dst[rows] + a_src[cols], 0.2)               # [E, H]
+      e = jax.nn.leaky_relu(a_dst[rows] + a_src[cols], 0.2)  # [E, H]
       # the max only stabilizes exp: no gradient through it (as careful hand-written code does)
       mx = jax.lax.stop_gradient(jax.ops.segment_max(e, rows, n, indices_are_sorted=True))
       p = jnp.exp(e - mx[rows])
       alpha = p / seg(p)[rows]
-      out = seg(alpha[:, :, None] * h[cols])                              # [n, H, C]
+      out = seg(alpha[:, :, None] * h[cols])  # [n, H, C]
       out = out.reshape(n, -1) if concat else out.mean(1)
       return out + layer.bias[...]
 
@@ -204,8 +223,13 @@ def _pyg_times(model_name, x, y, c, edge_index, n, repeat):
     variants = {"pyg_ms": add_self_loops(ei, num_nodes=n)[0]}
   else:
     # adj_t: rows = targets (PyG's transposed-adjacency convention), cuSPARSE via torch.sparse
-    adj = torch.sparse_coo_tensor(torch.stack([ei[1], ei[0]]), torch.ones(ei.shape[1],
-                                  device=dev), (n, n)).coalesce().to_sparse_csr()
+    adj = (
+      torch.sparse_coo_tensor(
+        torch.stack([ei[1], ei[0]]), torch.ones(ei.shape[1], device=dev), (n, n)
+      )
+      .coalesce()
+      .to_sparse_csr()
+    )
     variants["pyg_csr_ms"] = adj
   for key, g in variants.items():
     model = (GCN() if model_name == "gcn" else GAT()).to(dev)
@@ -258,7 +282,8 @@ def run(quick: bool = False) -> list[dict]:
       # PyG first, then free its cache: JAX (no preallocation) then grows into the memory.
       row.update(_pyg_times(model_name, x, y, c, edge_index, n, repeat))
       lib_step, xla_step, largs, xargs, (lib_loss, xla_loss) = _jax_steps(
-          model_name, x, y, c, edge_index, n)
+        model_name, x, y, c, edge_index, n
+      )
       row["lib_ms"] = _time_jax(lib_step, largs, repeat)
       try:
         l1 = float(lib_loss(largs[0], *largs[2:]))
@@ -291,13 +316,18 @@ def summary(rows: list[dict]) -> list[dict]:
   out = []
   for model in ("gcn", "gat"):
     sel = [r for r in rows if r["model"] == model]
-    out.append({
-        "model": model, "graphs": len(sel),
+    out.append(
+      {
+        "model": model,
+        "graphs": len(sel),
         "geomean_vs_xla": common.geomean([r.get("x_vs_xla") for r in sel]),
         "geomean_vs_pyg": common.geomean([r.get("x_vs_pyg") for r in sel]),
         "min_vs_xla": min((r["x_vs_xla"] for r in sel if "x_vs_xla" in r), default=None),
         "min_vs_pyg": min((r["x_vs_pyg"] for r in sel if "x_vs_pyg" in r), default=None),
-        "target_vs_xla": 2.0, "target_vs_pyg": 1.5})
+        "target_vs_xla": 2.0,
+        "target_vs_pyg": 1.5,
+      }
+    )
   return out
 
 

@@ -13,8 +13,10 @@ import scipy.sparse as sp
 ROOT = Path(__file__).resolve().parent.parent
 # The benchmark graphs: ../shared/data beside the checkout, or shared/data inside it (a GPU
 # machine gets a copy of the checkout only).
-SHARED_DATA = next((p for p in (ROOT.parent / "shared" / "data", ROOT / "shared" / "data")
-                    if p.exists()), ROOT.parent / "shared" / "data")
+SHARED_DATA = next(
+  (p for p in (ROOT.parent / "shared" / "data", ROOT / "shared" / "data") if p.exists()),
+  ROOT.parent / "shared" / "data",
+)
 
 
 def rmat(scale: int, edges_per_node: int, seed: int = 0, a=0.57, b=0.19, c=0.19) -> sp.csr_matrix:
@@ -43,8 +45,9 @@ def rmat(scale: int, edges_per_node: int, seed: int = 0, a=0.57, b=0.19, c=0.19)
 _RMAT_CHUNK = 1 << 22  # edges per generator chunk (part of the seed: do not change)
 
 
-def rmat_csr(scale: int, edges_per_node: int, seed: int = 0, a=0.57, b=0.19, c=0.19,
-             threads: int | None = None) -> sp.csr_matrix:
+def rmat_csr(
+  scale: int, edges_per_node: int, seed: int = 0, a=0.57, b=0.19, c=0.19, threads: int | None = None
+) -> sp.csr_matrix:
   """R-MAT as `rmat` (same distribution, another random stream), for graphs of 10^8 edges.
 
   Edges are drawn in chunks of 2^22 on a thread pool (numpy releases the GIL) with int32
@@ -88,7 +91,7 @@ def rmat_csr(scale: int, edges_per_node: int, seed: int = 0, a=0.57, b=0.19, c=0
     return key, np.searchsorted(key, np.arange(nb + 1, dtype=np.int64) << shift)
 
   def merge(drawn, j):
-    part = np.concatenate([k[s[j]:s[j + 1]] for k, s in drawn])
+    part = np.concatenate([k[s[j] : s[j + 1]] for k, s in drawn])
     part.sort()
     keep = np.ones(part.size, bool)
     np.not_equal(part[1:], part[:-1], out=keep[1:])
@@ -118,8 +121,10 @@ def package_graph(name: str) -> sp.csr_matrix:
       continue
     z = np.load(path)
     if "indptr" in z:
-      return sp.csr_matrix((np.ones(len(z["indices"]), np.float32), z["indices"], z["indptr"]),
-                           shape=tuple(int(s) for s in z["shape"]))
+      return sp.csr_matrix(
+        (np.ones(len(z["indices"]), np.float32), z["indices"], z["indptr"]),
+        shape=tuple(int(s) for s in z["shape"]),
+      )
     n = int(z["num_nodes"])
     g = sp.coo_matrix((np.ones(len(z["row"]), np.float32), (z["row"], z["col"])), shape=(n, n))
     g = (g + g.T).tocsr()

@@ -56,8 +56,16 @@ extern "C" __global__ void gather(const char* __restrict__ x, const int* __restr
 
 THREADS = 256
 # (lanes per row, bytes per lane, rows in flight per lane)
-SHAPES = [(16, 16, 1), (16, 16, 2), (16, 16, 4), (16, 16, 8), (32, 8, 4), (8, 16, 4),
-          (32, 16, 4), (32, 16, 2)]
+SHAPES = [
+  (16, 16, 1),
+  (16, 16, 2),
+  (16, 16, 4),
+  (16, 16, 8),
+  (32, 8, 4),
+  (8, 16, 4),
+  (32, 16, 4),
+  (32, 16, 2),
+]
 WARPS_PER_SM = [64, 32, 16]
 
 
@@ -81,21 +89,24 @@ def main() -> None:
     shapes, warps_per_sm = [(4, 16, 4), (16, 16, 4), (32, 16, 4)], [64]
   else:
     csr = common.rmat(17, 16)
-    index_sets = {"rmat17 csr cols": csr.indices.astype(np.int32),
-                  "uniform": np.random.default_rng(0).integers(0, csr.shape[1], csr.nnz)
-                  .astype(np.int32)}
+    index_sets = {
+      "rmat17 csr cols": csr.indices.astype(np.int32),
+      "uniform": np.random.default_rng(0).integers(0, csr.shape[1], csr.nnz).astype(np.int32),
+    }
   n = csr.shape[1]
-  print("| indices | row bytes | lanes x bytes | rows in flight | warps/SM | us | G rows/s | TB/s |")
+  print(
+    "| indices | row bytes | lanes x bytes | rows in flight | warps/SM | us | G rows/s | TB/s |"
+  )
   print("|---|---|---|---|---|---|---|---|")
   for iname, idx_np in index_sets.items():
     idx = cp.asarray(idx_np)
     m = idx.size
     for lanes, vb, u in shapes:
       row_bytes = lanes * vb
-      x = cp.asarray(np.random.default_rng(1).integers(0, 2**31, (n, row_bytes // 4)),
-                     dtype=cp.uint32)
-      kern = cp.RawKernel(f"#define L {lanes}\n#define VB {vb}\n#define U {u}\n" + SOURCE,
-                          "gather")
+      x = cp.asarray(
+        np.random.default_rng(1).integers(0, 2**31, (n, row_bytes // 4)), dtype=cp.uint32
+      )
+      kern = cp.RawKernel(f"#define L {lanes}\n#define VB {vb}\n#define U {u}\n" + SOURCE, "gather")
       per_group = 16
       groups = -(-m // per_group)
       blocks = -(-groups * lanes // THREADS)
@@ -106,10 +117,12 @@ def main() -> None:
         if smem > 48 * 1024:
           kern.max_dynamic_shared_size_bytes = smem
         args = (x, idx, np.int64(m), np.int32(row_bytes), np.int32(per_group), out)
-        us = common.time_cupy(
-            lambda i: kern((blocks,), (THREADS,), args, shared_mem=max(smem, 0)))
-        print(f"| {iname} | {row_bytes} | {lanes} x {vb} | {u} | {warps} | {us:.1f} | "
-              f"{m / us / 1e3:.2f} | {m * row_bytes / us / 1e6:.2f} |", flush=True)
+        us = common.time_cupy(lambda i: kern((blocks,), (THREADS,), args, shared_mem=max(smem, 0)))
+        print(
+          f"| {iname} | {row_bytes} | {lanes} x {vb} | {u} | {warps} | {us:.1f} | "
+          f"{m / us / 1e3:.2f} | {m * row_bytes / us / 1e6:.2f} |",
+          flush=True,
+        )
 
 
 if __name__ == "__main__":

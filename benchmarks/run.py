@@ -38,7 +38,7 @@ def main() -> int:
     summary = mod.summary(rows) if hasattr(mod, "summary") else None
     tables.append((name, rows, mod.COLUMNS, summary))
   print(f"\n# device: {common.device_name()}")
-  for name, rows, columns, summary in tables:
+  for name, rows, columns, _ in tables:
     common.print_table(rows, columns, name)
   for name, _, _, summary in tables:
     if summary:

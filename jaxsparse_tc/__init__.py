@@ -1,17 +1,31 @@
 """jaxsparse_tc: tensor-core sparse operators as JAX primitives."""
 
-from jaxsparse_tc import interop  # BCOO conversions
-from jaxsparse_tc import distributed  # sharded matrices; sharding rules of the primitives
+from jaxsparse_tc import (
+  distributed,  # sharded matrices; sharding rules of the primitives
+  interop,  # BCOO conversions
+)
 from jaxsparse_tc._src.attention import sparse_attention
 from jaxsparse_tc._src.edge_softmax import edge_softmax
 from jaxsparse_tc._src.extensions import has_cuda
 from jaxsparse_tc._src.sddmm import sddmm
 from jaxsparse_tc._src.spmm import spmm
 from jaxsparse_tc.options import FormatOptions, KernelOptions
-from jaxsparse_tc.sparse_matrix import SparseMatrix
 from jaxsparse_tc.reorder import ReorderedMatrix, Reordering, reorder  # docs/REORDER.md
+from jaxsparse_tc.sparse_matrix import SparseMatrix
 
-__all__ = ["SparseMatrix", "spmm", "sddmm", "edge_softmax", "sparse_attention", "KernelOptions",
-           "FormatOptions", "has_cuda", "interop"]
-__all__ += ["reorder", "Reordering", "ReorderedMatrix"]
+__all__ = [
+  "SparseMatrix",
+  "spmm",
+  "sddmm",
+  "edge_softmax",
+  "sparse_attention",
+  "KernelOptions",
+  "FormatOptions",
+  "has_cuda",
+  "interop",
+  "distributed",
+  "reorder",
+  "Reordering",
+  "ReorderedMatrix",
+]
 __version__ = "0.1.0"

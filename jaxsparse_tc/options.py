@@ -61,11 +61,13 @@ class KernelOptions:
   def __post_init__(self):
     _check_choice("KernelOptions.spmm", self.spmm, tuple(_KERNEL_CODES))
     _check_choice("KernelOptions.sddmm", self.sddmm, tuple(_KERNEL_CODES))
-    _check_choice("KernelOptions.attention_backward", self.attention_backward,
-                  ("auto", "fused", "composed"))
+    _check_choice(
+      "KernelOptions.attention_backward", self.attention_backward, ("auto", "fused", "composed")
+    )
     if not isinstance(self.merge_split_windows, bool):
-      raise ValueError("KernelOptions.merge_split_windows must be a bool; got "
-                       f"{self.merge_split_windows!r}")
+      raise ValueError(
+        f"KernelOptions.merge_split_windows must be a bool; got {self.merge_split_windows!r}"
+      )
 
   @property
   def spmm_code(self) -> int:
@@ -84,8 +86,9 @@ def kernel_options(options) -> KernelOptions:
   if options is None:
     return DEFAULT_KERNEL_OPTIONS
   if not isinstance(options, KernelOptions):
-    raise TypeError(f"options must be a jaxsparse_tc.KernelOptions or None; got "
-                    f"{type(options).__name__}")
+    raise TypeError(
+      f"options must be a jaxsparse_tc.KernelOptions or None; got {type(options).__name__}"
+    )
   return options
 
 
@@ -109,12 +112,18 @@ class FormatOptions:
     from jaxsparse_tc._src.pattern import SPLIT_BLOCKS
 
     if self.split_blocks is not None and (
-        not isinstance(self.split_blocks, int) or isinstance(self.split_blocks, bool)
-        or not 1 <= self.split_blocks <= SPLIT_BLOCKS):
-      raise ValueError(f"FormatOptions.split_blocks must be None or an integer in "
-                       f"[1, {SPLIT_BLOCKS}]; got {self.split_blocks!r}")
+      not isinstance(self.split_blocks, int)
+      or isinstance(self.split_blocks, bool)
+      or not 1 <= self.split_blocks <= SPLIT_BLOCKS
+    ):
+      raise ValueError(
+        f"FormatOptions.split_blocks must be None or an integer in "
+        f"[1, {SPLIT_BLOCKS}]; got {self.split_blocks!r}"
+      )
     if self.grouped is not None and not isinstance(self.grouped, bool):
       raise ValueError(f"FormatOptions.grouped must be None or a bool; got {self.grouped!r}")
     if self.grouped and self.split_blocks is not None:
-      raise ValueError("FormatOptions: a grouped schedule chooses its own pieces; give "
-                       "split_blocks or grouped=True, not both")
+      raise ValueError(
+        "FormatOptions: a grouped schedule chooses its own pieces; give "
+        "split_blocks or grouped=True, not both"
+      )

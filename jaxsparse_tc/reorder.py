@@ -83,14 +83,22 @@ class BlockStats:
 
   def __str__(self) -> str:
     q10, q50, q90 = self.block_nnz_quantiles()
-    return (f"{self.nnz_per_block:.2f} nnz/block (p10/p50/p90 {q10}/{q50}/{q90}), "
-            f"{self.cols_per_window:.1f} cols/window, fill {self.fill:.3f}, {self.blocks} blocks")
+    return (
+      f"{self.nnz_per_block:.2f} nnz/block (p10/p50/p90 {q10}/{q50}/{q90}), "
+      f"{self.cols_per_window:.1f} cols/window, fill {self.fill:.3f}, {self.blocks} blocks"
+    )
 
 
 def _stats(rows, cols, m: int, n: int, row_new=None, col_new=None) -> BlockStats:
   d = _cpu.block_stats(rows, cols, m, n, row_new, col_new, _threads())
-  return BlockStats(int(d["windows"]), int(d["nonempty_windows"]), int(d["condensed_cols"]),
-                    int(d["blocks"]), int(d["nnz"]), np.asarray(d["block_nnz_hist"]))
+  return BlockStats(
+    int(d["windows"]),
+    int(d["nonempty_windows"]),
+    int(d["condensed_cols"]),
+    int(d["blocks"]),
+    int(d["nnz"]),
+    np.asarray(d["block_nnz_hist"]),
+  )
 
 
 def block_stats(A, perm=None, *, num_nodes: int | None = None) -> BlockStats:
@@ -129,9 +137,11 @@ def _coo(A, num_nodes):
   else:
     ei = np.asarray(A)
     if ei.ndim != 2 or ei.shape[0] != 2:
-      raise TypeError("reorder takes a SparseMatrix, a scipy.sparse matrix, an edge_index "
-                      f"[2, E] or a (rows, cols) pair; got {type(A).__name__} with shape "
-                      f"{getattr(ei, 'shape', None)}")
+      raise TypeError(
+        "reorder takes a SparseMatrix, a scipy.sparse matrix, an edge_index "
+        f"[2, E] or a (rows, cols) pair; got {type(A).__name__} with shape "
+        f"{getattr(ei, 'shape', None)}"
+      )
     rows, cols, shape = ei[1], ei[0], None  # message passing: rows = targets (PyG's flow)
   rows, cols = _int_array("rows", rows), _int_array("cols", cols)
   if rows.size != cols.size:
@@ -141,8 +151,9 @@ def _coo(A, num_nodes):
     shape = (hi, hi) if num_nodes is None else (int(num_nodes), int(num_nodes))
   shape = tuple(int(s) for s in shape)
   if shape[0] != shape[1]:
-    raise ValueError(f"reordering permutes the nodes of a graph: the matrix must be square; got "
-                     f"shape {shape}")
+    raise ValueError(
+      f"reordering permutes the nodes of a graph: the matrix must be square; got shape {shape}"
+    )
   if rows.size:
     lo = min(int(rows.min()), int(cols.min()))
     hi = max(int(rows.max()), int(cols.max()))
@@ -190,26 +201,36 @@ class Reordering:
     return self.perm.size
 
   def __repr__(self) -> str:
-    return (f"Reordering({self.method!r}, seed={self.seed}, nodes={self.num_nodes}, "
-            f"{self.seconds:.3f} s: nnz/block {self.before.nnz_per_block:.2f} -> "
-            f"{self.after.nnz_per_block:.2f}, cols/window {self.before.cols_per_window:.1f} -> "
-            f"{self.after.cols_per_window:.1f}, fill {self.before.fill:.3f} -> "
-            f"{self.after.fill:.3f})")
+    return (
+      f"Reordering({self.method!r}, seed={self.seed}, nodes={self.num_nodes}, "
+      f"{self.seconds:.3f} s: nnz/block {self.before.nnz_per_block:.2f} -> "
+      f"{self.after.nnz_per_block:.2f}, cols/window {self.before.cols_per_window:.1f} -> "
+      f"{self.after.cols_per_window:.1f}, fill {self.before.fill:.3f} -> "
+      f"{self.after.fill:.3f})"
+    )
 
   # -- explicit mode: node-indexed arrays ---------------------------------------------------
-  def _take(self, x, index, axis):
+  def _take(self, x, index, inverse, axis):
     if isinstance(x, np.ndarray):
       return np.take(x, index, axis=axis)
-    return jnp.take(jnp.asarray(x), jnp.asarray(index, jnp.int32), axis=axis)
+    # jax (traced too): the permutation primitive, whose gradient is a gather, not a scatter.
+    x = jnp.asarray(x)
+    if x.ndim == 0 or x.shape[axis] != self.num_nodes:
+      raise ValueError(f"axis {axis} of x (shape {x.shape}) must have the {self.num_nodes} nodes")
+    flat = x.ndim == 1
+    x = jnp.moveaxis(x[:, None] if flat else x, axis, -2)
+    out = _take_nodes(x, jnp.asarray(index, jnp.int32), jnp.asarray(inverse, jnp.int32))
+    out = jnp.moveaxis(out, -2, axis)
+    return out[:, 0] if flat else out
 
   def permute(self, x, axis: int = 0):
-    """Node-indexed x (features, labels; numpy or jax) into the reordered order:
+    """Node-indexed x (features, labels; numpy or jax, traced too) into the reordered order:
     `x[perm]` along `axis`."""
-    return self._take(x, self.perm, axis)
+    return self._take(x, self.perm, self.inverse, axis)
 
   def restore(self, y, axis: int = 0):
     """Node-indexed y of the reordered space back to the caller's order: `y[inverse]`."""
-    return self._take(y, self.inverse, axis)
+    return self._take(y, self.inverse, self.perm, axis)
 
   def permute_index(self, idx):
     """Node ids (e.g. train/val/test indices, numpy) to their new ids: `inverse[idx]`."""
@@ -235,15 +256,17 @@ class Reordering:
     inv = self.inverse
     rows, cols = np.asarray(A.rows, np.int64), np.asarray(A.cols, np.int64)
     # One entry per format position of A: B's input_to_format is a bijection onto B's order.
-    B = SparseMatrix.from_coo(inv[rows], inv[cols], None, shape=A.shape,
-                              format_options=format_options)
+    B = SparseMatrix.from_coo(
+      inv[rows], inv[cols], None, shape=A.shape, format_options=format_options
+    )
     to_b = np.asarray(B.input_to_format)
     src = np.empty_like(to_b)
     src[to_b] = np.arange(to_b.size, dtype=to_b.dtype)  # B position -> A position
     values = jnp.asarray(A.values)[..., jnp.asarray(src)]
     in_to_b = jnp.asarray(to_b)[A.input_to_format]
-    return SparseMatrix(values, B.pattern, B.pattern_t, B.perm_t, B.perm_t_inv, in_to_b, B.shape,
-                        B.grouped)
+    return SparseMatrix(
+      values, B.pattern, B.pattern_t, B.perm_t, B.perm_t_inv, in_to_b, B.shape, B.grouped
+    )
 
   def permute_dataset(self, ds):
     """A GraphDataset (jaxsparse_tc.datasets) in the reordered space: features and labels
@@ -270,12 +293,20 @@ class Reordering:
     """A, stored reordered (permute_matrix), behind the caller's node order: operators on the
     result take and return node-indexed arrays in A's order."""
     B = self.permute_matrix(A, format_options=format_options)
-    return ReorderedMatrix._of(B, jnp.asarray(self.perm, jnp.int32),
-                               jnp.asarray(self.inverse, jnp.int32))
+    return ReorderedMatrix._of(
+      B, jnp.asarray(self.perm, jnp.int32), jnp.asarray(self.inverse, jnp.int32)
+    )
 
 
-def reorder(A, method: str = "affinity", *, seed: int = 0, num_nodes: int | None = None,
-            lookahead: int | None = None, threads: int | None = None) -> Reordering:
+def reorder(
+  A,
+  method: str = "affinity",
+  *,
+  seed: int = 0,
+  num_nodes: int | None = None,
+  lookahead: int | None = None,
+  threads: int | None = None,
+) -> Reordering:
   """A node permutation of the square pattern A that packs rows sharing columns into the same
   8-row windows, with the block statistics before and after.
 
@@ -295,18 +326,31 @@ def reorder(A, method: str = "affinity", *, seed: int = 0, num_nodes: int | None
     raise ValueError(f"lookahead must be a positive integer; got {lookahead!r}")
   rows, cols, (n, _) = _coo(A, num_nodes)
   t0 = time.perf_counter()
-  out = _cpu.reorder(rows, cols, n, method, int(seed) % (1 << 64),
-                     _threads() if threads is None else max(1, int(threads)),
-                     0 if lookahead is None else int(lookahead))
+  out = _cpu.reorder(
+    rows,
+    cols,
+    n,
+    method,
+    int(seed) % (1 << 64),
+    _threads() if threads is None else max(1, int(threads)),
+    0 if lookahead is None else int(lookahead),
+  )
   seconds = time.perf_counter() - t0
   perm = np.asarray(out["perm"])
   inv = _inverse(perm)
   return Reordering(
-      perm=perm, inverse=inv, method=method, seed=int(seed),
-      before=_stats(rows, cols, n, n), after=_stats(rows, cols, n, n, inv, inv),
-      before_t=_stats(cols, rows, n, n), after_t=_stats(cols, rows, n, n, inv, inv),
-      seconds=seconds, phases={k: float(out[k]) for k in ("graph_s", "order_s", "pack_s")},
-      groups=int(out["groups"]))
+    perm=perm,
+    inverse=inv,
+    method=method,
+    seed=int(seed),
+    before=_stats(rows, cols, n, n),
+    after=_stats(rows, cols, n, n, inv, inv),
+    before_t=_stats(cols, rows, n, n),
+    after_t=_stats(cols, rows, n, n, inv, inv),
+    seconds=seconds,
+    phases={k: float(out[k]) for k in ("graph_s", "order_s", "pack_s")},
+    groups=int(out["groups"]),
+  )
 
 
 # -- transparent mode ------------------------------------------------------------------------
@@ -374,17 +418,40 @@ class ReorderedMatrix(SparseMatrix):
   `from_coo`.
   """
 
-  def __init__(self, values, pattern, pattern_t, perm_t, perm_t_inv, input_to_format, shape,
-               grouped=(False, False), *, node_perm, node_inverse):
-    super().__init__(values, pattern, pattern_t, perm_t, perm_t_inv, input_to_format, shape,
-                     grouped)
+  def __init__(
+    self,
+    values,
+    pattern,
+    pattern_t,
+    perm_t,
+    perm_t_inv,
+    input_to_format,
+    shape,
+    grouped=(False, False),
+    *,
+    node_perm,
+    node_inverse,
+  ):
+    super().__init__(
+      values, pattern, pattern_t, perm_t, perm_t_inv, input_to_format, shape, grouped
+    )
     self.node_perm = node_perm  # int32 [n]: stored node i is the caller's node node_perm[i]
     self.node_inverse = node_inverse  # int32 [n]: the caller's node j is stored at node_inverse[j]
 
   @classmethod
   def _of(cls, B: SparseMatrix, node_perm, node_inverse) -> "ReorderedMatrix":
-    return cls(B.values, B.pattern, B.pattern_t, B.perm_t, B.perm_t_inv, B.input_to_format,
-               B.shape, B.grouped, node_perm=node_perm, node_inverse=node_inverse)
+    return cls(
+      B.values,
+      B.pattern,
+      B.pattern_t,
+      B.perm_t,
+      B.perm_t_inv,
+      B.input_to_format,
+      B.shape,
+      B.grouped,
+      node_perm=node_perm,
+      node_inverse=node_inverse,
+    )
 
   # -- pytree -------------------------------------------------------------------------------
   def tree_flatten(self):
@@ -395,19 +462,35 @@ class ReorderedMatrix(SparseMatrix):
   def tree_unflatten(cls, aux, children):
     shape, grouped = aux
     *base, node_perm, node_inverse = children
-    return cls(*base, shape=shape, grouped=grouped, node_perm=node_perm,
-               node_inverse=node_inverse)
+    return cls(*base, shape=shape, grouped=grouped, node_perm=node_perm, node_inverse=node_inverse)
 
   # -- construction -------------------------------------------------------------------------
   @classmethod
-  def from_matrix(cls, A: SparseMatrix, method: str = "affinity", *, seed: int = 0,
-                  format_options=None, **reorder_kwargs) -> "ReorderedMatrix":
+  def from_matrix(
+    cls,
+    A: SparseMatrix,
+    method: str = "affinity",
+    *,
+    seed: int = 0,
+    format_options=None,
+    **reorder_kwargs,
+  ) -> "ReorderedMatrix":
     """A reordered by `reorder(A, method, seed=seed, ...)`, behind A's node order."""
     return reorder(A, method, seed=seed, **reorder_kwargs).wrap(A, format_options=format_options)
 
   @classmethod
-  def from_coo(cls, rows, cols, values=None, *, shape=None, method: str = "affinity",
-               seed: int = 0, format_options=None, **reorder_kwargs) -> "ReorderedMatrix":
+  def from_coo(
+    cls,
+    rows,
+    cols,
+    values=None,
+    *,
+    shape=None,
+    method: str = "affinity",
+    seed: int = 0,
+    format_options=None,
+    **reorder_kwargs,
+  ) -> "ReorderedMatrix":
     """SparseMatrix.from_coo's arguments (square), built reordered (one format build)."""
     rows, cols = _int_array("rows", rows), _int_array("cols", cols)
     if shape is None:
@@ -416,16 +499,25 @@ class ReorderedMatrix(SparseMatrix):
     r = reorder((rows, cols), method, seed=seed, num_nodes=shape[0], **reorder_kwargs)
     if tuple(shape) != (r.num_nodes, r.num_nodes):
       raise ValueError(f"a reordered matrix must be square; got shape {tuple(shape)}")
-    B = SparseMatrix.from_coo(r.inverse[rows], r.inverse[cols], values, shape=shape,
-                              format_options=format_options)
+    B = SparseMatrix.from_coo(
+      r.inverse[rows], r.inverse[cols], values, shape=shape, format_options=format_options
+    )
     return cls._of(B, jnp.asarray(r.perm, jnp.int32), jnp.asarray(r.inverse, jnp.int32))
 
   # -- views ---------------------------------------------------------------------------------
   @property
   def inner(self) -> SparseMatrix:
     """The stored matrix P A P^T, a plain SparseMatrix in the reordered node order."""
-    return SparseMatrix(self.values, self.pattern, self.pattern_t, self.perm_t, self.perm_t_inv,
-                        self.input_to_format, self.shape, self.grouped)
+    return SparseMatrix(
+      self.values,
+      self.pattern,
+      self.pattern_t,
+      self.perm_t,
+      self.perm_t_inv,
+      self.input_to_format,
+      self.shape,
+      self.grouped,
+    )
 
   @property
   def rows(self):
@@ -448,8 +540,10 @@ class ReorderedMatrix(SparseMatrix):
     return self.__jaxsparse_tc_op__("spmm", x)
 
   def __repr__(self) -> str:
-    return (f"ReorderedMatrix(shape={self.shape}, nnz={self.nnz}, dtype={self.values.dtype}, "
-            f"blocks={self.pattern.num_blocks})")
+    return (
+      f"ReorderedMatrix(shape={self.shape}, nnz={self.nnz}, dtype={self.values.dtype}, "
+      f"blocks={self.pattern.num_blocks})"
+    )
 
   # -- operators (the library's entry points dispatch here) ---------------------------------
   def __jaxsparse_tc_op__(self, name: str, *args, **kwargs):
@@ -472,4 +566,3 @@ class ReorderedMatrix(SparseMatrix):
       q, k, v = (_take_nodes(a, perm, inv) for a in args)
       return _take_nodes(sparse_attention(inner, q, k, v, **kwargs), inv, perm)
     raise NotImplementedError(f"ReorderedMatrix: no operator {name!r}")
-

@@ -89,9 +89,17 @@ class SparseMatrix:
   `cols` give each value's position. The transposed pattern is built with it, for gradients.
   """
 
-  def __init__(self, values, pattern: Pattern, pattern_t: Pattern, perm_t, perm_t_inv,
-               input_to_format, shape: tuple[int, int],
-               grouped: tuple[bool, bool] = (False, False)):
+  def __init__(
+    self,
+    values,
+    pattern: Pattern,
+    pattern_t: Pattern,
+    perm_t,
+    perm_t_inv,
+    input_to_format,
+    shape: tuple[int, int],
+    grouped: tuple[bool, bool] = (False, False),
+  ):
     self.values = values
     self.pattern = pattern
     self.pattern_t = pattern_t
@@ -105,8 +113,14 @@ class SparseMatrix:
 
   # -- pytree ---------------------------------------------------------------------------------
   def tree_flatten(self):
-    children = (self.values, self.pattern, self.pattern_t, self.perm_t, self.perm_t_inv,
-                self.input_to_format)
+    children = (
+      self.values,
+      self.pattern,
+      self.pattern_t,
+      self.perm_t,
+      self.perm_t_inv,
+      self.input_to_format,
+    )
     return children, (self.shape, self.grouped)
 
   @classmethod
@@ -116,16 +130,19 @@ class SparseMatrix:
 
   # -- construction ---------------------------------------------------------------------------
   @classmethod
-  def from_coo(cls, rows, cols, values=None, *, shape=None,
-               format_options: FormatOptions | None = None) -> "SparseMatrix":
+  def from_coo(
+    cls, rows, cols, values=None, *, shape=None, format_options: FormatOptions | None = None
+  ) -> "SparseMatrix":
     """From COO indices (any order, duplicates summed). `values=None` means all ones.
 
     `values` may be [nnz_in] or [H, nnz_in]; `shape` defaults to (max row + 1, max col + 1).
     `format_options`: how the window schedule is cut (None: the builder's rule).
     """
     if format_options is not None and not isinstance(format_options, FormatOptions):
-      raise TypeError(f"format_options must be a jaxsparse_tc.FormatOptions or None; got "
-                      f"{type(format_options).__name__}")
+      raise TypeError(
+        f"format_options must be a jaxsparse_tc.FormatOptions or None; got "
+        f"{type(format_options).__name__}"
+      )
     rows, cols = _index_array("rows", rows), _index_array("cols", cols)
     shape = _check_shape(shape, rows, cols)
     _check_indices(rows, cols, shape)
@@ -143,20 +160,27 @@ class SparseMatrix:
     perm_t_inv[to_format] = to_format_t
     values_f = _sum_into(v, to_format, nnz)
     put = jax.device_put
-    return cls(put(values_f), Pattern(*map(put, pattern)), Pattern(*map(put, pattern_t)),
-               put(perm_t), put(perm_t_inv), put(to_format.astype(np.int32)), shape,
-               (grouped, grouped_t))
+    return cls(
+      put(values_f),
+      Pattern(*map(put, pattern)),
+      Pattern(*map(put, pattern_t)),
+      put(perm_t),
+      put(perm_t_inv),
+      put(to_format.astype(np.int32)),
+      shape,
+      (grouped, grouped_t),
+    )
 
   @classmethod
   def from_scipy(cls, m, *, format_options: FormatOptions | None = None) -> "SparseMatrix":
     """From any scipy.sparse matrix or array (explicit zeros are kept as entries)."""
     coo = m.tocoo()
-    return cls.from_coo(coo.row, coo.col, coo.data, shape=coo.shape,
-                        format_options=format_options)
+    return cls.from_coo(coo.row, coo.col, coo.data, shape=coo.shape, format_options=format_options)
 
   @classmethod
-  def from_edge_index(cls, edge_index, num_nodes: int | None = None, values=None, *,
-                      flow: str = "source_to_target") -> "SparseMatrix":
+  def from_edge_index(
+    cls, edge_index, num_nodes: int | None = None, values=None, *, flow: str = "source_to_target"
+  ) -> "SparseMatrix":
     """From a [2, E] edge list in PyG's direction: a message flows from `edge_index[0, e]`
     (source) to `edge_index[1, e]` (target).
 
@@ -167,8 +191,10 @@ class SparseMatrix:
     layout, PyG's `to_scipy_sparse_matrix`).
     """
     if flow not in ("source_to_target", "target_to_source"):
-      raise ValueError(f"flow must be 'source_to_target' (rows = targets) or "
-                       f"'target_to_source' (rows = sources); got {flow!r}")
+      raise ValueError(
+        f"flow must be 'source_to_target' (rows = targets) or "
+        f"'target_to_source' (rows = sources); got {flow!r}"
+      )
     ei = np.asarray(edge_index)
     if ei.ndim != 2 or ei.shape[0] != 2:
       raise ValueError(f"edge_index must have shape [2, E]; got {ei.shape}")
@@ -220,10 +246,20 @@ class SparseMatrix:
     """The same pattern with new values in format order ([nnz] or [H, nnz])."""
     values = jnp.asarray(values)
     if values.ndim not in (1, 2) or values.shape[-1] != self.nnz:
-      raise ValueError(f"values must have shape [{self.nnz}] or [H, {self.nnz}] for a "
-                       f"matrix of shape {self.shape}; got {values.shape}")
-    return SparseMatrix(values, self.pattern, self.pattern_t, self.perm_t, self.perm_t_inv,
-                        self.input_to_format, self.shape, self.grouped)
+      raise ValueError(
+        f"values must have shape [{self.nnz}] or [H, {self.nnz}] for a "
+        f"matrix of shape {self.shape}; got {values.shape}"
+      )
+    return SparseMatrix(
+      values,
+      self.pattern,
+      self.pattern_t,
+      self.perm_t,
+      self.perm_t_inv,
+      self.input_to_format,
+      self.shape,
+      self.grouped,
+    )
 
   def values_from_input(self, values) -> jax.Array:
     """Input-order values (as given to the constructor) to format order; duplicates add up."""
@@ -239,18 +275,29 @@ class SparseMatrix:
   @property
   def T(self) -> "SparseMatrix":
     """The transpose (its pattern was built with this one; values are permuted)."""
-    return SparseMatrix(self.values[..., self.perm_t], self.pattern_t, self.pattern,
-                        self.perm_t_inv, self.perm_t, self.perm_t_inv[self.input_to_format],
-                        self.shape[::-1], self.grouped[::-1])
+    return SparseMatrix(
+      self.values[..., self.perm_t],
+      self.pattern_t,
+      self.pattern,
+      self.perm_t_inv,
+      self.perm_t,
+      self.perm_t_inv[self.input_to_format],
+      self.shape[::-1],
+      self.grouped[::-1],
+    )
 
   def operands(self) -> PatternOperands:
     """What primitives take besides values: both orientations' structure (named)."""
     return PatternOperands(
-        a=KernelArrays(*self.pattern.kernel_arrays()),
-        t=KernelArrays(*self.pattern_t.kernel_arrays()), perm_t=self.perm_t,
-        perm_t_inv=self.perm_t_inv, rows_a=self.pattern.rows, rows_t=self.pattern_t.rows,
-        row_view_a=RowView(*self.pattern.row_arrays()),
-        row_view_t=RowView(*self.pattern_t.row_arrays()))
+      a=KernelArrays(*self.pattern.kernel_arrays()),
+      t=KernelArrays(*self.pattern_t.kernel_arrays()),
+      perm_t=self.perm_t,
+      perm_t_inv=self.perm_t_inv,
+      rows_a=self.pattern.rows,
+      rows_t=self.pattern_t.rows,
+      row_view_a=RowView(*self.pattern.row_arrays()),
+      row_view_t=RowView(*self.pattern_t.row_arrays()),
+    )
 
   def pattern_operands(self) -> tuple:
     """operands(), flattened as the primitives bind it."""
@@ -282,8 +329,9 @@ class SparseMatrix:
     """x @ A for dense x [k, m] (or [m]): (A^T @ x^T)^T, one SpMM over A^T's pattern."""
     x = jnp.asarray(x)
     if x.ndim not in (1, 2):
-      raise ValueError(f"x @ A takes x of shape [k, {self.shape[0]}] or [{self.shape[0]}]; got "
-                       f"{x.shape}")
+      raise ValueError(
+        f"x @ A takes x of shape [k, {self.shape[0]}] or [{self.shape[0]}]; got {x.shape}"
+      )
     if x.ndim == 1:
       return spmm(self.T, x[:, None])[..., 0]
     return jnp.swapaxes(spmm(self.T, x.T), -1, -2)
@@ -306,23 +354,31 @@ class SparseMatrix:
 
   def _check_same_pattern(self, other, op: str) -> None:
     if not isinstance(other, SparseMatrix):
-      raise TypeError(f"SparseMatrix {op} {type(other).__name__}: both operands must be "
-                      "SparseMatrix objects on one pattern (for a dense result use todense())")
+      raise TypeError(
+        f"SparseMatrix {op} {type(other).__name__}: both operands must be "
+        "SparseMatrix objects on one pattern (for a dense result use todense())"
+      )
     if self.shape != other.shape or self.nnz != other.nnz:
-      raise ValueError(f"SparseMatrix {op}: shapes {self.shape} / {other.shape} with {self.nnz}"
-                       f" / {other.nnz} nonzeros: both operands must share one pattern")
+      raise ValueError(
+        f"SparseMatrix {op}: shapes {self.shape} / {other.shape} with {self.nnz}"
+        f" / {other.nnz} nonzeros: both operands must share one pattern"
+      )
     mine = jax.tree_util.tree_leaves((self.pattern, self.pattern_t, self.perm_t))
     theirs = jax.tree_util.tree_leaves((other.pattern, other.pattern_t, other.perm_t))
     for a, b in zip(mine, theirs):
       if a is b:
         continue
       if isinstance(a, jax.core.Tracer) or isinstance(b, jax.core.Tracer):
-        raise ValueError(f"SparseMatrix {op}: inside a traced function the operands' patterns "
-                         "cannot be compared; derive one from the other "
-                         "(B = A.with_values(...)) so they share their pattern arrays")
+        raise ValueError(
+          f"SparseMatrix {op}: inside a traced function the operands' patterns "
+          "cannot be compared; derive one from the other "
+          "(B = A.with_values(...)) so they share their pattern arrays"
+        )
       if a.shape != b.shape or not np.array_equal(np.asarray(a), np.asarray(b)):
-        raise ValueError(f"SparseMatrix {op}: the operands have different patterns (sums of "
-                         "different patterns are not supported: build the union pattern)")
+        raise ValueError(
+          f"SparseMatrix {op}: the operands have different patterns (sums of "
+          "different patterns are not supported: build the union pattern)"
+        )
 
   def __add__(self, other):
     self._check_same_pattern(other, "+")
@@ -333,5 +389,7 @@ class SparseMatrix:
     return self.with_values(self.values - other.values)
 
   def __repr__(self) -> str:
-    return (f"SparseMatrix(shape={self.shape}, nnz={self.nnz}, dtype={self.values.dtype}, "
-            f"blocks={self.pattern.num_blocks})")
+    return (
+      f"SparseMatrix(shape={self.shape}, nnz={self.nnz}, dtype={self.values.dtype}, "
+      f"blocks={self.pattern.num_blocks})"
+    )

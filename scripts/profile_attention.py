@@ -23,12 +23,18 @@ rmat = {"rmat17-d16": (17, 16), "rmat20-d8": (20, 8)}
 g = common.rmat_csr(*rmat[name]) if name in rmat else common.package_graph(name).tocsr()
 A = jst.SparseMatrix.from_scipy(g)
 rng = np.random.default_rng(0)
-q, k, v = (jnp.asarray(rng.standard_normal((heads, s, d)), jnp.float16)
-           for s in (g.shape[0], g.shape[1], g.shape[1]))
+q, k, v = (
+  jnp.asarray(rng.standard_normal((heads, s, d)), jnp.float16)
+  for s in (g.shape[0], g.shape[1], g.shape[1])
+)
 f = jax.jit(jst.sparse_attention)
 if len(sys.argv) > 4 and sys.argv[4] == "bwd":
-  f = jax.jit(jax.grad(lambda A, q, k, v: jst.sparse_attention(A, q, k, v).astype(jnp.float32).sum(),
-                       argnums=(1, 2, 3)))
+  f = jax.jit(
+    jax.grad(
+      lambda A, q, k, v: jst.sparse_attention(A, q, k, v).astype(jnp.float32).sum(),
+      argnums=(1, 2, 3),
+    )
+  )
 for _ in range(3):
   out = jax.block_until_ready(f(A, q, k, v))
 out = out[0] if isinstance(out, tuple) else out

@@ -15,16 +15,26 @@ import jaxsparse_tc as jst
 from benchmarks import common
 
 dtype = {"fp16": jnp.float16, "bf16": jnp.bfloat16, "fp32": jnp.float32}[
-    sys.argv[1] if len(sys.argv) > 1 else "fp16"]
+  sys.argv[1] if len(sys.argv) > 1 else "fp16"
+]
 d = int(sys.argv[2]) if len(sys.argv) > 2 else 128
 g = common.rmat(17, 16)
 if len(sys.argv) > 3 and sys.argv[3] == "torch":
   import torch
 
-  tdt = {jnp.float16: torch.float16, jnp.bfloat16: torch.bfloat16, jnp.float32: torch.float32}[dtype]
-  tA = torch.sparse_csr_tensor(torch.as_tensor(g.indptr.astype(np.int64)),
-                               torch.as_tensor(g.indices.astype(np.int64)),
-                               torch.as_tensor(g.data), size=g.shape).to(tdt).cuda()
+  tdt = {jnp.float16: torch.float16, jnp.bfloat16: torch.bfloat16, jnp.float32: torch.float32}[
+    dtype
+  ]
+  tA = (
+    torch.sparse_csr_tensor(
+      torch.as_tensor(g.indptr.astype(np.int64)),
+      torch.as_tensor(g.indices.astype(np.int64)),
+      torch.as_tensor(g.data),
+      size=g.shape,
+    )
+    .to(tdt)
+    .cuda()
+  )
   tx = torch.randn(g.shape[1], d, dtype=tdt, device="cuda")
   for _ in range(3):
     torch.sparse.mm(tA, tx)

@@ -1,9 +1,10 @@
 """A small SpMM/SDDMM/edge-softmax/attention case for `compute-sanitizer --tool memcheck`
-(scripts/gpu_check.sh --sanitize): every dtype and precision, a split window, a partial last window, d not a multiple
-of 8, rows that lane groups, CTAs and several CTAs walk, and a graph past kSmallGraphNnz whose
-SDDMM rows run as streams (`python3 -m scripts.sanitize_case streams`: that part alone; `grads`:
-the attention backward's grouped and large-graph parts alone). Buffers come from plain
-cudaMalloc (platform allocator) so out-of-bounds accesses are seen.
+(scripts/gpu_check.sh --sanitize): every dtype and precision, a split window, a partial last
+window, d not a multiple of 8, rows that lane groups, CTAs and several CTAs walk, and a graph
+past kSmallGraphNnz whose SDDMM rows run as streams (`python3 -m scripts.sanitize_case
+streams`: that part alone; `grads`: the attention backward's grouped and large-graph parts
+alone). Buffers come from plain cudaMalloc (platform allocator) so out-of-bounds accesses are
+seen.
 """
 
 import os
@@ -23,8 +24,9 @@ from jaxsparse_tc.testing import rel_err, window_blocks_coo
 def sddmm_err(A, q, x, s) -> float:
   """Relative error of SDDMM values s ([H, nnz]) against float64 <q_h[row], x[col]>."""
   r, c = np.asarray(A.rows), np.asarray(A.cols)
-  return rel_err(s, np.einsum("hkd,kd->hk", np.asarray(q, np.float64)[:, r],
-                              np.asarray(x, np.float64)[c]))
+  return rel_err(
+    s, np.einsum("hkd,kd->hk", np.asarray(q, np.float64)[:, r], np.asarray(x, np.float64)[c])
+  )
 
 
 def streams(rng) -> None:
@@ -49,8 +51,9 @@ def attention_outputs_finite(A, q, k, v, bias=None, options=None) -> bool:
   128}) all finite."""
   f = lambda q, k, v: jst.sparse_attention(A, q, k, v, bias=bias, options=options)  # noqa: E731
   o = jax.jit(f)(q, k, v)
-  g = jax.jit(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) ** 2),
-                       argnums=(0, 1, 2)))(q, k, v)
+  g = jax.jit(
+    jax.grad(lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) ** 2), argnums=(0, 1, 2))
+  )(q, k, v)
   return all(bool(jnp.all(jnp.isfinite(a.astype(jnp.float32)))) for a in (o, *g))
 
 
@@ -92,24 +95,33 @@ def main() -> None:
   # rows 0-7: CTA items of the row kernels; row 9 (~1100 distinct columns): several CTA items
   rows = np.concatenate([np.repeat(np.arange(8), 400), np.full(1300, 9), rng.integers(8, m, 60)])
   cols = rng.integers(0, n, rows.size)
-  A = jst.SparseMatrix.from_coo(rows, cols, rng.uniform(-1, 1, (2, rows.size)).astype(np.float32),
-                                shape=(m, n))
+  A = jst.SparseMatrix.from_coo(
+    rows, cols, rng.uniform(-1, 1, (2, rows.size)).astype(np.float32), shape=(m, n)
+  )
   worst = 0.0
-  for dtype, precision in [(jnp.float32, None), (jnp.float32, "highest"), (jnp.float16, None),
-                           (jnp.bfloat16, None)]:
+  for dtype, precision in [
+    (jnp.float32, None),
+    (jnp.float32, "highest"),
+    (jnp.float16, None),
+    (jnp.bfloat16, None),
+  ]:
     for d in (5, 64):
       x = jnp.asarray(rng.standard_normal((n, d)), dtype)
       q = jnp.asarray(rng.standard_normal((2, m, d)), dtype)
       out = jax.jit(lambda A, x: jst.spmm(A, x, precision=precision))(A, x)
       s = jax.jit(lambda A, q, x: jst.sddmm(A, q, x, precision=precision).values)(A, q, x)
       dense = np.zeros((2, m, n))
-      dense[:, np.asarray(A.rows), np.asarray(A.cols)] = np.asarray(A.values.astype(dtype), np.float64)
+      dense[:, np.asarray(A.rows), np.asarray(A.cols)] = np.asarray(
+        A.values.astype(dtype), np.float64
+      )
       ref = dense @ np.asarray(x, np.float64)
       err = rel_err(out, ref)
       serr = sddmm_err(A, q, x, s)
       worst = max(worst, err, serr)
-      print(f"{np.dtype(dtype).name:9s} {precision or 'default':8s} d={d:3d} spmm {err:.2e} "
-            f"sddmm {serr:.2e}")
+      print(
+        f"{np.dtype(dtype).name:9s} {precision or 'default':8s} d={d:3d} spmm {err:.2e} "
+        f"sddmm {serr:.2e}"
+      )
   assert worst < 2e-2, worst
   streams(rng)
   grouped(rng)
@@ -127,8 +139,9 @@ def main() -> None:
       f = lambda q, k, v: jst.sparse_attention(A, q, k, v)
       o = jax.jit(f)(q, k, v)
       _, t = jax.jit(lambda q: jax.jvp(lambda q: f(q, k, v), (q,), (q,)))(q)
-      g = jax.jit(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) ** 2),
-                           argnums=(0, 1, 2)))(q, k, v)
+      g = jax.jit(
+        jax.grad(lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) ** 2), argnums=(0, 1, 2))
+      )(q, k, v)
       ok = all(bool(jnp.all(jnp.isfinite(a.astype(jnp.float32)))) for a in (p, pt, o, t, *g))
       print(f"{np.dtype(dtype).name:9s} d={d:3d} edge_softmax/attention finite: {ok}")
       assert ok

@@ -65,8 +65,11 @@ def program(op: str, g, k: int, graph_name: str):
     return _chain(lambda A_, x_: jst.spmm(A_, x_), k), (An, x), k
   if op == "sddmm":
     y = jnp.asarray(jax.random.normal(jax.random.key(1), (n, 128)), jnp.float16)
-    return _chain(lambda A_, y_, x_: (x_ + jst.sddmm(A_, x_, y_).values.sum() * 0).astype(x_.dtype),
-                  k), (A, y, x), k
+    return (
+      _chain(lambda A_, y_, x_: (x_ + jst.sddmm(A_, x_, y_).values.sum() * 0).astype(x_.dtype), k),
+      (A, y, x),
+      k,
+    )
   raise ValueError(op)
 
 
@@ -81,8 +84,11 @@ def trace(prog, args, runs: int = 3) -> list[dict]:
   prof.export_chrome_trace(path)
   events = json.load(open(path))["traceEvents"]
   os.unlink(path)
-  return [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset",
-                                                                       "gpu_memcpy")]
+  return [
+    e
+    for e in events
+    if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")
+  ]
 
 
 def main() -> None:
@@ -92,8 +98,9 @@ def main() -> None:
   ap.add_argument("--k", type=int, default=8)
   a = ap.parse_args()
   rmat = re.fullmatch(r"rmat(\d+)-d(\d+)", a.graph)  # rmatS-dE: 2^S nodes, E edges per node
-  g = (common.rmat(int(rmat.group(1)), int(rmat.group(2))) if rmat
-       else common.package_graph(a.graph)).tocsr()
+  g = (
+    common.rmat(int(rmat.group(1)), int(rmat.group(2))) if rmat else common.package_graph(a.graph)
+  ).tocsr()
   g.sort_indices()
   print(common.device_name(), a.graph, "K =", a.k)
   for op in a.ops:
@@ -103,14 +110,16 @@ def main() -> None:
       print(op, ": no GPU activity recorded (CUPTI saw none of JAX's work)")
       continue
     # The last of the 3 traced runs (each run the same activities, in order).
-    last = ev[-(len(ev) // 3):]
+    last = ev[-(len(ev) // 3) :]
     span = last[-1]["ts"] + last[-1]["dur"] - last[0]["ts"]
     busy = sum(e["dur"] for e in last)
     by = collections.defaultdict(list)
     for e in last:
       by[(e["cat"], e["name"][:70])].append(e["dur"])
-    print(f"\n== {op}: {len(last)} activities, per call: span {span / k:.2f} us, "
-          f"busy {busy / k:.2f} us, idle {(span - busy) / k:.2f} us")
+    print(
+      f"\n== {op}: {len(last)} activities, per call: span {span / k:.2f} us, "
+      f"busy {busy / k:.2f} us, idle {(span - busy) / k:.2f} us"
+    )
     for (cat, name), durs in sorted(by.items(), key=lambda kv: -sum(kv[1])):
       print(f"  {cat:10s} x{len(durs) / k:4.1f}/call  mean {sum(durs) / len(durs):7.2f} us  {name}")
 

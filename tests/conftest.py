@@ -59,8 +59,9 @@ def load_graph(name: str) -> sp.csr_matrix | None:
     if path.exists():
       z = np.load(path)
       shape = tuple(int(s) for s in z["shape"])
-      return sp.csr_matrix((np.ones(len(z["indices"]), np.float32), z["indices"], z["indptr"]),
-                           shape=shape)
+      return sp.csr_matrix(
+        (np.ones(len(z["indices"]), np.float32), z["indices"], z["indptr"]), shape=shape
+      )
   return None
 
 

@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import random_coo, rel_err
 from jax.test_util import check_grads
 
-from conftest import random_coo, rel_err
 import jaxsparse_tc as jst
 from jaxsparse_tc import SparseMatrix
 
@@ -100,8 +100,14 @@ def test_edge_softmax_grads(rng):
   v = jnp.asarray(rng.standard_normal((2, A.nnz)), jnp.float32)
   w = jnp.asarray(rng.standard_normal((2, A.nnz)), jnp.float32)
   f = lambda x: jnp.sum(jst.edge_softmax(A, x).values * w)
-  check_grads(lambda x: jst.edge_softmax(A, x).values, (v,), order=1, modes=["fwd", "rev"],
-              atol=2e-2, rtol=2e-2)
+  check_grads(
+    lambda x: jst.edge_softmax(A, x).values,
+    (v,),
+    order=1,
+    modes=["fwd", "rev"],
+    atol=2e-2,
+    rtol=2e-2,
+  )
   check_grads(f, (v,), order=2, modes=["fwd", "rev"], atol=5e-2, rtol=5e-2)
   # analytic gradient: dL/dx = y * (w - rowsum(y * w))
   ref = softmax_jvp_ref(A, softmax_ref(A, np.asarray(v, np.float64)), w)
@@ -175,8 +181,11 @@ def attention_grads_ref(A, q, k, v, scale, bias, w):
   o = p @ vb
   ds = p * (w @ np.swapaxes(vb, 1, 2) - np.sum(w * o, -1, keepdims=True))
   to_heads = lambda g, x: g.sum(0, keepdims=True) if x.shape[0] == 1 else g
-  grads = [to_heads(scale * ds @ kb, q), to_heads(scale * np.swapaxes(ds, 1, 2) @ qb, k),
-           to_heads(np.swapaxes(p, 1, 2) @ w, v)]
+  grads = [
+    to_heads(scale * ds @ kb, q),
+    to_heads(scale * np.swapaxes(ds, 1, 2) @ qb, k),
+    to_heads(np.swapaxes(p, 1, 2) @ w, v),
+  ]
   if bias is not None:
     grads.append(to_heads(ds[:, r, c], np.asarray(bias)))
   return grads
@@ -232,8 +241,9 @@ def test_attention_large_logits(rng, dtype):
     assert np.abs(attention_ref(A, q, k, v, 1.0, None)).max() > 0
     # float32 logits of magnitude L carry absolute rounding ~L * 6e-8 into exp(): ~6e-4 at 1e4
     assert rel_err(out, ref) < max(ATT_TOL[dtype] * 2, 1e-3)
-  g = jax.grad(lambda a: jnp.sum(jst.sparse_attention(A, a, k, v, scale=1.0, bias=bias)
-                                 .astype(jnp.float32)))(q)
+  g = jax.grad(
+    lambda a: jnp.sum(jst.sparse_attention(A, a, k, v, scale=1.0, bias=bias).astype(jnp.float32))
+  )(q)
   assert np.all(np.isfinite(np.asarray(g, np.float32)))
 
 
@@ -315,8 +325,9 @@ def test_attention_heads_and_vmap(rng, dtype):
   f = lambda a, b, c, bb: jst.sparse_attention(A, a, b, c, bias=bb)
   batched = jax.jit(jax.vmap(f))(q, k, v, bias)
   loop = jnp.stack([f(q[i], k[i], v[i], bias[i]) for i in range(H)])
-  np.testing.assert_allclose(np.asarray(batched, np.float32), np.asarray(loop, np.float32),
-                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(batched, np.float32), np.asarray(loop, np.float32), rtol=1e-6, atol=1e-6
+  )
   # shared K/V (one head) broadcast against per-head Q
   out = jst.sparse_attention(A, q, k[0], v[0])
   assert rel_err(out, attention_ref(A, q, k[:1], v[:1])) < ATT_TOL[dtype]
@@ -325,13 +336,15 @@ def test_attention_heads_and_vmap(rng, dtype):
     gv = jax.vmap(jax.grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, bias)
     gl = [jax.grad(loss, argnums=(0, 1, 2, 3))(q[i], k[i], v[i], bias[i]) for i in range(H)]
     for j in range(4):
-      np.testing.assert_allclose(np.asarray(gv[j]), np.stack([np.asarray(g[j]) for g in gl]),
-                                 rtol=1e-5, atol=1e-6)
+      np.testing.assert_allclose(
+        np.asarray(gv[j]), np.stack([np.asarray(g[j]) for g in gl]), rtol=1e-5, atol=1e-6
+      )
     # jvp under vmap
     t = tuple(jnp.ones_like(x) for x in (q, k, v, bias))
     jv = jax.vmap(lambda *a: jax.jvp(f, a[:4], a[4:])[1])(q, k, v, bias, *t)
-    jl = jnp.stack([jax.jvp(f, (q[i], k[i], v[i], bias[i]), tuple(x[i] for x in t))[1]
-                    for i in range(H)])
+    jl = jnp.stack(
+      [jax.jvp(f, (q[i], k[i], v[i], bias[i]), tuple(x[i] for x in t))[1] for i in range(H)]
+    )
     np.testing.assert_allclose(np.asarray(jv), np.asarray(jl), rtol=1e-5, atol=1e-6)
 
 
@@ -355,10 +368,12 @@ def test_attention_higher_order_raises(rng):
   q, k, v = qkv(rng, A, d=4, dv=3)
   loss = lambda q, k, v: jnp.sum(jst.sparse_attention(A, q, k, v) ** 2)
   jax.grad(loss, argnums=(0, 1, 2))(q, k, v)  # first order still works
-  for second in (lambda: jax.hessian(loss)(q, k, v),
-                 lambda: jax.grad(lambda q: jnp.sum(jax.grad(loss)(q, k, v) ** 2))(q),
-                 lambda: jax.jvp(jax.grad(loss), (q, k, v), (q, k, v)),
-                 lambda: jax.jacfwd(jax.jacfwd(loss))(q, k, v)):
+  for second in (
+    lambda: jax.hessian(loss)(q, k, v),
+    lambda: jax.grad(lambda q: jnp.sum(jax.grad(loss)(q, k, v) ** 2))(q),
+    lambda: jax.jvp(jax.grad(loss), (q, k, v), (q, k, v)),
+    lambda: jax.jacfwd(jax.jacfwd(loss))(q, k, v),
+  ):
     with pytest.raises(NotImplementedError, match="order > 1"):
       second()
 
@@ -398,11 +413,26 @@ def test_attention_grads_primitive(rng, has_bias):
   bias = jnp.asarray(rng.standard_normal((H, A.nnz)), jnp.float32) if has_bias else None
   b = bias if has_bias else jnp.zeros((1, 1), jnp.float32)
   w = jnp.asarray(rng.standard_normal((H, m, 8)), jnp.float32)
-  params = dict(shape=A.shape, scale=scale, has_bias=has_bias, grouped=A.grouped[0],
-                grouped_t=A.grouped[1], options=jst.KernelOptions())
+  params = dict(
+    shape=A.shape,
+    scale=scale,
+    has_bias=has_bias,
+    grouped=A.grouped[0],
+    grouped_t=A.grouped[1],
+    options=jst.KernelOptions(),
+  )
   o, lse = attention.attention_fwd_p.bind(q, k, v, b, *A.pattern_operands(), **params)
-  grads = lambda ww: attention.attention_grads_p.bind(q, k, v, b, o, lse, ww,  # noqa: E731
-                                                      *A.pattern_operands(), **params)
+  grads = lambda ww: attention.attention_grads_p.bind(
+    q,
+    k,
+    v,
+    b,
+    o,
+    lse,
+    ww,  # noqa: E731
+    *A.pattern_operands(),
+    **params,
+  )
   dq, dk, dv, db = grads(w)
   ref = attention_grads_ref(A, q, k, v, scale, bias, w)
   for g, r in zip((dq, dk, dv, db), ref):
@@ -426,21 +456,40 @@ def test_attention_backward_keeps_operands_16bit(rng, dtype):
   q, k, v = qkv(rng, A, d=16, dv=8, dtype=dtype, h=2)
 
   def upcasts(eqns):
-    return [e for e in eqns if e.primitive.name == "convert_element_type"
-            and e.outvars[0].aval.dtype == jnp.float32 and e.outvars[0].aval.shape == q.shape]
+    return [
+      e
+      for e in eqns
+      if e.primitive.name == "convert_element_type"
+      and e.outvars[0].aval.dtype == jnp.float32
+      and e.outvars[0].aval.shape == q.shape
+    ]
 
-  eqns = list(_all_eqns(jax.make_jaxpr(jax.grad(
-      lambda q: jnp.sum(jst.sparse_attention(A, q, k, v).astype(jnp.float32))))(q).jaxpr))
+  eqns = list(
+    _all_eqns(
+      jax.make_jaxpr(
+        jax.grad(lambda q: jnp.sum(jst.sparse_attention(A, q, k, v).astype(jnp.float32)))
+      )(q).jaxpr
+    )
+  )
   passes = [e for e in eqns if e.primitive in (attention.attention_bwd_p, sddmm_p)]
   assert passes and all(e.invars[0].aval.dtype == dtype for e in passes)
   assert not upcasts(eqns), "a float32 copy of an [H, n, d] operand"
-  o, lse = attention.attention_fwd_p.bind(q, k, v, jnp.zeros((1, 1), dtype),
-                                          *A.pattern_operands(), shape=A.shape, scale=0.25,
-                                          has_bias=False, grouped=A.grouped[0],
-                                          grouped_t=A.grouped[1], options=jst.KernelOptions())
-  jaxpr = jax.make_jaxpr(functools.partial(
-      attention._edge_pass, shape=A.shape, scale=0.25, has_bias=False))(
-          q, k, v, jnp.zeros((1, 1), dtype), o, lse, o, *A.pattern_operands()).jaxpr
+  o, lse = attention.attention_fwd_p.bind(
+    q,
+    k,
+    v,
+    jnp.zeros((1, 1), dtype),
+    *A.pattern_operands(),
+    shape=A.shape,
+    scale=0.25,
+    has_bias=False,
+    grouped=A.grouped[0],
+    grouped_t=A.grouped[1],
+    options=jst.KernelOptions(),
+  )
+  jaxpr = jax.make_jaxpr(
+    functools.partial(attention._edge_pass, shape=A.shape, scale=0.25, has_bias=False)
+  )(q, k, v, jnp.zeros((1, 1), dtype), o, lse, o, *A.pattern_operands()).jaxpr
   composed = list(_all_eqns(jaxpr))
   sddmms = [e for e in composed if e.primitive is sddmm_p]
   assert sddmms and all(e.params["float32_out"] for e in sddmms)

@@ -1,6 +1,7 @@
 """The CUDA lowering, checked without a GPU (cross-platform lowering): the handlers' workspace is
 an XLA-planned result of the size their launch plan needs, and KernelOptions become FFI
-attributes (part of jit's cache key); bad options fail before tracing. Skipped where the CUDA extension was not built."""
+attributes (part of jit's cache key); bad options fail before tracing. Skipped where the CUDA
+extension was not built."""
 
 from __future__ import annotations
 
@@ -115,8 +116,10 @@ def test_kernel_options_choose_the_workspace():
   g = _long_row_graph()
   A = jst.SparseMatrix.from_scipy(g)
   x = jnp.ones((g.shape[1], 64), jnp.float16)
-  sizes = {c: _results(lambda A, x: jst.spmm(A, x, options=jst.KernelOptions(spmm=c)), A, x)[1]
-           for c in ("auto", "cuda_core", "tensor_core")}
+  sizes = {
+    c: _results(lambda A, x: jst.spmm(A, x, options=jst.KernelOptions(spmm=c)), A, x)[1]
+    for c in ("auto", "cuda_core", "tensor_core")
+  }
   assert sizes["auto"] == sizes["cuda_core"] != sizes["tensor_core"]
 
 
@@ -155,11 +158,13 @@ def test_attention_backward_option_picks_the_backward(choice):
 
   rng = np.random.default_rng(0)
   n = 4096
-  A = jst.SparseMatrix.from_coo(rng.integers(0, n, 70_000), rng.integers(0, n, 70_000),
-                                shape=(n, n))
+  A = jst.SparseMatrix.from_coo(
+    rng.integers(0, n, 70_000), rng.integers(0, n, 70_000), shape=(n, n)
+  )
   q = jnp.ones((1, n, 128), jnp.float16)
   opts = jst.KernelOptions(attention_backward=choice)
-  jaxpr = jax.make_jaxpr(jax.grad(lambda q: jnp.sum(
-      jst.sparse_attention(A, q, q, q, options=opts).astype(jnp.float32))))(q)
+  jaxpr = jax.make_jaxpr(
+    jax.grad(lambda q: jnp.sum(jst.sparse_attention(A, q, q, q, options=opts).astype(jnp.float32)))
+  )(q)
   text = str(jaxpr)
   assert (attention_grads_p.name in text) == (choice == "fused")

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.sparse as sp
-
 from conftest import random_coo, window_blocks_coo
+
 import jaxsparse_tc as jst
 from jaxsparse_tc import SparseMatrix
 from jaxsparse_tc._src.pattern import SPLIT_BLOCKS, split_blocks, window_schedule
@@ -29,7 +29,7 @@ def decode(pattern, nnz):
   rows = np.full(nnz, -1, np.int64)
   cols = np.full(nnz, -1, np.int64)
   for w in range(len(p.window_col_ptr) - 1):
-    wcols = p.window_cols[p.window_col_ptr[w]:p.window_col_ptr[w + 1]]
+    wcols = p.window_cols[p.window_col_ptr[w] : p.window_col_ptr[w + 1]]
     assert np.all(np.diff(wcols) > 0), "condensed columns sorted and unique"
     blocks = range(p.window_block_ptr[w], p.window_block_ptr[w + 1])
     assert len(blocks) == -(-len(wcols) // 8)
@@ -104,7 +104,7 @@ def test_schedule_covers_every_block_once(rng):
   window_blocks = np.diff(ptr)[sched[:, 0]]
   assert np.all(np.diff(window_blocks) <= 0), "heaviest windows first"
   split = sched[:, 3].astype(bool)
-  assert split[:split.sum()].all(), "split items are the schedule's prefix"
+  assert split[: split.sum()].all(), "split items are the schedule's prefix"
   for i in np.flatnonzero(split):  # piece p of a window sits p items after its first piece
     p = (sched[i, 1] - ptr[sched[i, 0]]) // piece
     assert sched[i - p, 0] == sched[i, 0] and sched[i - p, 1] == ptr[sched[i, 0]]
@@ -171,11 +171,17 @@ def test_grouped_schedule_only_where_it_fits(rng):
     B = SparseMatrix.from_coo(rows, cols, shape=(8, 500), format_options=fo)
     assert B.grouped == (False, False)
   with pytest.raises(ValueError, match="grouped"):
-    SparseMatrix.from_coo(np.repeat(np.arange(8), 300), rng.integers(0, 5000, 2400),
-                          shape=(8, 5000), format_options=jst.FormatOptions(grouped=True))
+    SparseMatrix.from_coo(
+      np.repeat(np.arange(8), 300),
+      rng.integers(0, 5000, 2400),
+      shape=(8, 5000),
+      format_options=jst.FormatOptions(grouped=True),
+    )
   for count in range(1, GROUPED_MAX_BLOCKS + 1):
-    _check_grouped_schedule(window_schedule(np.array([0, count, count + 1]), grouped=True),
-                            np.array([0, count, count + 1]))
+    _check_grouped_schedule(
+      window_schedule(np.array([0, count, count + 1]), grouped=True),
+      np.array([0, count, count + 1]),
+    )
 
 
 def test_group_items_match_the_kernels():
@@ -240,8 +246,8 @@ def test_row_view_is_csr_of_the_format(rng):
     assert np.all(seen == 1)
     cta = sched[:, 3] != WHOLE_ROW
     split = sched[:, 3] >= 0
-    assert cta[:cta.sum()].all(), "CTA items are the schedule's prefix"
-    assert split[:split.sum()].all(), "slotted items are the prefix of those"
+    assert cta[: cta.sum()].all(), "CTA items are the schedule's prefix"
+    assert split[: split.sum()].all(), "slotted items are the prefix of those"
     slots = sched[split, 3]
     assert np.all(np.diff(slots) >= 0) and (slots.size == 0 or slots.max() + 1 == len(set(slots)))
     assert np.all(np.diff(np.diff(ptr)[sched[:, 0]]) <= 0), "longest rows first"
@@ -304,8 +310,9 @@ def test_split_blocks_by_graph_size():
   assert s[:3, 1].tolist() == [0, 32, 64] and s[:3, 2].tolist() == [32, 64, 70]
   rows = np.repeat(np.arange(8), 300)  # one window of 300 columns: 38 blocks
   cols = np.random.default_rng(0).integers(0, 5000, rows.size)
-  A = SparseMatrix.from_coo(rows, cols, shape=(8, 5000),
-                            format_options=jst.FormatOptions(split_blocks=16))
+  A = SparseMatrix.from_coo(
+    rows, cols, shape=(8, 5000), format_options=jst.FormatOptions(split_blocks=16)
+  )
   assert np.asarray(A.pattern.schedule)[:, 3].max() == 16
   for bad in (0, 33, "4", True):
     with pytest.raises(ValueError, match="split_blocks"):
@@ -333,8 +340,9 @@ def test_duplicates_summed_and_values_none_means_ones():
 def test_input_order_round_trip(rng):
   rows, cols, vals = random_coo(rng, 30, 20, 0.2, duplicates=0.3)
   A = SparseMatrix.from_coo(rows, cols, vals, shape=(30, 20))
-  np.testing.assert_allclose(np.asarray(A.values_from_input(vals)), np.asarray(A.values),
-                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(A.values_from_input(vals)), np.asarray(A.values), rtol=1e-5, atol=1e-6
+  )
   back = np.asarray(A.values_to_input())
   dense = scipy_of(rows, cols, vals, (30, 20))
   np.testing.assert_allclose(back, dense[rows, cols], rtol=1e-5, atol=1e-6)
@@ -371,8 +379,9 @@ def test_heads_values_and_with_values(rng):
   A = SparseMatrix.from_coo(rows, cols, vals, shape=(16, 16))
   assert A.values.shape == (3, A.nnz) and A.num_heads == 3
   for h in range(3):
-    np.testing.assert_allclose(np.asarray(A.todense()[h]), scipy_of(rows, cols, vals[h], (16, 16)),
-                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+      np.asarray(A.todense()[h]), scipy_of(rows, cols, vals[h], (16, 16)), rtol=1e-6, atol=1e-6
+    )
   B = A.with_values(jnp.ones(A.nnz))
   assert B.values.shape == (A.nnz,)
   with pytest.raises(ValueError, match=str(A.nnz)):
@@ -390,7 +399,9 @@ def test_pytree_round_trip_and_jit(rng):
 
 
 # -- errors at construction -------------------------------------------------------------------
-@pytest.mark.parametrize("rows,cols,shape,match", [
+@pytest.mark.parametrize(
+  "rows,cols,shape,match",
+  [
     ([0, -1], [0, 1], (3, 3), "negative row"),
     ([0, 1], [0, -2], (3, 3), "negative column"),
     ([0, 3], [0, 1], (3, 3), "row index 3 is out of range"),
@@ -400,7 +411,8 @@ def test_pytree_round_trip_and_jit(rng):
     ([0, 1], [0], (3, 3), "differ in length"),
     ([[0, 1]], [[0, 1]], (3, 3), "one-dimensional"),
     ([0.5, 1.0], [0, 1], (3, 3), "integers"),
-])
+  ],
+)
 def test_bad_indices_raise(rows, cols, shape, match):
   with pytest.raises(ValueError, match=match):
     SparseMatrix.from_coo(rows, cols, shape=shape)

@@ -7,18 +7,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.test_util import check_grads
-
 from conftest import rel_err, window_blocks_coo
-from test_attention import (DTYPES, _all_eqns, attention_grads_ref, attention_ref, hub_pattern,
-                            make_pattern, qkv, softmax_jvp_ref, softmax_ref)
+from jax.test_util import check_grads
+from test_attention import (
+  DTYPES,
+  attention_grads_ref,
+  attention_ref,
+  hub_pattern,
+  make_pattern,
+  qkv,
+  softmax_jvp_ref,
+  softmax_ref,
+)
+
 import jaxsparse_tc as jst
 from jaxsparse_tc import SparseMatrix
 
 pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not (jst.has_cuda() and any(d.platform == "gpu" for d in jax.devices())),
-                       reason="needs a CUDA GPU and the CUDA extension"),
+  pytest.mark.gpu,
+  pytest.mark.skipif(
+    not (jst.has_cuda() and any(d.platform == "gpu" for d in jax.devices())),
+    reason="needs a CUDA GPU and the CUDA extension",
+  ),
 ]
 
 TOL = {jnp.float32: 1e-5, jnp.float16: 4e-3, jnp.bfloat16: 3e-2}
@@ -44,8 +54,14 @@ def test_gpu_edge_softmax(rng, dtype):
   assert np.all(np.isfinite(out))
   assert rel_err(out, softmax_ref(A, np.asarray(big, np.float64))) < TOL[dtype] * 2
   if dtype == jnp.float32:
-    check_grads(lambda x: jst.edge_softmax(A, x).values, (v,), order=1, modes=["fwd", "rev"],
-                atol=2e-2, rtol=2e-2)
+    check_grads(
+      lambda x: jst.edge_softmax(A, x).values,
+      (v,),
+      order=1,
+      modes=["fwd", "rev"],
+      atol=2e-2,
+      rtol=2e-2,
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -79,7 +95,7 @@ def test_gpu_attention_forward(rng, dtype, d, dv):
   for b in (None, bias):
     out = jax.jit(lambda *a: jst.sparse_attention(A, *a[:3], bias=a[3]))(q, k, v, b)
     ref = attention_ref(A, q, k, v, None, b)
-    assert rel_err(out, ref) < TOL[dtype], (b is None)
+    assert rel_err(out, ref) < TOL[dtype], b is None
   # one head of K/V broadcast, no head axis at all
   out = jst.sparse_attention(A, q[0], k[0], v[0])
   assert out.shape == (203, dv)
@@ -95,22 +111,23 @@ def _check_forward_and_grads(rng, Ac, d, heads, empty_rows, options=None):
     q, k, v = (gpu(x) for x in qkv(rng, A, d=d, dv=d, dtype=dtype, h=heads))
     bias = gpu(jnp.asarray(rng.uniform(-1e3, 1e3, (heads, A.nnz)), dtype))
     for b in (None, bias):
-      out = np.asarray(jax.jit(lambda *a: jst.sparse_attention(A, *a[:3], bias=a[3],
-                                                              options=options))(
-          q, k, v, b), np.float64)
+      out = np.asarray(
+        jax.jit(lambda *a: jst.sparse_attention(A, *a[:3], bias=a[3], options=options))(q, k, v, b),
+        np.float64,
+      )
       assert np.all(np.isfinite(out))
       assert rel_err(out, attention_ref(A, q, k, v, None, b)) < 2 * TOL[dtype]
       np.testing.assert_array_equal(out[:, empty_rows], 0.0)
 
   def loss(M, a, kk, vv, bb):
-    return jnp.sum(jst.sparse_attention(M, a, kk, vv, bias=bb, options=options)
-                   .astype(jnp.float32))
+    return jnp.sum(jst.sparse_attention(M, a, kk, vv, bias=bb, options=options).astype(jnp.float32))
 
   got = jax.jit(jax.grad(loss, argnums=(1, 2, 3, 4)))(A, q, k, v, bias)
   cpu = jax.devices("cpu")[0]
   with jax.default_device(cpu):
-    ref = jax.grad(loss, argnums=(1, 2, 3, 4))(jax.device_put(Ac, cpu),
-                                               *jax.device_put((q, k, v, bias), cpu))
+    ref = jax.grad(loss, argnums=(1, 2, 3, 4))(
+      jax.device_put(Ac, cpu), *jax.device_put((q, k, v, bias), cpu)
+    )
   for g, r in zip(got, ref):
     assert rel_err(g, r) < 3e-2
 
@@ -127,8 +144,7 @@ def test_gpu_attention_hub_window(rng, d, merge):
   m, n = 45, 3000
   hubs = {0: 2500, 9: 700, 17: 300, 20: 40}  # 20 shares window 2 with 17; row 1 stays empty
   rows = np.concatenate([np.full(c, r) for r, c in hubs.items()] + [rng.integers(2, m, 400)])
-  cols = np.concatenate([rng.permutation(n)[:c] for c in hubs.values()] +
-                        [rng.integers(0, n, 400)])
+  cols = np.concatenate([rng.permutation(n)[:c] for c in hubs.values()] + [rng.integers(0, n, 400)])
   Ac = SparseMatrix.from_coo(rows, cols, shape=(m, n))
   assert np.asarray(Ac.pattern.schedule)[:, 3].sum() >= 3, "the hubs should split"
   _check_forward_and_grads(rng, Ac, d, 2, np.array([1]), opts)
@@ -139,11 +155,12 @@ def test_gpu_attention_hub_window(rng, d, merge):
 def test_gpu_attention_grouped_windows(rng, d, grouped):
   """A small graph with windows of 0 .. 32 blocks: whole windows and windows of two and four
   pieces, merged inside a CTA (grouped schedule), or across CTAs through the workspace
-  (FormatOptions(grouped=False)). Three heads (each head's items padded to whole groups), empty rows,
-  bias with logits ~1e3 whose maxima differ between pieces, and the gradients after it."""
+  (FormatOptions(grouped=False)). Three heads (each head's items padded to whole groups), empty
+  rows, bias with logits ~1e3 whose maxima differ between pieces, and the gradients after it."""
   rows, cols, shape = window_blocks_coo(rng, 32, keep=0.5)
-  Ac = SparseMatrix.from_coo(rows, cols, shape=shape,
-                             format_options=jst.FormatOptions(grouped=None if grouped else False))
+  Ac = SparseMatrix.from_coo(
+    rows, cols, shape=shape, format_options=jst.FormatOptions(grouped=None if grouped else False)
+  )
   assert Ac.grouped[0] == grouped
   _check_forward_and_grads(rng, Ac, d, 3, np.setdiff1d(np.arange(shape[0]), rows))
 
@@ -196,14 +213,18 @@ def test_gpu_attention_grads_match_cpu(rng, dtype):
   tangents = [gpu(jnp.asarray(rng.standard_normal(x.shape), dtype)) for x in args]
   _, jg = jax.jvp(lambda *a: loss(A, *a), tuple(args), tuple(tangents))
   with jax.default_device(cpu):
-    _, jc = jax.jvp(lambda *a: loss(jax.device_put(Ac, cpu), *a), (qc, kc, vc, bc),
-                    tuple(jax.device_put(t, cpu) for t in tangents))
+    _, jc = jax.jvp(
+      lambda *a: loss(jax.device_put(Ac, cpu), *a),
+      (qc, kc, vc, bc),
+      tuple(jax.device_put(t, cpu) for t in tangents),
+    )
   assert abs(float(jg) - float(jc)) < tol * (abs(float(jc)) + 1)
   f = lambda a, b, c, bb: jst.sparse_attention(A, a, b, c, bias=bb)
   batched = jax.vmap(f)(*args)
   loop = jnp.stack([f(*(x[i] for x in args)) for i in range(H)])
-  np.testing.assert_allclose(np.asarray(batched, np.float32), np.asarray(loop, np.float32),
-                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(batched, np.float32), np.asarray(loop, np.float32), rtol=1e-6, atol=1e-6
+  )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -214,8 +235,10 @@ def test_gpu_attention_backward_matches_float64(rng, dtype, d, dv):
   past 64k nonzeros: long rows shared by a CTA's groups). fp32 d=256 is past the CUDA per-edge
   kernel's width and takes the composed path."""
   tol = {jnp.float32: 1e-4, jnp.float16: 1e-2, jnp.bfloat16: 2e-2}[dtype]
-  for Ac, large in ((hub_pattern(rng, 150, 400, hub=390), False),
-                    (hub_pattern(rng, 600, 3000, hub=2500, density=0.04), True)):
+  for Ac, large in (
+    (hub_pattern(rng, 150, 400, hub=390), False),
+    (hub_pattern(rng, 600, 3000, hub=2500, density=0.04), True),
+  ):
     assert (Ac.nnz >= 1 << 16) == large
     A = on_gpu(Ac)
     H, m = 2, Ac.shape[0]
@@ -235,8 +258,7 @@ def test_gpu_attention_backward_matches_float64(rng, dtype, d, dv):
       assert rel_err(g, r) < tol, name
     if d == 64:  # vmap of grad: attention_bwd_p's batch rule folds the batch into heads
       ws = jnp.stack([w, -2.0 * w, w[::-1]])
-      gq = jax.jit(jax.vmap(jax.grad(loss), in_axes=(None, None, None, None, 0)))(
-          q, k, v, bias, ws)
+      gq = jax.jit(jax.vmap(jax.grad(loss), in_axes=(None, None, None, None, 0)))(q, k, v, bias, ws)
       for i in range(3):
         assert rel_err(gq[i], attention_grads_ref(Ac, q, k, v, scale, bias, ws[i])[0]) < tol
 

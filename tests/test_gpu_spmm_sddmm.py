@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import load_graph, rel_err
+
 import jaxsparse_tc as jst
 from jaxsparse_tc import SparseMatrix
 
@@ -20,17 +20,18 @@ def _has_gpu() -> bool:
 
 
 pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not (jst.has_cuda() and _has_gpu()),
-                       reason="needs a CUDA GPU and the CUDA extension"),
+  pytest.mark.gpu,
+  pytest.mark.skipif(
+    not (jst.has_cuda() and _has_gpu()), reason="needs a CUDA GPU and the CUDA extension"
+  ),
 ]
 
 # (dtype, precision, tolerance on ||out - ref|| / ||ref||)
 DTYPES = {
-    "f32": (jnp.float32, None, 1e-3),  # tf32 tensor cores
-    "f32-highest": (jnp.float32, "highest", 1e-5),  # exact fp32 on CUDA cores
-    "f16": (jnp.float16, None, 1e-2),
-    "bf16": (jnp.bfloat16, None, 1e-2),
+  "f32": (jnp.float32, None, 1e-3),  # tf32 tensor cores
+  "f32-highest": (jnp.float32, "highest", 1e-5),  # exact fp32 on CUDA cores
+  "f16": (jnp.float16, None, 1e-2),
+  "bf16": (jnp.bfloat16, None, 1e-2),
 }
 DS = [1, 8, 17, 32, 64, 128, 256]
 
@@ -165,9 +166,9 @@ def test_sddmm_window_parts(rng, kind, dt, launch):
     x = jnp.asarray(rng.standard_normal((h, m, d)), dtype)
     y = jnp.asarray(rng.standard_normal((h, n, d)), dtype)
     out = jax.jit(lambda A, x, y: jst.sddmm(A, x, y, options=opts).values)(
-        _on(_gpu(), A), _on(_gpu(), x), _on(_gpu(), y))
-    ref = np.einsum("hkd,hkd->hk", np.asarray(x, np.float64)[:, r],
-                    np.asarray(y, np.float64)[:, c])
+      _on(_gpu(), A), _on(_gpu(), x), _on(_gpu(), y)
+    )
+    ref = np.einsum("hkd,hkd->hk", np.asarray(x, np.float64)[:, r], np.asarray(y, np.float64)[:, c])
     assert rel_err(out, ref) < tol, f"sddmm {launch} launch {kind} {dt} d={d} H={h}"
 
 
@@ -175,10 +176,15 @@ def _head_cases(rng, Ag, a64, n, d, dtype):
   """(matrix, X, float64 reference) for heads H x H, H x 1 (dense broadcast), 1 x H."""
   xs = jnp.asarray(rng.standard_normal((a64.shape[0], n, d)), dtype)
   x1 = jnp.asarray(rng.standard_normal((n, d)), dtype)
-  return [(Ag, xs, np.einsum("hmn,hnd->hmd", a64, np.asarray(xs, np.float64))),
-          (Ag, x1, np.einsum("hmn,nd->hmd", a64, np.asarray(x1, np.float64))),
-          (Ag.with_values(Ag.values[0]), xs,
-           np.einsum("mn,hnd->hmd", a64[0], np.asarray(xs, np.float64)))]
+  return [
+    (Ag, xs, np.einsum("hmn,hnd->hmd", a64, np.asarray(xs, np.float64))),
+    (Ag, x1, np.einsum("hmn,nd->hmd", a64, np.asarray(x1, np.float64))),
+    (
+      Ag.with_values(Ag.values[0]),
+      xs,
+      np.einsum("mn,hnd->hmd", a64[0], np.asarray(xs, np.float64)),
+    ),
+  ]
 
 
 @pytest.mark.parametrize("dt", ["f32", "f16", "bf16"])
@@ -301,8 +307,9 @@ def test_spmm_many_units_per_warp(rng, dt):
   vals = rng.uniform(-1, 1, (H, rows.size)).astype(np.float32)
   A = SparseMatrix.from_coo(rows, cols, vals, shape=(m, n))
   x = jnp.asarray(rng.standard_normal((H, n, d)), dtype)
-  out = np.asarray(jax.jit(lambda A, x: jst.spmm(A, x, options=opts))(_on(_gpu(), A),
-                                                                       _on(_gpu(), x)), np.float64)
+  out = np.asarray(
+    jax.jit(lambda A, x: jst.spmm(A, x, options=opts))(_on(_gpu(), A), _on(_gpu(), x)), np.float64
+  )
   v64 = np.asarray(A.values.astype(dtype), np.float64)
   x64 = np.asarray(x, np.float64)
   r, c = np.asarray(A.rows), np.asarray(A.cols)
@@ -396,8 +403,7 @@ def test_spmm_cuda_core_many_heads_split(rng):
   A, empty = _matrix(rng, "heavy", heads=5)
   for d, dtype, tol in ((33, jnp.float16, 1e-2), (130, jnp.bfloat16, 1e-2), (7, jnp.float32, 1e-5)):
     x = jnp.asarray(rng.standard_normal((5, A.shape[1], d)), dtype)
-    out = jax.jit(lambda A, x: jst.spmm(A, x, options=CUDA_CORE))(_on(_gpu(), A),
-                                                                  _on(_gpu(), x))
+    out = jax.jit(lambda A, x: jst.spmm(A, x, options=CUDA_CORE))(_on(_gpu(), A), _on(_gpu(), x))
     ref = np.einsum("hmn,hnd->hmd", _dense64(A, dtype), np.asarray(x, np.float64))
     assert rel_err(out, ref) < tol
     np.testing.assert_array_equal(np.asarray(out, np.float64)[:, empty], 0.0)
@@ -435,13 +441,17 @@ def test_sddmm_cuda_core_too_wide_is_an_error(rng):
   x = jnp.asarray(rng.standard_normal((A.shape[0], 300)), jnp.float32)
   y = jnp.asarray(rng.standard_normal((A.shape[1], 300)), jnp.float32)
   f = jax.jit(lambda A, x, y: jst.sddmm(A, x, y, precision="highest").values)
-  ref = np.einsum("kd,kd->k", np.asarray(x, np.float64)[np.asarray(A.rows)],
-                  np.asarray(y, np.float64)[np.asarray(A.cols)])
+  ref = np.einsum(
+    "kd,kd->k",
+    np.asarray(x, np.float64)[np.asarray(A.rows)],
+    np.asarray(y, np.float64)[np.asarray(A.cols)],
+  )
   assert rel_err(f(*_on(_gpu(), (A, x, y))), ref) < 1e-5
   opts = jst.KernelOptions(sddmm="cuda_core")
   with pytest.raises(Exception, match="width"):
-    jax.block_until_ready(jax.jit(lambda A, x, y: jst.sddmm(A, x, y, options=opts).values)(
-        *_on(_gpu(), (A, x, y))))
+    jax.block_until_ready(
+      jax.jit(lambda A, x, y: jst.sddmm(A, x, y, options=opts).values)(*_on(_gpu(), (A, x, y)))
+    )
 
 
 @pytest.mark.parametrize("variant", ["tensor_core", "cuda_core"])
@@ -454,10 +464,12 @@ def test_sddmm_variants_agree(rng, variant, dt):
   m, n = A.shape
   x = jnp.asarray(rng.standard_normal((m, 64)), dtype)
   y = jnp.asarray(rng.standard_normal((n, 64)), dtype)
-  out = jax.jit(lambda A, x, y: jst.sddmm(A, x, y, options=opts).values)(
-      *_on(_gpu(), (A, x, y)))
-  ref = np.einsum("kd,kd->k", np.asarray(x, np.float64)[np.asarray(A.rows)],
-                  np.asarray(y, np.float64)[np.asarray(A.cols)])
+  out = jax.jit(lambda A, x, y: jst.sddmm(A, x, y, options=opts).values)(*_on(_gpu(), (A, x, y)))
+  ref = np.einsum(
+    "kd,kd->k",
+    np.asarray(x, np.float64)[np.asarray(A.rows)],
+    np.asarray(y, np.float64)[np.asarray(A.cols)],
+  )
   assert rel_err(out, ref) < tol
 
 

@@ -115,3 +115,68 @@ def test_train_entry_point_runs_graph_task(tmp_path, rng, capsys):
   assert train.main(["--task", "graph"] + args) == 0
   table = capsys.readouterr().out
   assert "gcn" in table and "Xu (test-selected)" in table and "val-selected" not in table
+
+
+def test_folds_are_independent_and_see_only_their_training_graphs(tmp_path, rng):
+  """The vmapped folds are independent: fold 0's parameters and metrics do not change when
+  fold 1 gets another initialisation and other roles of the graphs, and its training metrics
+  equal those of fold 0 trained alone (its val and test graphs masked out of the batches).
+  (Alone, parameters match only in training-mode function: a Linear bias just before a
+  BatchNorm gets a zero gradient up to rounding, which Adam turns into steps of ~lr that
+  differ with the rounding; the BatchNorm removes them, its running mean follows them.)"""
+  import argparse
+
+  import jax.numpy as jnp
+
+  from jaxsparse_tc.datasets import load_tu
+
+  tiny_tu(tmp_path / "tiny.npz", rng)
+  ds = load_tu("tiny", tmp_path)
+  roles = np.zeros((3, len(ds)), np.int32)
+  for f, split in enumerate(
+    gc.fold_splits(ds.labels, argparse.Namespace(folds=3, protocol="both", seed=3))
+  ):
+    roles[f, split["val"]], roles[f, split["test"]] = 1, 2
+  budget = Budget.for_dataset(ds.graphs, 8)
+  data = gc.SharedBatches(ds.graphs, budget, 8, 2, seed=0, workers=1)
+  models = {s: gc.build_model("gin", ds.num_features, 8, 2, layers=3, seed=s) for s in (5, 6, 7)}
+  trainer = gc.Trainer(models[5], masked=not data.uniform)
+
+  def train(seeds, folds):
+    carry = trainer.init([models[s] for s in seeds], data.device)
+    for s in range(2):
+      carry, m = trainer.epoch(
+        carry,
+        jnp.float32(0.01),
+        data.train,
+        data.gid,
+        data.order[s],
+        data.valid[s],
+        jnp.asarray(roles[folds]),
+        data.order[0],
+        data.valid[0],
+        evaluate=True,
+      )
+    return carry[0], np.asarray(m)
+
+  params_a, metrics_a = train([5, 6], [0, 1])
+  params_b, metrics_b = train([5, 7], [0, 2])
+  np.testing.assert_allclose(metrics_a[0], metrics_b[0], rtol=1e-6, atol=1e-6)
+  for a, b in zip(jax.tree.leaves(params_a), jax.tree.leaves(params_b)):
+    np.testing.assert_allclose(np.asarray(a)[0], np.asarray(b)[0], rtol=1e-6, atol=1e-7)
+  assert not np.allclose(metrics_a[1], metrics_b[1])  # fold 1 did change
+  params_alone, alone = train([5], [0])
+  np.testing.assert_allclose(metrics_a[0, :3], alone[0, :3], rtol=1e-5)  # training metrics
+  np.testing.assert_array_equal(metrics_a[0, [5, 8]], alone[0, [5, 8]])  # val / test counts
+  # no leak: fold 0's training ignores the features and labels of its val and test graphs
+  held_out = set(np.nonzero(roles[0] > 0)[0].tolist())
+  changed = [
+    g._replace(x=np.roll(g.x, 1, axis=1), y=1 - g.y) if i in held_out else g
+    for i, g in enumerate(ds.graphs)
+  ]
+  data = gc.SharedBatches(changed, budget, 8, 2, seed=0, workers=1)  # same packing: sizes
+  params_c, metrics_c = train([5], [0])
+  np.testing.assert_allclose(metrics_c[0, :3], alone[0, :3], rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(params_alone), jax.tree.leaves(params_c)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+  assert not np.array_equal(metrics_c[0, 3:], alone[0, 3:])  # held-out scores did change

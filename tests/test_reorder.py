@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from conftest import rel_err
 from jax.test_util import check_grads
 
-from conftest import rel_err
 import jaxsparse_tc as jst
 from jaxsparse_tc import SparseMatrix
 from jaxsparse_tc.reorder import METHODS, BlockStats, ReorderedMatrix, Reordering, block_stats
@@ -118,8 +118,12 @@ def test_inputs_accepted_and_refused(rng):
 def test_stats_agree_with_the_format(rng, method):
   A = matrix(rng, 1003)
   r = jst.reorder(A, method)
-  for stats, M in ((r.before, A), (r.after, r.permute_matrix(A)), (r.before_t, A.T),
-                   (r.after_t, r.permute_matrix(A).T)):
+  for stats, M in (
+    (r.before, A),
+    (r.after, r.permute_matrix(A)),
+    (r.before_t, A.T),
+    (r.after_t, r.permute_matrix(A).T),
+  ):
     assert isinstance(stats, BlockStats)
     assert (stats.windows, stats.condensed_cols, stats.blocks, stats.nnz) == format_stats(M)
     hist = stats.block_nnz_hist
@@ -177,8 +181,10 @@ def test_explicit_softmax_and_attention(rng):
   r = jst.reorder(A, "rabbit")
   B = r.permute_matrix(A)
   q, k, v = (jnp.asarray(rng.standard_normal((h, n, d)), jnp.float32) for _ in range(3))
-  out = r.restore(jst.sparse_attention(B, r.permute(q, axis=1), r.permute(k, axis=1),
-                                       r.permute(v, axis=1)), axis=1)
+  out = r.restore(
+    jst.sparse_attention(B, r.permute(q, axis=1), r.permute(k, axis=1), r.permute(v, axis=1)),
+    axis=1,
+  )
   ref = jst.sparse_attention(A, q, k, v)
   assert rel_err(out, ref) < 1e-5
   # Row softmax of the same logits: compare densely in the caller's order.
@@ -246,8 +252,12 @@ def test_transparent_softmax_attention_equal_unreordered(rng):
   w = rng.standard_normal((n, n)).astype(np.float32)
   bias_a = jnp.asarray(w[np.asarray(A.rows), np.asarray(A.cols)])
   bias_r = jnp.asarray(w[np.asarray(R.rows), np.asarray(R.cols)])
-  assert rel_err(jst.sparse_attention(R, q, k, v, bias=bias_r),
-                 jst.sparse_attention(A, q, k, v, bias=bias_a)) < 1e-5
+  assert (
+    rel_err(
+      jst.sparse_attention(R, q, k, v, bias=bias_r), jst.sparse_attention(A, q, k, v, bias=bias_a)
+    )
+    < 1e-5
+  )
   Pa = jst.edge_softmax(jst.sddmm(A, q, k))
   Pr = jst.edge_softmax(jst.sddmm(R, q, k))
   assert isinstance(Pr, ReorderedMatrix)
@@ -263,16 +273,20 @@ def test_transparent_from_coo_keeps_input_order(rng):
   assert R.pattern.num_blocks < A.pattern.num_blocks  # stored reordered
   np.testing.assert_allclose(np.asarray(R.todense()), np.asarray(A.todense()), rtol=1e-6)
   new = rng.standard_normal(rows.size).astype(np.float32)
-  np.testing.assert_allclose(np.asarray(R.with_values(R.values_from_input(new)).todense()),
-                             np.asarray(A.with_values(A.values_from_input(new)).todense()),
-                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(R.with_values(R.values_from_input(new)).todense()),
+    np.asarray(A.with_values(A.values_from_input(new)).todense()),
+    rtol=1e-6,
+    atol=1e-6,
+  )
   W = jst.reorder(A, "affinity").wrap(A)  # wrapping a built matrix keeps its input map too
   np.testing.assert_allclose(np.asarray(W.values_to_input()), np.asarray(A.values_to_input()))
   # The inherited constructors build reordered too.
   E = ReorderedMatrix.from_edge_index(np.stack([cols, rows]), n)
   assert isinstance(E, ReorderedMatrix)
-  assert rel_err(E.todense(), SparseMatrix.from_edge_index(np.stack([cols, rows]), n).todense()) \
-      == 0
+  assert (
+    rel_err(E.todense(), SparseMatrix.from_edge_index(np.stack([cols, rows]), n).todense()) == 0
+  )
 
 
 def test_transparent_is_a_pytree_for_jit_and_vmap(rng):
@@ -287,12 +301,12 @@ def test_transparent_is_a_pytree_for_jit_and_vmap(rng):
   np.testing.assert_allclose(np.asarray(f(R, x)), np.asarray(A @ x), rtol=1e-5, atol=1e-5)
   xb = jnp.stack([x, -x, 3 * x])
   out = jax.vmap(lambda x: R @ x)(xb)
-  np.testing.assert_allclose(np.asarray(out), np.asarray(jnp.stack([A @ v for v in xb])),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(out), np.asarray(jnp.stack([A @ v for v in xb])), rtol=1e-5, atol=1e-5
+  )
   # Arithmetic on values keeps the wrapper.
   assert isinstance(2 * R, ReorderedMatrix) and isinstance(R + R, ReorderedMatrix)
-  np.testing.assert_allclose(np.asarray((R + R) @ x), np.asarray(2 * (A @ x)), rtol=1e-5,
-                             atol=1e-5)
+  np.testing.assert_allclose(np.asarray((R + R) @ x), np.asarray(2 * (A @ x)), rtol=1e-5, atol=1e-5)
 
 
 # -- gradients -------------------------------------------------------------------------------
@@ -303,8 +317,9 @@ def test_gradients_transparent_check_grads(rng, x64):
   R = R.with_values(R.values.astype(jnp.float64))
   x = jnp.asarray(rng.standard_normal((n, d)))
   y = jnp.asarray(rng.standard_normal((n, d)))
-  check_grads(lambda v, x: jst.spmm(R.with_values(v), x), (R.values, x), order=1,
-              modes=("fwd", "rev"))
+  check_grads(
+    lambda v, x: jst.spmm(R.with_values(v), x), (R.values, x), order=1, modes=("fwd", "rev")
+  )
   check_grads(lambda x, y: jst.sddmm(R, x, y).values, (x, y), order=1, modes=("fwd", "rev"))
 
 
@@ -340,7 +355,8 @@ def test_gradients_equal_unreordered(rng):
 # -- GNN layers and the training example -------------------------------------------------------
 def test_layers_accept_a_reordered_matrix(rng):
   from jaxsparse_tc.datasets import load_cora
-  from jaxsparse_tc.nn import functional as F, graph
+  from jaxsparse_tc.nn import functional as F
+  from jaxsparse_tc.nn import graph
 
   ds = load_cora(normalize_features=True)
   x = jnp.asarray(ds.features[:, :64])
@@ -354,8 +370,10 @@ def test_layers_accept_a_reordered_matrix(rng):
   assert close(F.gat_conv(Mr, x, w, att, att, heads=4), F.gat_conv(M, x, w, att, att, heads=4))
   assert close(F.agnn_conv(Mr, x, 1.5), F.agnn_conv(M, x, 1.5))
   lin = (w, None)
-  assert close(F.transformer_conv(Mr, x, lin, lin, lin, heads=4),
-               F.transformer_conv(M, x, lin, lin, lin, heads=4))
+  assert close(
+    F.transformer_conv(Mr, x, lin, lin, lin, heads=4),
+    F.transformer_conv(M, x, lin, lin, lin, heads=4),
+  )
   assert close(graph.normalize_symmetric(Mr).todense(), graph.normalize_symmetric(M).todense())
 
 
@@ -364,8 +382,7 @@ def test_train_with_reorder(mode):
   from jaxsparse_tc.examples.train import train
 
   base = train("gcn", "flax", seed=0, epochs=6, verbose=False)
-  got = train("gcn", "flax", seed=0, epochs=6, verbose=False, reorder="affinity",
-              reorder_mode=mode)
+  got = train("gcn", "flax", seed=0, epochs=6, verbose=False, reorder="affinity", reorder_mode=mode)
   if mode == "transparent":  # the same computation (dropout masks too), summed in another order
     np.testing.assert_allclose(got["loss_history"], base["loss_history"], rtol=1e-4)
   else:  # dropout draws land on other nodes: same model, other randomness

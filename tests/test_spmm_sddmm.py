@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import random_coo, rel_err
 from jax.test_util import check_grads
 
-from conftest import random_coo, rel_err
 import jaxsparse_tc as jst
 from jaxsparse_tc import SparseMatrix
 
@@ -56,8 +56,9 @@ def test_sddmm_matches_float64(rng, m, n, d, dtype):
   r, c = np.asarray(A.rows), np.asarray(A.cols)
   assert rel_err(S.values, full[r, c]) < TOL[dtype]
   scaled = jst.sddmm(A, x, y, scale_by_values=True)
-  assert rel_err(scaled.values, full[r, c] * np.asarray(A.values.astype(dtype), np.float64)) \
-      < TOL[dtype]
+  assert (
+    rel_err(scaled.values, full[r, c] * np.asarray(A.values.astype(dtype), np.float64)) < TOL[dtype]
+  )
 
 
 def test_real_graph(rng, cora):
@@ -112,7 +113,9 @@ def test_nan_propagates(rng):
   S = jst.sddmm(A, rng.standard_normal((16, 4)).astype(np.float32), x)
   assert np.isnan(np.asarray(S.values)[0])
   hit = np.asarray(A.cols) == col
-  assert np.all(np.isnan(np.asarray(S.values)[hit])) and not np.any(np.isnan(np.asarray(S.values)[~hit]))
+  assert np.all(np.isnan(np.asarray(S.values)[hit])) and not np.any(
+    np.isnan(np.asarray(S.values)[~hit])
+  )
 
 
 def test_jit_equals_eager(rng):
@@ -139,11 +142,13 @@ def test_spmm_check_grads(rng, x64):
   Ah = make(rng, 19, 13, heads=2)
   Ah = Ah.with_values(Ah.values.astype(jnp.float64))
   xh = rng.standard_normal((2, 13, 5))
-  check_grads(lambda v, x: jst.spmm(Ah.with_values(v), x), (Ah.values, xh), order=1,
-              modes=["fwd", "rev"])
+  check_grads(
+    lambda v, x: jst.spmm(Ah.with_values(v), x), (Ah.values, xh), order=1, modes=["fwd", "rev"]
+  )
   # broadcast heads: cotangents are summed back over the heads
-  check_grads(lambda v, x: jst.spmm(Ah.with_values(v), x), (Ah.values, x), order=1,
-              modes=["fwd", "rev"])
+  check_grads(
+    lambda v, x: jst.spmm(Ah.with_values(v), x), (Ah.values, x), order=1, modes=["fwd", "rev"]
+  )
 
 
 def test_sddmm_check_grads(rng, x64):
@@ -164,10 +169,22 @@ def test_check_grads_float32(rng):
   A = make(rng, 12, 10)
   x = rng.standard_normal((10, 4)).astype(np.float32)
   y = rng.standard_normal((12, 4)).astype(np.float32)
-  check_grads(lambda v, x: jst.spmm(A.with_values(v), x), (A.values, x), order=1,
-              modes=["fwd", "rev"], atol=2e-2, rtol=2e-2)
-  check_grads(lambda y, x: jst.sddmm(A, y, x).values, (y, x), order=1, modes=["fwd", "rev"],
-              atol=2e-2, rtol=2e-2)
+  check_grads(
+    lambda v, x: jst.spmm(A.with_values(v), x),
+    (A.values, x),
+    order=1,
+    modes=["fwd", "rev"],
+    atol=2e-2,
+    rtol=2e-2,
+  )
+  check_grads(
+    lambda y, x: jst.sddmm(A, y, x).values,
+    (y, x),
+    order=1,
+    modes=["fwd", "rev"],
+    atol=2e-2,
+    rtol=2e-2,
+  )
 
 
 def test_grad_matches_dense_formula(rng):
@@ -195,19 +212,24 @@ def test_vmap_equals_loop(rng):
   spmm_vx = lambda v, x: jst.spmm(A.with_values(v), x)
   sddmm_xy = lambda y, x: jst.sddmm(A, y, x).values
   cases = [
-      (jax.vmap(spmm_x)(xs), [spmm_x(x) for x in xs]),
-      (jax.vmap(spmm_v)(vs), [spmm_v(v) for v in vs]),
-      (jax.vmap(spmm_vx)(vs, xs), [spmm_vx(v, x) for v, x in zip(vs, xs)]),
-      (jax.vmap(sddmm_xy)(ys, xs), [sddmm_xy(y, x) for y, x in zip(ys, xs)]),
-      (jax.vmap(sddmm_xy, in_axes=(None, 0))(ys[0], xs), [sddmm_xy(ys[0], x) for x in xs]),
-      (jax.vmap(spmm_x, in_axes=2, out_axes=2)(np.moveaxis(xs, 0, 2)),
-       np.moveaxis(np.stack([spmm_x(x) for x in xs]), 0, 2)),
-      (jax.jit(jax.vmap(jax.vmap(spmm_vx, in_axes=(0, None)), in_axes=(None, 0)))(vs[:2], xs),
-       [[spmm_vx(v, x) for v in vs[:2]] for x in xs]),
+    (jax.vmap(spmm_x)(xs), [spmm_x(x) for x in xs]),
+    (jax.vmap(spmm_v)(vs), [spmm_v(v) for v in vs]),
+    (jax.vmap(spmm_vx)(vs, xs), [spmm_vx(v, x) for v, x in zip(vs, xs)]),
+    (jax.vmap(sddmm_xy)(ys, xs), [sddmm_xy(y, x) for y, x in zip(ys, xs)]),
+    (jax.vmap(sddmm_xy, in_axes=(None, 0))(ys[0], xs), [sddmm_xy(ys[0], x) for x in xs]),
+    (
+      jax.vmap(spmm_x, in_axes=2, out_axes=2)(np.moveaxis(xs, 0, 2)),
+      np.moveaxis(np.stack([spmm_x(x) for x in xs]), 0, 2),
+    ),
+    (
+      jax.jit(jax.vmap(jax.vmap(spmm_vx, in_axes=(0, None)), in_axes=(None, 0)))(vs[:2], xs),
+      [[spmm_vx(v, x) for v in vs[:2]] for x in xs],
+    ),
   ]
   for batched, loop in cases:
-    np.testing.assert_allclose(np.asarray(batched), np.stack(loop) if isinstance(loop, list)
-                               else loop, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+      np.asarray(batched), np.stack(loop) if isinstance(loop, list) else loop, rtol=1e-5, atol=1e-5
+    )
   # grad of a vmapped loss equals the sum of per-example grads
   g = jax.grad(lambda xs: jnp.sum(jax.vmap(spmm_x)(xs) ** 2))(xs)
   g_loop = np.stack([jax.grad(lambda x: jnp.sum(spmm_x(x) ** 2))(x) for x in xs])
@@ -217,7 +239,8 @@ def test_vmap_equals_loop(rng):
 def test_vmap_is_one_primitive_call(rng):
   A = make(rng, 10, 10)
   jaxpr = jax.make_jaxpr(jax.vmap(lambda v: jst.spmm(A.with_values(v), jnp.ones((10, 3)))))(
-      jnp.ones((5, A.nnz)))
+    jnp.ones((5, A.nnz))
+  )
   assert str(jaxpr).count("jaxsparse_tc_spmm") == 1
 
 
@@ -230,8 +253,18 @@ def test_vmap_over_pattern_is_refused(rng):
 
 
 # -- precision ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("precision", [None, "default", "highest", jax.lax.Precision.HIGHEST,
-                                       jax.lax.Precision.DEFAULT, "float32", "tensorfloat32"])
+@pytest.mark.parametrize(
+  "precision",
+  [
+    None,
+    "default",
+    "highest",
+    jax.lax.Precision.HIGHEST,
+    jax.lax.Precision.DEFAULT,
+    "float32",
+    "tensorfloat32",
+  ],
+)
 def test_precision_values_accepted(rng, precision):
   A = make(rng, 9, 9)
   x = rng.standard_normal((9, 3)).astype(np.float32)
@@ -261,14 +294,23 @@ def test_shape_and_dtype_errors_at_trace_time(rng):
   with pytest.raises(ValueError, match=r"\(7,\)"):
     trace(lambda x: jst.spmm(A, x), jax.ShapeDtypeStruct((7,), jnp.float32))
   with pytest.raises(ValueError, match=r"\(12, 4\).*\(7, 5\)"):
-    trace(lambda x, y: jst.sddmm(A, x, y), jax.ShapeDtypeStruct((12, 4), jnp.float32),
-          jax.ShapeDtypeStruct((7, 5), jnp.float32))
+    trace(
+      lambda x, y: jst.sddmm(A, x, y),
+      jax.ShapeDtypeStruct((12, 4), jnp.float32),
+      jax.ShapeDtypeStruct((7, 5), jnp.float32),
+    )
   with pytest.raises(TypeError, match=r"float16.*float32|float32.*float16"):
-    trace(lambda x, y: jst.sddmm(A, x, y), jax.ShapeDtypeStruct((12, 4), jnp.float16),
-          jax.ShapeDtypeStruct((7, 4), jnp.float32))
+    trace(
+      lambda x, y: jst.sddmm(A, x, y),
+      jax.ShapeDtypeStruct((12, 4), jnp.float16),
+      jax.ShapeDtypeStruct((7, 4), jnp.float32),
+    )
   with pytest.raises(ValueError, match=r"\(12, 4\)"):
-    trace(lambda x, y: jst.sddmm(A, x, y), jax.ShapeDtypeStruct((12, 4), jnp.float32),
-          jax.ShapeDtypeStruct((12, 4), jnp.float32))
+    trace(
+      lambda x, y: jst.sddmm(A, x, y),
+      jax.ShapeDtypeStruct((12, 4), jnp.float32),
+      jax.ShapeDtypeStruct((12, 4), jnp.float32),
+    )
   Ah = make(rng, 12, 7, heads=3)
   with pytest.raises(ValueError, match="head"):
     trace(lambda x: jst.spmm(Ah, x), jax.ShapeDtypeStruct((2, 7, 4), jnp.float32))
@@ -305,12 +347,16 @@ def test_sddmm_float32_out(rng, dtype):
   rounded = jst.sddmm(A, x[0], y[0]).values  # the default rounds to the operands' dtype
   assert rounded.dtype == dtype and rel_err(out[0], np.asarray(rounded, np.float64)) > 1e-6
   with pytest.raises(TypeError, match="preferred_element_type"):
-    jst.sddmm(A, x, y, preferred_element_type=jnp.float16 if dtype == jnp.bfloat16 else jnp.bfloat16)
+    jst.sddmm(
+      A, x, y, preferred_element_type=jnp.float16 if dtype == jnp.bfloat16 else jnp.bfloat16
+    )
   with pytest.raises(ValueError, match="preferred_element_type"):  # float32 X: no wider type
     jst.sddmm(A, x.astype(jnp.float32), y.astype(jnp.float32), preferred_element_type=jnp.float64)
   w = jnp.asarray(rng.standard_normal((2, A.nnz)), jnp.float32)
   gx = jax.grad(lambda x: jnp.sum(f(x, y, A) * w))(x)
   assert gx.dtype == dtype
   ref = np.zeros(x.shape)  # d/dx of sum_e w_e <x[r_e], y[c_e]>: rows gather w_e y[c_e]
-  np.add.at(ref, (slice(None), r), np.asarray(w, np.float64)[..., None] * np.asarray(y, np.float64)[:, c])
+  np.add.at(
+    ref, (slice(None), r), np.asarray(w, np.float64)[..., None] * np.asarray(y, np.float64)[:, c]
+  )
   assert rel_err(gx, ref) < 1e-2

@@ -9,8 +9,9 @@ import pytest
 pytest.importorskip("optax")
 
 
-@pytest.mark.parametrize("model,framework", [("gcn", "flax"), ("gat", "equinox"),
-                                             ("agnn", "flax"), ("gt", "equinox")])
+@pytest.mark.parametrize(
+  "model,framework", [("gcn", "flax"), ("gat", "equinox"), ("agnn", "flax"), ("gt", "equinox")]
+)
 def test_short_training_decreases_loss(model, framework):
   pytest.importorskip(framework)
   from jaxsparse_tc.examples.train import train

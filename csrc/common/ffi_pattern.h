@@ -28,12 +28,12 @@ inline PatternView make_view(I32 window_col_ptr, I32 window_cols, I32 window_blo
 }
 
 // The standard operand list of one orientation's kernel arrays.
-#define JAXSPARSE_TC_PATTERN_ARGS                                             \
-  .Arg<::jaxsparse_tc::I32>()     /* window_col_ptr */                        \
-      .Arg<::jaxsparse_tc::I32>() /* window_cols */                           \
-      .Arg<::jaxsparse_tc::I32>() /* window_block_ptr */                      \
-      .Arg<::jaxsparse_tc::U32>() /* block_bitmap */                          \
-      .Arg<::jaxsparse_tc::I32>() /* block_value_ptr */                       \
+#define JAXSPARSE_TC_PATTERN_ARGS                        \
+  .Arg<::jaxsparse_tc::I32>()     /* window_col_ptr */   \
+      .Arg<::jaxsparse_tc::I32>() /* window_cols */      \
+      .Arg<::jaxsparse_tc::I32>() /* window_block_ptr */ \
+      .Arg<::jaxsparse_tc::U32>() /* block_bitmap */     \
+      .Arg<::jaxsparse_tc::I32>() /* block_value_ptr */  \
       .Arg<::jaxsparse_tc::I32>() /* schedule */
 
 }  // namespace jaxsparse_tc

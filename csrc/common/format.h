@@ -5,8 +5,8 @@
 
 namespace jaxsparse_tc {
 
-constexpr int kWindowRows = 8;   // rows per window (FlashSparse 8x1 vectors)
-constexpr int kBlockCols = 8;    // condensed columns per block
+constexpr int kWindowRows = 8;  // rows per window (FlashSparse 8x1 vectors)
+constexpr int kBlockCols = 8;   // condensed columns per block
 // Most blocks per piece of a split window (jaxsparse_tc/pattern.py SPLIT_BLOCKS; a test checks
 // they agree). A split item's fourth field is its window's piece size (SPLIT_BLOCKS, or less on
 // small graphs); piece p starts at the window's block p * size and is schedule item s + p, s the

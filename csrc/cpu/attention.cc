@@ -24,8 +24,8 @@ cpu::Operand per_edge(const ffi::AnyBuffer& b) {
 }  // namespace
 
 static ffi::Error attention_fwd_cpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                                    ffi::AnyBuffer v, ffi::AnyBuffer bias, I32 wcp, I32 wc,
-                                    I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
+                                    ffi::AnyBuffer v, ffi::AnyBuffer bias, I32 wcp, I32 wc, I32 wbp,
+                                    U32 bitmap, I32 bvp, I32 schedule,
                                     ffi::Result<ffi::AnyBuffer> o,
                                     ffi::Result<ffi::Buffer<ffi::F32>> lse, float scale,
                                     int32_t has_bias) {
@@ -40,8 +40,7 @@ static ffi::Error attention_fwd_cpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi:
   a.scale = scale;
   a.has_bias = has_bias != 0;
   const auto kernel = cpu::kernels().attention_fwd[dtype];
-  cpu::parallel_windows(pool, a.p, a.heads, a.q.cols + a.v.cols + 32,
-                        8 * (a.q.cols + a.v.cols),
+  cpu::parallel_windows(pool, a.p, a.heads, a.q.cols + a.v.cols + 32, 8 * (a.q.cols + a.v.cols),
                         [&](int64_t w0, int64_t w1) { kernel(a, w0, w1); });
   return ffi::Error::Success();
 }
@@ -50,9 +49,9 @@ static ffi::Error attention_fwd_cpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi:
 // dS_ij = scale (dQ_i . K_j + Q_i . dK_j) + dbias_ij, P_ij = exp(scale Q_i.K_j + bias_ij - LSE_i).
 static ffi::Error attention_jvp_cpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
                                     ffi::AnyBuffer v, ffi::AnyBuffer bias, ffi::AnyBuffer /*o*/,
-                                    ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dq,
-                                    ffi::AnyBuffer dk, ffi::AnyBuffer dvv, ffi::AnyBuffer dbias,
-                                    I32 wcp, I32 wc, I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
+                                    ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dq, ffi::AnyBuffer dk,
+                                    ffi::AnyBuffer dvv, ffi::AnyBuffer dbias, I32 wcp, I32 wc,
+                                    I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
                                     ffi::Result<ffi::AnyBuffer> dout, float scale,
                                     int32_t has_bias) {
   const int dtype = cpu_dtype(q.element_type(), /*allow_f64=*/false);
@@ -81,8 +80,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionFwdCpu, attention_fwd_cpu,
                                   .Arg<ffi::AnyBuffer>()  // k [Hk, n, d]
                                   .Arg<ffi::AnyBuffer>()  // v [Hv, n, dv]
                                   .Arg<ffi::AnyBuffer>()  // bias [Hb, nnz] (or a dummy)
-                                  JAXSPARSE_TC_PATTERN_ARGS
-                                  .Ret<ffi::AnyBuffer>()  // o [H, m, dv]
+                              JAXSPARSE_TC_PATTERN_ARGS
+                                  .Ret<ffi::AnyBuffer>()         // o [H, m, dv]
                                   .Ret<ffi::Buffer<ffi::F32>>()  // lse [H, m]
                                   .Attr<float>("scale")
                                   .Attr<int32_t>("has_bias"));
@@ -90,17 +89,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionFwdCpu, attention_fwd_cpu,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionJvpCpu, attention_jvp_cpu,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // k
-                                  .Arg<ffi::AnyBuffer>()  // v
-                                  .Arg<ffi::AnyBuffer>()  // bias
-                                  .Arg<ffi::AnyBuffer>()  // o
+                                  .Arg<ffi::AnyBuffer>()         // q
+                                  .Arg<ffi::AnyBuffer>()         // k
+                                  .Arg<ffi::AnyBuffer>()         // v
+                                  .Arg<ffi::AnyBuffer>()         // bias
+                                  .Arg<ffi::AnyBuffer>()         // o
                                   .Arg<ffi::Buffer<ffi::F32>>()  // lse
-                                  .Arg<ffi::AnyBuffer>()  // dq
-                                  .Arg<ffi::AnyBuffer>()  // dk
-                                  .Arg<ffi::AnyBuffer>()  // dv
-                                  .Arg<ffi::AnyBuffer>()  // dbias
-                                  JAXSPARSE_TC_PATTERN_ARGS
+                                  .Arg<ffi::AnyBuffer>()         // dq
+                                  .Arg<ffi::AnyBuffer>()         // dk
+                                  .Arg<ffi::AnyBuffer>()         // dv
+                                  .Arg<ffi::AnyBuffer>()         // dbias
+                              JAXSPARSE_TC_PATTERN_ARGS
                                   .Ret<ffi::AnyBuffer>()  // do [H, m, dv]
                                   .Attr<float>("scale")
                                   .Attr<int32_t>("has_bias"));

@@ -12,8 +12,8 @@ namespace jaxsparse_tc {
 // Work units per value and per window (cpu/parallel.h): an exp is a few tens of multiply-adds.
 constexpr int64_t kSoftmaxPerValue = 32, kSoftmaxPerWindow = 64;
 
-static ffi::Error edge_softmax_cpu(ffi::ThreadPool pool, ffi::AnyBuffer values, I32 wcp,
-                                   I32 wc, I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
+static ffi::Error edge_softmax_cpu(ffi::ThreadPool pool, ffi::AnyBuffer values, I32 wcp, I32 wc,
+                                   I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
                                    ffi::Result<ffi::AnyBuffer> out) {
   if (out->element_type() != values.element_type())
     return ffi::Error::InvalidArgument("edge_softmax: values and out must share a dtype");
@@ -33,8 +33,8 @@ static ffi::Error edge_softmax_cpu(ffi::ThreadPool pool, ffi::AnyBuffer values, 
 }
 
 static ffi::Error edge_softmax_bwd_cpu(ffi::ThreadPool pool, ffi::AnyBuffer y, ffi::AnyBuffer t,
-                                       I32 wcp, I32 wc, I32 wbp, U32 bitmap, I32 bvp,
-                                       I32 schedule, ffi::Result<ffi::AnyBuffer> out) {
+                                       I32 wcp, I32 wc, I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
+                                       ffi::Result<ffi::AnyBuffer> out) {
   if (y.element_type() != t.element_type() || out->element_type() != y.element_type())
     return ffi::Error::InvalidArgument("edge_softmax_bwd: y, t and out must share a dtype");
   const int dtype = cpu_dtype(y.element_type(), /*allow_f64=*/false);
@@ -54,16 +54,14 @@ static ffi::Error edge_softmax_bwd_cpu(ffi::ThreadPool pool, ffi::AnyBuffer y, f
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EdgeSoftmaxCpu, edge_softmax_cpu,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // values [H, nnz]
-                                  JAXSPARSE_TC_PATTERN_ARGS
-                                  .Ret<ffi::AnyBuffer>());  // out [H, nnz]
+                                  .Arg<ffi::AnyBuffer>()                         // values [H, nnz]
+                              JAXSPARSE_TC_PATTERN_ARGS.Ret<ffi::AnyBuffer>());  // out [H, nnz]
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EdgeSoftmaxBwdCpu, edge_softmax_bwd_cpu,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // y [Hy, nnz]
-                                  .Arg<ffi::AnyBuffer>()  // t [Ht, nnz]
-                                  JAXSPARSE_TC_PATTERN_ARGS
-                                  .Ret<ffi::AnyBuffer>());  // out [H, nnz]
+                                  .Arg<ffi::AnyBuffer>()                         // y [Hy, nnz]
+                                  .Arg<ffi::AnyBuffer>()                         // t [Ht, nnz]
+                              JAXSPARSE_TC_PATTERN_ARGS.Ret<ffi::AnyBuffer>());  // out [H, nnz]
 
 }  // namespace jaxsparse_tc

@@ -20,7 +20,8 @@ inline int cpu_dtype(ffi::DataType dtype, bool allow_f64) {
 }
 
 inline ffi::Error unsupported_dtype() {
-  return ffi::Error::InvalidArgument("jaxsparse_tc: unsupported dtype (float32, float16, bfloat16)");
+  return ffi::Error::InvalidArgument(
+      "jaxsparse_tc: unsupported dtype (float32, float16, bfloat16)");
 }
 
 }  // namespace jaxsparse_tc

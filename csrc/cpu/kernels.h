@@ -29,27 +29,27 @@ struct SpmmArgs {  // out[h] = A_h X_h
 
 struct SddmmArgs {  // out[h, idx(i, j)] = <X_h[i], Y_h[j]>
   PatternView p;
-  Operand x, y;   // [Hx, m, d], [Hy, n, d]
-  void* out;      // [H, nnz]: x's dtype, or float32 when f32_out
+  Operand x, y;  // [Hx, m, d], [Hy, n, d]
+  void* out;     // [H, nnz]: x's dtype, or float32 when f32_out
   int64_t heads, nnz;
   bool f32_out;
 };
 
 struct SoftmaxArgs {  // forward: out = softmax(y); backward: out = y * (t - rowsum(y * t))
   PatternView p;
-  Operand y, t;   // [Hy, nnz], [Ht, nnz] (t unused by the forward)
-  void* out;      // [H, nnz]
+  Operand y, t;  // [Hy, nnz], [Ht, nnz] (t unused by the forward)
+  void* out;     // [H, nnz]
   int64_t heads, nnz;
 };
 
 struct AttentionArgs {
   PatternView p;
-  Operand q, k, v, bias;     // [Hq, m, d], [Hk, n, d], [Hv, n, dv], [Hb, nnz]
-  Operand dq, dk, dv, dbias; // the JVP's tangents (same shapes)
-  const float* lse_in;       // JVP: [Hl, m]
+  Operand q, k, v, bias;      // [Hq, m, d], [Hk, n, d], [Hv, n, dv], [Hb, nnz]
+  Operand dq, dk, dv, dbias;  // the JVP's tangents (same shapes)
+  const float* lse_in;        // JVP: [Hl, m]
   int64_t lse_heads;
-  void* out;                 // forward o / JVP do: [H, m, dv]
-  float* lse;                // forward: [H, m]
+  void* out;   // forward o / JVP do: [H, m, dv]
+  float* lse;  // forward: [H, m]
   int64_t heads, m;
   float scale;
   bool has_bias;

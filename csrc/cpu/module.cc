@@ -18,7 +18,7 @@ extern "C" XLA_FFI_Error* EdgeSoftmaxCpu(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* EdgeSoftmaxBwdCpu(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* AttentionFwdCpu(XLA_FFI_CallFrame*);
 extern "C" XLA_FFI_Error* AttentionJvpCpu(XLA_FFI_CallFrame*);
-}
+}  // namespace jaxsparse_tc
 
 namespace {
 

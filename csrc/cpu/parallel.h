@@ -19,11 +19,11 @@
 namespace jaxsparse_tc {
 namespace cpu {
 
-// Work units are about one multiply-add over a row element. Below kInlineWork (some tens of
-// microseconds) waking the pool costs more than it saves; chunks are at least kChunkWork, and
-// kChunksPerThread per thread balance uneven windows.
-constexpr int64_t kInlineWork = int64_t(1) << 17;
-constexpr int64_t kChunkWork = int64_t(1) << 15;
+// Work units are about one multiply-add over a row element (some 0.1 ns). Below kInlineWork
+// (~100 us) waking the pool's threads (tens of us) gains little or loses; chunks are at least
+// kChunkWork, and kChunksPerThread per thread balance uneven windows.
+constexpr int64_t kInlineWork = int64_t(1) << 20;
+constexpr int64_t kChunkWork = int64_t(1) << 17;
 constexpr int64_t kChunksPerThread = 4;
 
 namespace detail {
@@ -71,14 +71,13 @@ void parallel_chunks(ffi::ThreadPool& pool, int64_t threads, int64_t chunks, con
 // Runs fn(w_begin, w_end) over all windows of p, split by work: per_nnz units per nonzero and
 // per_window per window, for `heads` heads each.
 template <typename Fn>
-void parallel_windows(ffi::ThreadPool& pool, const PatternView& p, int64_t heads,
-                      int64_t per_nnz, int64_t per_window, const Fn& fn) {
+void parallel_windows(ffi::ThreadPool& pool, const PatternView& p, int64_t heads, int64_t per_nnz,
+                      int64_t per_window, const Fn& fn) {
   const int64_t W = p.num_windows;
   if (W <= 0) return;
   // Work before window w, which is nondecreasing in w.
   auto work_before = [&](int64_t w) {
-    return heads * (per_nnz * int64_t(p.block_value_ptr[p.window_block_ptr[w]]) +
-                    per_window * w);
+    return heads * (per_nnz * int64_t(p.block_value_ptr[p.window_block_ptr[w]]) + per_window * w);
   };
   const int64_t total = work_before(W);
   const int64_t threads = total < kInlineWork ? 1 : std::max<int64_t>(1, pool.num_threads());
@@ -95,8 +94,10 @@ void parallel_windows(ffi::ThreadPool& pool, const PatternView& p, int64_t heads
     int64_t lo = 0, hi = W;  // the first w with work_before(w) >= target
     while (lo < hi) {
       const int64_t mid = lo + (hi - lo) / 2;
-      if (work_before(mid) < target) lo = mid + 1;
-      else hi = mid;
+      if (work_before(mid) < target)
+        lo = mid + 1;
+      else
+        hi = mid;
     }
     return lo;
   };

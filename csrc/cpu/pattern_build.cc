@@ -63,7 +63,8 @@ BuiltPattern build_pattern(const int64_t* rows, const int64_t* cols, int64_t cou
         const int bit = int(c) * kWindowRows + r;
         p.block_bitmap[p.block_bitmap.size() - 2 + bit / 32] |= 1u << (bit % 32);
       }
-      for (int64_t t = i; t < j; ++t) p.input_to_format[order[t]] = slot[rows[order[t]] % kWindowRows];
+      for (int64_t t = i; t < j; ++t)
+        p.input_to_format[order[t]] = slot[rows[order[t]] % kWindowRows];
       p.window_cols.push_back(int32_t(col));
       ++condensed;
       i = j;

@@ -193,9 +193,8 @@ std::vector<int32_t> by_degree(const Graph& g, const std::vector<uint64_t>& key)
   std::vector<Item> items(n);
   for (int64_t v = 0; v < n; ++v)
     items[v] = {(uint64_t(uint32_t(g.deg[v])) << 32) | (key[v] >> 32), int32_t(v)};
-  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
-    return a.k != b.k ? a.k < b.k : a.v < b.v;
-  });
+  std::sort(items.begin(), items.end(),
+            [](const Item& a, const Item& b) { return a.k != b.k ? a.k < b.k : a.v < b.v; });
   std::vector<int32_t> order(n);
   for (int64_t i = 0; i < n; ++i) order[i] = items[i].v;
   return order;
@@ -450,11 +449,11 @@ constexpr int32_t kHeavyDegree = 64;
 // Window packing (the data-affinity step): walks a base order and cuts it into windows of 8.
 // A window starts with the first unplaced node; each of its next 7 rows is, among the next
 // `lookahead` unplaced nodes of the base order, the one sharing the most columns with the
-// window so far (ties: fewer new columns, then earlier in the base order); if none shares a
-// column, the first unplaced node. Shared columns are counted incrementally: an inverted index
-// (column -> candidates' adjacency entries, singly linked, placed candidates unlinked lazily)
-// bumps a candidate's score once per column that enters the window. Columns of degree 1 are
-// left out (no two rows share them).
+// window so far, less an eighth per column it adds (ties: fewer new columns, then earlier in
+// the base order); if none shares a column, the first unplaced node. Shared columns are counted
+// incrementally: an inverted index (column -> candidates' adjacency entries, singly linked, placed
+// candidates unlinked lazily) bumps a candidate's score once per column that enters the window.
+// Columns of degree 1 are left out (no two rows share them).
 template <typename I>
 struct IndexNode {
   I next;
@@ -462,8 +461,8 @@ struct IndexNode {
 };
 
 template <typename I>
-void pack_windows(const Graph& g, const int32_t* seq, int64_t len, int64_t heavy_end,
-                  int lookahead, int64_t heavy_volume, IndexNode<I>* nodes, int32_t* out) {
+void pack_windows(const Graph& g, const int32_t* seq, int64_t len, int64_t heavy_end, int lookahead,
+                  int64_t heavy_volume, IndexNode<I>* nodes, int32_t* out) {
   const int64_t n = g.n;
   std::vector<I> head(n, I(-1));
   std::vector<int32_t> stamp(n, -1), score_stamp(n, -1), score(n, 0), pos(n, -1);
@@ -516,8 +515,10 @@ void pack_windows(const Graph& g, const int32_t* seq, int64_t len, int64_t heavy
       for (I q = head[x]; q >= 0;) {
         const IndexNode<I> node = nodes[q];
         if (!in_pool[node.owner]) {  // placed: unlink
-          if (prev >= 0) nodes[prev].next = node.next;
-          else head[x] = node.next;
+          if (prev >= 0)
+            nodes[prev].next = node.next;
+          else
+            head[x] = node.next;
         } else {
           bump(node.owner);
           prev = q;
@@ -534,16 +535,20 @@ void pack_windows(const Graph& g, const int32_t* seq, int64_t len, int64_t heavy
     place(seq[front]);
     for (int r = 1; r < 8 && written < len; ++r) {
       refill();
+      // The candidate of most shared columns, each new column counting -1/8 (an eighth of a
+      // block); ties: fewer new columns, then earlier in the base order.
       int32_t best = -1;
+      int64_t best_gain = 0, best_new = 0;
       for (const int32_t c : touched) {
         if (placed[c]) continue;
-        if (best < 0 || score[c] > score[best]) {
+        const int64_t fresh = g.deg[c] - score[c], gain = 8 * int64_t(score[c]) - fresh;
+        if (best < 0 || gain > best_gain ||
+            (gain == best_gain &&
+             (fresh < best_new || (fresh == best_new && pos[c] < pos[best])))) {
           best = c;
-          continue;
+          best_gain = gain;
+          best_new = fresh;
         }
-        if (score[c] < score[best]) continue;
-        const int64_t nc = g.deg[c] - score[c], nb = g.deg[best] - score[best];
-        if (nc < nb || (nc == nb && pos[c] < pos[best])) best = c;
       }
       if (best < 0) {
         while (placed[seq[front]]) ++front;
@@ -557,14 +562,15 @@ void pack_windows(const Graph& g, const int32_t* seq, int64_t len, int64_t heavy
 // The affinity order: heavy rows (kHeavyDegree) first, by decreasing degree, then the rest in
 // the community breadth-first order; packed into windows. Two threads pack two halves of that
 // sequence (cut at a window boundary near half its adjacency) independently.
-std::vector<int32_t> affinity_pack(const Graph& g, const std::vector<int32_t>& base,
-                                   int lookahead, int threads) {
+std::vector<int32_t> affinity_pack(const Graph& g, const std::vector<int32_t>& base, int lookahead,
+                                   int threads) {
   const int64_t n = g.n, m = int64_t(g.adj.size());
   std::vector<int32_t> seq;
   seq.reserve(n);
   for (const int32_t v : base)
     if (g.deg[v] >= kHeavyDegree) seq.push_back(v);
-  std::stable_sort(seq.begin(), seq.end(), [&](int32_t a, int32_t b) { return g.deg[a] > g.deg[b]; });
+  std::stable_sort(seq.begin(), seq.end(),
+                   [&](int32_t a, int32_t b) { return g.deg[a] > g.deg[b]; });
   const int64_t heavy = int64_t(seq.size());
   const int64_t heavy_volume = int64_t(lookahead) * 2 * kHeavyDegree;
   for (const int32_t v : base)
@@ -616,6 +622,7 @@ ReorderResult reorder_graph(const int64_t* rows, const int64_t* cols, int64_t co
                             ReorderMethod method, uint64_t seed, int threads, int lookahead) {
   if (n < 0 || n >= (int64_t(1) << 31)) throw std::invalid_argument("reorder: n out of range");
   if (lookahead <= 0) lookahead = 256;
+  threads = std::max(1, threads);
   ReorderResult r;
   if (method == ReorderMethod::kIdentity) {
     r.perm.resize(n);
@@ -635,8 +642,8 @@ ReorderResult reorder_graph(const int64_t* rows, const int64_t* cols, int64_t co
     const std::vector<uint64_t> key = node_keys(n, seed);
     const Dendrogram d = aggregate(g, key);
     r.groups = int64_t(d.roots.size());
-    order = method == ReorderMethod::kRabbit ? dendrogram_order(d, n)
-                                             : community_bfs_order(g, d, key);
+    order =
+        method == ReorderMethod::kRabbit ? dendrogram_order(d, n) : community_bfs_order(g, d, key);
   }
   r.order_s = seconds_since(t0);
   if (method == ReorderMethod::kAffinity) {
@@ -812,9 +819,8 @@ nb::dict py_block_stats(IndexArray rows, IndexArray cols, int64_t m, int64_t n,
 }  // namespace
 
 void register_reorder(nb::module_& m) {
-  m.def("reorder", &py_reorder, nb::arg("rows"), nb::arg("cols"), nb::arg("n"),
-        nb::arg("method"), nb::arg("seed") = 0, nb::arg("threads") = 2,
-        nb::arg("lookahead") = 0,
+  m.def("reorder", &py_reorder, nb::arg("rows"), nb::arg("cols"), nb::arg("n"), nb::arg("method"),
+        nb::arg("seed") = 0, nb::arg("threads") = 2, nb::arg("lookahead") = 0,
         "A node permutation perm[new] = old of the graph of int64 COO entries (reorder.h).");
   m.def("block_stats", &py_block_stats, nb::arg("rows"), nb::arg("cols"), nb::arg("m"),
         nb::arg("n"), nb::arg("row_new") = nb::none(), nb::arg("col_new") = nb::none(),

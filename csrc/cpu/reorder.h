@@ -35,16 +35,16 @@ struct ReorderResult {
 // A permutation of the n nodes of the graph of the COO entries (rows[k], cols[k]), all in
 // [0, n): the graph is symmetrized, deduplicated and stripped of self-loops first. Deterministic
 // for a seed (and independent of `threads`, which is 1 or 2). `lookahead`: how many unplaced
-// rows of the community order the affinity packing considers for a window (0: the default).
+// rows of the community order the affinity packing considers for a window (0: 256).
 ReorderResult reorder_graph(const int64_t* rows, const int64_t* cols, int64_t count, int64_t n,
                             ReorderMethod method, uint64_t seed, int threads, int lookahead = 0);
 
 struct BlockStats {
-  int64_t windows = 0;           // ceil(m / 8)
-  int64_t nonempty_windows = 0;  // windows with a nonzero
-  int64_t condensed_cols = 0;    // sum over windows of distinct columns
-  int64_t blocks = 0;            // 8x8 blocks (sum of ceil(columns / 8))
-  int64_t nnz = 0;               // distinct entries
+  int64_t windows = 0;                  // ceil(m / 8)
+  int64_t nonempty_windows = 0;         // windows with a nonzero
+  int64_t condensed_cols = 0;           // sum over windows of distinct columns
+  int64_t blocks = 0;                   // 8x8 blocks (sum of ceil(columns / 8))
+  int64_t nnz = 0;                      // distinct entries
   std::vector<int64_t> block_nnz_hist;  // [65]: blocks with k nonzeros
 };
 

@@ -11,8 +11,9 @@ static ffi::Error sddmm_cpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuff
                             ffi::Result<ffi::AnyBuffer> out, int32_t /*precision*/) {
   const auto xd = x.dimensions(), yd = y.dimensions(), od = out->dimensions();
   // out is x's dtype, or float32 for 16-bit x (the accumulator, unrounded).
-  const bool f32_out = out->element_type() == ffi::DataType::F32 &&
-                       (x.element_type() == ffi::DataType::F16 || x.element_type() == ffi::DataType::BF16);
+  const bool f32_out =
+      out->element_type() == ffi::DataType::F32 &&
+      (x.element_type() == ffi::DataType::F16 || x.element_type() == ffi::DataType::BF16);
   if (x.element_type() != y.element_type() || (out->element_type() != x.element_type() && !f32_out))
     return ffi::Error::InvalidArgument("sddmm: x, y and out must share a dtype (or out float32)");
   const int dtype = cpu_dtype(x.element_type(), /*allow_f64=*/true);
@@ -35,7 +36,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SddmmCpu, sddmm_cpu,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()  // x [Hx, m, d]
                                   .Arg<ffi::AnyBuffer>()  // y [Hy, n, d]
-                                  JAXSPARSE_TC_PATTERN_ARGS
+                              JAXSPARSE_TC_PATTERN_ARGS
                                   .Ret<ffi::AnyBuffer>()  // out [H, nnz]
                                   .Attr<int32_t>("precision"));
 

@@ -7,8 +7,8 @@
 
 namespace jaxsparse_tc {
 
-static ffi::Error spmm_cpu(ffi::ThreadPool pool, ffi::AnyBuffer values, ffi::AnyBuffer x,
-                           I32 wcp, I32 wc, I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
+static ffi::Error spmm_cpu(ffi::ThreadPool pool, ffi::AnyBuffer values, ffi::AnyBuffer x, I32 wcp,
+                           I32 wc, I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
                            ffi::Result<ffi::AnyBuffer> out, int32_t /*precision*/) {
   const auto vd = values.dimensions(), xd = x.dimensions(), od = out->dimensions();
   if (x.element_type() != values.element_type() || out->element_type() != x.element_type())
@@ -32,7 +32,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpmmCpu, spmm_cpu,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()  // values [Hv, nnz]
                                   .Arg<ffi::AnyBuffer>()  // x [Hx, n, d]
-                                  JAXSPARSE_TC_PATTERN_ARGS
+                              JAXSPARSE_TC_PATTERN_ARGS
                                   .Ret<ffi::AnyBuffer>()  // out [H, m, d]
                                   .Attr<int32_t>("precision"));
 

@@ -55,9 +55,9 @@ NB_MODULE(_cuda, m) {
         [](int esize, bool exact, int kernel, int64_t nnz, int64_t num_blocks, int64_t num_items,
            int64_t num_windows, int64_t row_items, int64_t m, int64_t d, int64_t heads) {
           std::string error;
-          const int64_t bytes = jaxsparse_tc::spmm_workspace_bytes(
-              esize, exact, kernel, nnz, num_blocks, num_items, num_windows, row_items, m, d,
-              heads, &error);
+          const int64_t bytes =
+              jaxsparse_tc::spmm_workspace_bytes(esize, exact, kernel, nnz, num_blocks, num_items,
+                                                 num_windows, row_items, m, d, heads, &error);
           if (bytes < 0) throw nb::value_error(error.c_str());
           return bytes;
         });

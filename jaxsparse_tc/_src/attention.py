@@ -36,16 +36,28 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
-from jaxsparse_tc._src import checks, heads, precision as precision_lib, rules, vma
+from jaxsparse_tc._src import checks, heads, rules, vma
+from jaxsparse_tc._src import precision as precision_lib
 from jaxsparse_tc._src.extensions import CUDA_TARGETS, cuda_extension
 from jaxsparse_tc._src.lowering import param, register_ffi_lowering
 from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, SMALL_GRAPH_NNZ, PatternOperands
-from jaxsparse_tc._src.primitives import (attention_bwd_p, attention_fwd_p, attention_grads_p,
-                                          attention_jvp_p, sddmm_p, spmm_p)
+from jaxsparse_tc._src.primitives import (
+  attention_bwd_p,
+  attention_fwd_p,
+  attention_grads_p,
+  attention_jvp_p,
+  sddmm_p,
+  spmm_p,
+)
 from jaxsparse_tc.options import kernel_options
 
-__all__ = ["sparse_attention", "attention_fwd_p", "attention_jvp_p", "attention_bwd_p",
-           "attention_grads_p"]
+__all__ = [
+  "sparse_attention",
+  "attention_fwd_p",
+  "attention_jvp_p",
+  "attention_bwd_p",
+  "attention_grads_p",
+]
 
 
 def sparse_attention(A, Q, K, V, *, scale=None, bias=None, options=None):
@@ -59,8 +71,9 @@ def sparse_attention(A, Q, K, V, *, scale=None, bias=None, options=None):
   split-window merging; None: the launch plans' choices).
   """
   if hasattr(A, "__jaxsparse_tc_op__"):  # a container of matrices (distributed.ShardedMatrix)
-    return A.__jaxsparse_tc_op__("sparse_attention", Q, K, V, scale=scale, bias=bias,
-                                 options=options)
+    return A.__jaxsparse_tc_op__(
+      "sparse_attention", Q, K, V, scale=scale, bias=bias, options=options
+    )
   q, k, v = (jnp.asarray(x) for x in (Q, K, V))
   m, n = A.shape
   checks.dense_operand("sparse_attention", "Q", q, A, expected_rows=m)
@@ -69,15 +82,19 @@ def sparse_attention(A, Q, K, V, *, scale=None, bias=None, options=None):
   checks.softmax_dtype("sparse_attention", "Q", q)
   checks.same_dense("sparse_attention", q, k, names=("Q", "K"))
   if v.dtype != q.dtype:
-    raise checks.OperandError(f"sparse_attention: Q ({q.shape}, {q.dtype}) and V ({v.shape}, "
-                              f"{v.dtype}) must have the same dtype")
+    raise checks.OperandError(
+      f"sparse_attention: Q ({q.shape}, {q.dtype}) and V ({v.shape}, "
+      f"{v.dtype}) must have the same dtype"
+    )
   hs = [x.shape[0] if x.ndim == 3 else 1 for x in (q, k, v)]
   has_bias = bias is not None
   if has_bias:
     b = jnp.asarray(bias)
     if b.ndim not in (1, 2) or b.shape[-1] != A.nnz:
-      raise checks.OperandError(f"sparse_attention: A has {A.nnz} nonzeros, so bias must have "
-                                f"shape [{A.nnz}] or [H, {A.nnz}]; got {b.shape}")
+      raise checks.OperandError(
+        f"sparse_attention: A has {A.nnz} nonzeros, so bias must have "
+        f"shape [{A.nnz}] or [H, {A.nnz}]; got {b.shape}"
+      )
     if not jnp.issubdtype(b.dtype, jnp.floating):
       raise checks.OperandError(f"sparse_attention: bias has non-float dtype {b.dtype}")
     b = b.astype(q.dtype).reshape(-1, A.nnz)
@@ -88,16 +105,25 @@ def sparse_attention(A, Q, K, V, *, scale=None, bias=None, options=None):
     heads.num_heads(*hs)
   except ValueError:
     raise checks.OperandError(
-        f"sparse_attention: head counts of Q {q.shape}, K {k.shape}, V {v.shape} and bias "
-        f"{None if bias is None else jnp.shape(bias)} do not broadcast") from None
+      f"sparse_attention: head counts of Q {q.shape}, K {k.shape}, V {v.shape} and bias "
+      f"{None if bias is None else jnp.shape(bias)} do not broadcast"
+    ) from None
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-  o, _ = attention_fwd_p.bind(*vma.match(q.reshape((hs[0],) + q.shape[-2:]),
-                                         k.reshape((hs[1],) + k.shape[-2:]),
-                                         v.reshape((hs[2],) + v.shape[-2:]), b,
-                                         *A.pattern_operands()),
-                              shape=A.shape, scale=scale, has_bias=has_bias,
-                              grouped=A.grouped[0], grouped_t=A.grouped[1],
-                              options=kernel_options(options))
+  o, _ = attention_fwd_p.bind(
+    *vma.match(
+      q.reshape((hs[0],) + q.shape[-2:]),
+      k.reshape((hs[1],) + k.shape[-2:]),
+      v.reshape((hs[2],) + v.shape[-2:]),
+      b,
+      *A.pattern_operands(),
+    ),
+    shape=A.shape,
+    scale=scale,
+    has_bias=has_bias,
+    grouped=A.grouped[0],
+    grouped_t=A.grouped[1],
+    options=kernel_options(options),
+  )
   no_heads = q.ndim == 2 and k.ndim == 2 and v.ndim == 2 and (bias is None or jnp.ndim(bias) == 1)
   return o[0] if no_heads else o
 
@@ -108,12 +134,13 @@ _MERGE = {"merge_split_windows": lambda p: np.int32(p["options"].merge_split_win
 
 
 # -- forward ----------------------------------------------------------------------------------
-def _fwd_abstract(q, k, v, bias, *pattern, shape, scale, has_bias, grouped, grouped_t,
-                  options):
+def _fwd_abstract(q, k, v, bias, *pattern, shape, scale, has_bias, grouped, grouped_t, options):
   h = heads.num_heads(q.shape[0], k.shape[0], v.shape[0], bias.shape[0])
   m = shape[0]
-  return (q.update(shape=(h, m, v.shape[2]), dtype=q.dtype),
-          q.update(shape=(h, m), dtype=jnp.float32))
+  return (
+    q.update(shape=(h, m, v.shape[2]), dtype=q.dtype),
+    q.update(shape=(h, m), dtype=jnp.float32),
+  )
 
 
 def _fwd_jvp(primals, tangents, **params):
@@ -123,10 +150,22 @@ def _fwd_jvp(primals, tangents, **params):
   if all(type(t) is ad.Zero for t in tans):
     return (o, lse), (rules.zero_tangent(o), rules.zero_tangent(lse))
   tans = [ad.instantiate_zeros(t) for t in tans]
-  do = attention_jvp_p.bind(q, k, v, bias, o, lse, *tans, *pattern, shape=params["shape"],
-                            scale=params["scale"], has_bias=params["has_bias"],
-                            grouped=params["grouped"], grouped_t=params["grouped_t"],
-                            options=params["options"])
+  do = attention_jvp_p.bind(
+    q,
+    k,
+    v,
+    bias,
+    o,
+    lse,
+    *tans,
+    *pattern,
+    shape=params["shape"],
+    scale=params["scale"],
+    has_bias=params["has_bias"],
+    grouped=params["grouped"],
+    grouped_t=params["grouped_t"],
+    options=params["options"],
+  )
   return (o, lse), (do, rules.zero_tangent(lse))
 
 
@@ -143,23 +182,61 @@ def _fwd_cuda_workspace(dense, P, avals_out, params):
   q, _, v, _ = dense
   h = avals_out[0].shape[0]
   return cuda_extension().attention_workspace_bytes(
-      q.dtype.itemsize, q.shape[2], v.shape[2], h, P.a.schedule.shape[0], params["grouped"],
-      params["options"].merge_split_windows)
+    q.dtype.itemsize,
+    q.shape[2],
+    v.shape[2],
+    h,
+    P.a.schedule.shape[0],
+    params["grouped"],
+    params["options"].merge_split_windows,
+  )
 
 
 attention_fwd_p.def_abstract_eval(_fwd_abstract)
 ad.primitive_jvps[attention_fwd_p] = _fwd_jvp
 batching.primitive_batchers[attention_fwd_p] = _fwd_batch
-register_ffi_lowering(attention_fwd_p, "jaxsparse_tc_attention_fwd", 4, cpu_pattern=lambda P: P.a,
-                      attrs=_ATTRS, cuda_attrs={"grouped": param("grouped"), **_MERGE},
-                      cuda_workspace=_fwd_cuda_workspace)
+register_ffi_lowering(
+  attention_fwd_p,
+  "jaxsparse_tc_attention_fwd",
+  4,
+  cpu_pattern=lambda P: P.a,
+  attrs=_ATTRS,
+  cuda_attrs={"grouped": param("grouped"), **_MERGE},
+  cuda_workspace=_fwd_cuda_workspace,
+)
 
 
 # -- jvp (linear in operands 6..9) --------------------------------------------------------------
-def _jvp_abstract(q, k, v, bias, o, lse, dq, dk, dv, dbias, *pattern, shape, scale, has_bias,
-                  grouped, grouped_t, options):
-  h = heads.num_heads(q.shape[0], k.shape[0], v.shape[0], bias.shape[0], dq.shape[0],
-                      dk.shape[0], dv.shape[0], dbias.shape[0], o.shape[0])
+def _jvp_abstract(
+  q,
+  k,
+  v,
+  bias,
+  o,
+  lse,
+  dq,
+  dk,
+  dv,
+  dbias,
+  *pattern,
+  shape,
+  scale,
+  has_bias,
+  grouped,
+  grouped_t,
+  options,
+):
+  h = heads.num_heads(
+    q.shape[0],
+    k.shape[0],
+    v.shape[0],
+    bias.shape[0],
+    dq.shape[0],
+    dk.shape[0],
+    dv.shape[0],
+    dbias.shape[0],
+    o.shape[0],
+  )
   return q.update(shape=(h, shape[0], v.shape[2]), dtype=q.dtype)
 
 
@@ -170,9 +247,21 @@ def _jvp_transpose(ct, q, k, v, bias, o, lse, dq, dk, dv, dbias, *pattern, **par
   outs = [None] * (10 + NUM_PATTERN_OPERANDS)
   if type(ct) is ad.Zero:
     return outs
-  gq, gk, gv, gb = _backward(q, k, v, bias, o, lse, ct, tuple(pattern), params["shape"],
-                             params["scale"], params["has_bias"],
-                             (params["grouped"], params["grouped_t"]), params["options"])
+  gq, gk, gv, gb = _backward(
+    q,
+    k,
+    v,
+    bias,
+    o,
+    lse,
+    ct,
+    tuple(pattern),
+    params["shape"],
+    params["scale"],
+    params["has_bias"],
+    (params["grouped"], params["grouped_t"]),
+    params["options"],
+  )
   for pos, tangent, g in ((6, dq, gq), (7, dk, gk), (8, dv, gv), (9, dbias, gb)):
     if ad.is_undefined_primal(tangent):
       if pos == 9 and not params["has_bias"]:
@@ -189,8 +278,7 @@ def _jvp_batch(args, dims, **params):
   return do.reshape((size, h) + do.shape[1:]), 0
 
 
-_HIGHER_ORDER = ("jaxsparse_tc.sparse_attention: derivatives of order > 1 are not "
-                 "implemented")
+_HIGHER_ORDER = "jaxsparse_tc.sparse_attention: derivatives of order > 1 are not implemented"
 
 
 def _no_higher_order(*_, **__):
@@ -201,8 +289,9 @@ attention_jvp_p.def_abstract_eval(_jvp_abstract)
 ad.primitive_jvps[attention_jvp_p] = _no_higher_order
 ad.primitive_transposes[attention_jvp_p] = _jvp_transpose
 batching.primitive_batchers[attention_jvp_p] = _jvp_batch
-register_ffi_lowering(attention_jvp_p, "jaxsparse_tc_attention_jvp", 10, cpu_pattern=lambda P: P.a,
-                      attrs=_ATTRS)
+register_ffi_lowering(
+  attention_jvp_p, "jaxsparse_tc_attention_jvp", 10, cpu_pattern=lambda P: P.a, attrs=_ATTRS
+)
 
 
 # -- backward ---------------------------------------------------------------------------------
@@ -216,8 +305,9 @@ _BWD_ROW_BYTES = 512  # the CUDA kernel's widest row (d and dv): 32 lanes x 16 b
 
 
 def _bwd_abstract(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
-  h = heads.num_heads(q.shape[0], k.shape[0], v.shape[0], bias.shape[0], o.shape[0],
-                      lse.shape[0], do.shape[0])
+  h = heads.num_heads(
+    q.shape[0], k.shape[0], v.shape[0], bias.shape[0], o.shape[0], lse.shape[0], do.shape[0]
+  )
   per_edge = q.update(shape=(h, PatternOperands.unflat(pattern).nnz), dtype=q.dtype)
   return per_edge, per_edge
 
@@ -232,8 +322,9 @@ def _edge_pass(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
   prec = precision_lib.HIGHEST if dtype == f32 else precision_lib.DEFAULT
   rows = PatternOperands.unflat(pattern).rows_a
   f32_out = dtype in (jnp.float16, jnp.bfloat16)
-  sddmm = functools.partial(sddmm_p.bind, shape=shape, precision=prec, float32_out=f32_out,
-                            options=kernel_options(None))
+  sddmm = functools.partial(
+    sddmm_p.bind, shape=shape, precision=prec, float32_out=f32_out, options=kernel_options(None)
+  )
   logits = scale * sddmm(q, k, *pattern).astype(f32)
   if has_bias:
     logits = logits + bias.astype(f32)
@@ -253,9 +344,15 @@ def _bwd_batch(args, dims, **params):
 
 attention_bwd_p.def_abstract_eval(_bwd_abstract)
 batching.primitive_batchers[attention_bwd_p] = _bwd_batch
-register_ffi_lowering(attention_bwd_p, "jaxsparse_tc_attention_bwd", 7, cpu_pattern=lambda P: (),
-                      cuda_pattern=lambda P: P.row_view_a, attrs=_ATTRS,
-                      cpu_rule=mlir.lower_fun(_edge_pass, multiple_results=True))
+register_ffi_lowering(
+  attention_bwd_p,
+  "jaxsparse_tc_attention_bwd",
+  7,
+  cpu_pattern=lambda P: (),
+  cuda_pattern=lambda P: P.row_view_a,
+  attrs=_ATTRS,
+  cpu_rule=mlir.lower_fun(_edge_pass, multiple_results=True),
+)
 
 
 # -- backward on tensor cores ------------------------------------------------------------------
@@ -269,8 +366,11 @@ TENSOR_CORE_D = (32, 64, 128)
 
 def _grads_kernel_fits(q, v) -> bool:
   """Whether the tensor-core kernels take these operands: 16-bit, d = dv in TENSOR_CORE_D."""
-  return (q.dtype in (jnp.float16, jnp.bfloat16) and q.shape[-1] == v.shape[-1]
-          and q.shape[-1] in TENSOR_CORE_D)
+  return (
+    q.dtype in (jnp.float16, jnp.bfloat16)
+    and q.shape[-1] == v.shape[-1]
+    and q.shape[-1] in TENSOR_CORE_D
+  )
 
 
 def _grads_on_tensor_cores(q, v, nnz: int, options) -> bool:
@@ -285,24 +385,32 @@ def _grads_on_tensor_cores(q, v, nnz: int, options) -> bool:
   return options.attention_backward == "fused" or q.shape[2] <= 64 or nnz < SMALL_GRAPH_NNZ
 
 
-def _grads_abstract(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias, grouped,
-                    grouped_t, options):
-  h = heads.num_heads(q.shape[0], k.shape[0], v.shape[0], bias.shape[0], o.shape[0],
-                      lse.shape[0], do.shape[0])
+def _grads_abstract(
+  q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias, grouped, grouped_t, options
+):
+  h = heads.num_heads(
+    q.shape[0], k.shape[0], v.shape[0], bias.shape[0], o.shape[0], lse.shape[0], do.shape[0]
+  )
   m, n = shape
   nnz = PatternOperands.unflat(pattern).nnz if has_bias else 0
-  return (q.update(shape=(h, m, q.shape[2])), q.update(shape=(h, n, q.shape[2])),
-          q.update(shape=(h, n, v.shape[2])), q.update(shape=(h, nnz)))
+  return (
+    q.update(shape=(h, m, q.shape[2])),
+    q.update(shape=(h, n, q.shape[2])),
+    q.update(shape=(h, n, v.shape[2])),
+    q.update(shape=(h, nnz)),
+  )
 
 
-def _composed_grads(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias,
-                    edge_pass=None, options=None, **_):
+def _composed_grads(
+  q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias, edge_pass=None, options=None, **_
+):
   """The backward from the per-edge pass (attention_bwd_p, or the SDDMMs of _edge_pass) and
   three SpMMs (A^T's pattern for dK and dV)."""
   options = kernel_options(options)
   edge_pass = edge_pass or _edge_pass
-  p, ds = edge_pass(q, k, v, bias, o, lse, do, *pattern, shape=shape, scale=scale,
-                    has_bias=has_bias)
+  p, ds = edge_pass(
+    q, k, v, bias, o, lse, do, *pattern, shape=shape, scale=scale, has_bias=has_bias
+  )
   prec = precision_lib.HIGHEST if q.dtype == jnp.float32 else precision_lib.DEFAULT
   P = PatternOperands.unflat(pattern)
   pattern_t, perm_t = P.transpose().flat(), P.perm_t
@@ -319,8 +427,15 @@ def _grads_cuda_workspace(dense, P, avals_out, params):
   (attention/plan.h)."""
   h, m, d = avals_out[0].shape
   return cuda_extension().attention_grads_workspace_bytes(
-      d, h, m, P.a.schedule.shape[0], P.t.schedule.shape[0], params["grouped"],
-      params["grouped_t"], params["options"].merge_split_windows)
+    d,
+    h,
+    m,
+    P.a.schedule.shape[0],
+    P.t.schedule.shape[0],
+    params["grouped"],
+    params["grouped_t"],
+    params["options"].merge_split_windows,
+  )
 
 
 def _grads_batch(args, dims, **params):
@@ -334,13 +449,17 @@ def _grads_batch(args, dims, **params):
 attention_grads_p.def_abstract_eval(_grads_abstract)
 batching.primitive_batchers[attention_grads_p] = _grads_batch
 # Kernel operands: the 7 arrays, A's and A^T's window arrays, perm_t.
-register_ffi_lowering(attention_grads_p, "jaxsparse_tc_attention_grads", 7,
-                      cpu_pattern=lambda P: (*P.a, *P.t, P.perm_t), attrs=_ATTRS,
-                      cuda_attrs={"grouped": param("grouped"), "grouped_t": param("grouped_t"),
-                                  **_MERGE},
-                      cuda_workspace=_grads_cuda_workspace,
-                      cpu_rule=mlir.lower_fun(_composed_grads, multiple_results=True),
-                      cuda_supports=lambda avals, _: _grads_kernel_fits(avals[0], avals[2]))
+register_ffi_lowering(
+  attention_grads_p,
+  "jaxsparse_tc_attention_grads",
+  7,
+  cpu_pattern=lambda P: (*P.a, *P.t, P.perm_t),
+  attrs=_ATTRS,
+  cuda_attrs={"grouped": param("grouped"), "grouped_t": param("grouped_t"), **_MERGE},
+  cuda_workspace=_grads_cuda_workspace,
+  cpu_rule=mlir.lower_fun(_composed_grads, multiple_results=True),
+  cuda_supports=lambda avals, _: _grads_kernel_fits(avals[0], avals[2]),
+)
 
 
 # The backward reads the saved lse as a constant (its tangent is declared zero), so
@@ -358,14 +477,39 @@ def _backward(q, k, v, bias, o, lse, do, pattern, shape, scale, has_bias, groupe
   """
   params = dict(shape=shape, scale=scale, has_bias=has_bias)
   if _grads_on_tensor_cores(q, v, PatternOperands.unflat(pattern).nnz, options):
-    return tuple(attention_grads_p.bind(q, k, v, bias, o, lse, do, *pattern, **params,
-                                        grouped=grouped[0], grouped_t=grouped[1],
-                                        options=options))
-  fused = ("jaxsparse_tc_attention_bwd" in CUDA_TARGETS
-           and max(q.shape[2], v.shape[2]) * q.dtype.itemsize <= _BWD_ROW_BYTES)
-  return _composed_grads(q, k, v, bias, o, lse, do, *pattern, **params,
-                         edge_pass=attention_bwd_p.bind if fused else _edge_pass,
-                         options=options)
+    return tuple(
+      attention_grads_p.bind(
+        q,
+        k,
+        v,
+        bias,
+        o,
+        lse,
+        do,
+        *pattern,
+        **params,
+        grouped=grouped[0],
+        grouped_t=grouped[1],
+        options=options,
+      )
+    )
+  fused = (
+    "jaxsparse_tc_attention_bwd" in CUDA_TARGETS
+    and max(q.shape[2], v.shape[2]) * q.dtype.itemsize <= _BWD_ROW_BYTES
+  )
+  return _composed_grads(
+    q,
+    k,
+    v,
+    bias,
+    o,
+    lse,
+    do,
+    *pattern,
+    **params,
+    edge_pass=attention_bwd_p.bind if fused else _edge_pass,
+    options=options,
+  )
 
 
 @_backward.defjvp

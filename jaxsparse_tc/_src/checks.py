@@ -24,32 +24,41 @@ def softmax_dtype(op: str, name: str, x) -> None:
   """The softmax operations compute in float32 and take float32, float16 and bfloat16 only
   (float64 would silently lose its precision), on CPU and GPU alike."""
   if not is_supported_float(x.dtype) or np.dtype(x.dtype) == np.float64:
-    raise OperandError(f"{op}: {name} (shape {x.shape}) has dtype {x.dtype}; supported: "
-                       "float32, float16, bfloat16 (float32 math; cast float64 to float32)")
+    raise OperandError(
+      f"{op}: {name} (shape {x.shape}) has dtype {x.dtype}; supported: "
+      "float32, float16, bfloat16 (float32 math; cast float64 to float32)"
+    )
 
 
 def dense_operand(op: str, name: str, x, A, *, expected_rows: int) -> None:
   if x.ndim not in (2, 3) or x.shape[-2] != expected_rows:
     raise OperandError(
-        f"{op}: A has shape {A.shape}, so {name} must have shape [{expected_rows}, d] or "
-        f"[H, {expected_rows}, d]; got {name} with shape {x.shape}")
+      f"{op}: A has shape {A.shape}, so {name} must have shape [{expected_rows}, d] or "
+      f"[H, {expected_rows}, d]; got {name} with shape {x.shape}"
+    )
   if not is_supported_float(x.dtype):
     raise OperandError(
-        f"{op}: {name} (shape {x.shape}) has dtype {x.dtype}; supported: float32, float16, "
-        f"bfloat16, float64 (CPU) (A has shape {A.shape})")
+      f"{op}: {name} (shape {x.shape}) has dtype {x.dtype}; supported: float32, float16, "
+      f"bfloat16, float64 (CPU) (A has shape {A.shape})"
+    )
   if not jnp.issubdtype(A.values.dtype, jnp.floating):
-    raise OperandError(f"{op}: A's values (shape {A.values.shape}) have non-float dtype "
-                       f"{A.values.dtype}")
+    raise OperandError(
+      f"{op}: A's values (shape {A.values.shape}) have non-float dtype {A.values.dtype}"
+    )
 
 
 def same_dense(op: str, x, y, names=("X", "Y")) -> None:
   a, b = names
   if x.dtype != y.dtype:
-    raise OperandError(f"{op}: {a} (shape {x.shape}, {x.dtype}) and {b} (shape {y.shape}, "
-                       f"{y.dtype}) must have the same dtype")
+    raise OperandError(
+      f"{op}: {a} (shape {x.shape}, {x.dtype}) and {b} (shape {y.shape}, "
+      f"{y.dtype}) must have the same dtype"
+    )
   if x.shape[-1] != y.shape[-1]:
-    raise OperandError(f"{op}: {a} has shape {x.shape} and {b} has shape {y.shape}; their last "
-                       "(feature) dimensions must be equal")
+    raise OperandError(
+      f"{op}: {a} has shape {x.shape} and {b} has shape {y.shape}; their last "
+      "(feature) dimensions must be equal"
+    )
 
 
 def heads_match(op: str, A, x, h1: int, h2: int, other=None) -> None:

@@ -12,7 +12,6 @@ transposes the JVP into the same kernel. Its own JVP (second order) is composed 
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax.interpreters import ad, batching
 
@@ -34,8 +33,10 @@ def edge_softmax(A, values=None):
     return A.__jaxsparse_tc_op__("edge_softmax", values)
   v = A.values if values is None else jnp.asarray(values)
   if v.ndim not in (1, 2) or v.shape[-1] != A.nnz:
-    raise checks.OperandError(f"edge_softmax: A has shape {A.shape} and {A.nnz} nonzeros, so "
-                              f"values must have shape [{A.nnz}] or [H, {A.nnz}]; got {v.shape}")
+    raise checks.OperandError(
+      f"edge_softmax: A has shape {A.shape} and {A.nnz} nonzeros, so "
+      f"values must have shape [{A.nnz}] or [H, {A.nnz}]; got {v.shape}"
+    )
   checks.softmax_dtype("edge_softmax", "values", v)
   out = edge_softmax_p.bind(*vma.match(v.reshape(-1, A.nnz), *A.pattern_operands()))
   return A.with_values(out if v.ndim == 2 else out[0])
@@ -75,8 +76,13 @@ edge_softmax_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[edge_softmax_p] = _jvp
 batching.primitive_batchers[edge_softmax_p] = _batch
 # CUDA also reads each value's row (its kernel strides over a window's values).
-register_ffi_lowering(edge_softmax_p, "jaxsparse_tc_edge_softmax", 1, cpu_pattern=lambda P: P.a,
-                      cuda_pattern=lambda P: (*P.a, P.rows_a))
+register_ffi_lowering(
+  edge_softmax_p,
+  "jaxsparse_tc_edge_softmax",
+  1,
+  cpu_pattern=lambda P: P.a,
+  cuda_pattern=lambda P: (*P.a, P.rows_a),
+)
 
 
 # -- edge_softmax_bwd_p(y, t) = y * (t - rowsum(y * t)) -----------------------------------------
@@ -126,5 +132,10 @@ edge_softmax_bwd_p.def_abstract_eval(_bwd_abstract_eval)
 ad.primitive_jvps[edge_softmax_bwd_p] = _bwd_jvp
 ad.primitive_transposes[edge_softmax_bwd_p] = _bwd_transpose
 batching.primitive_batchers[edge_softmax_bwd_p] = _bwd_batch
-register_ffi_lowering(edge_softmax_bwd_p, "jaxsparse_tc_edge_softmax_bwd", 2,
-                      cpu_pattern=lambda P: P.a, cuda_pattern=lambda P: (*P.a, P.rows_a))
+register_ffi_lowering(
+  edge_softmax_bwd_p,
+  "jaxsparse_tc_edge_softmax_bwd",
+  2,
+  cpu_pattern=lambda P: P.a,
+  cuda_pattern=lambda P: (*P.a, P.rows_a),
+)

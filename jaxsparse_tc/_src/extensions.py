@@ -8,8 +8,9 @@ try:
   from jaxsparse_tc import _cpu
 except ImportError as e:  # pragma: no cover - a source tree that was never built
   raise ImportError(
-      "jaxsparse_tc's compiled extension is missing: install the package (pip install -e .) "
-      "rather than importing an unbuilt source tree") from e
+    "jaxsparse_tc's compiled extension is missing: install the package (pip install -e .) "
+    "rather than importing an unbuilt source tree"
+  ) from e
 
 try:  # built only where nvcc was found
   from jaxsparse_tc import _cuda

@@ -28,10 +28,19 @@ def param(name: str, typ=np.int32) -> AttrRule:
   return lambda params: typ(params[name])
 
 
-def register_ffi_lowering(prim, target: str, num_dense: int, *, cpu_pattern: PatternPick,
-                          cuda_pattern: PatternPick | None = None, attrs=None,
-                          cuda_attrs=None, cuda_workspace=None, cpu_rule=None,
-                          cuda_supports=None):
+def register_ffi_lowering(
+  prim,
+  target: str,
+  num_dense: int,
+  *,
+  cpu_pattern: PatternPick,
+  cuda_pattern: PatternPick | None = None,
+  attrs=None,
+  cuda_attrs=None,
+  cuda_workspace=None,
+  cpu_rule=None,
+  cuda_supports=None,
+):
   """Lowers `prim` (operands: `num_dense` dense arrays, then PatternOperands.flat()) to the FFI
   `target` on CPU (always) and CUDA (when built).
 
@@ -75,7 +84,8 @@ def register_ffi_lowering(prim, target: str, num_dense: int, *, cpu_pattern: Pat
       return cpu_rule(ctx, *operands, **params)
     if any(getattr(a, "dtype", None) == np.float64 for a in ctx.avals_in):
       raise NotImplementedError(
-          f"{prim.name}: float64 runs on the CPU kernels only; cast to float32 on GPU")
+        f"{prim.name}: float64 runs on the CPU kernels only; cast to float32 on GPU"
+      )
     return lower(ctx, operands, params, cuda_pattern, cuda_attrs, cuda_workspace)
 
   prim.def_impl(functools.partial(apply_primitive, prim))

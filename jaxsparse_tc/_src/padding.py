@@ -38,12 +38,20 @@ import numpy as np
 from jaxsparse_tc._src import pattern as pattern_lib
 from jaxsparse_tc._src.pattern import Pattern
 
-__all__ = ["PadSizes", "pattern_sizes", "max_sizes", "reschedule", "pad_pattern",
-           "pad_permutation", "valid_mask"]
+__all__ = [
+  "PadSizes",
+  "pattern_sizes",
+  "max_sizes",
+  "reschedule",
+  "pad_pattern",
+  "pad_permutation",
+  "valid_mask",
+]
 
 
 class PadSizes(NamedTuple):
   """Lengths of one orientation's variable-length arrays."""
+
   nnz: int
   cols: int  # window_cols (C)
   blocks: int  # block_bitmap rows (B)
@@ -52,9 +60,13 @@ class PadSizes(NamedTuple):
 
 
 def pattern_sizes(p: Pattern) -> PadSizes:
-  return PadSizes(int(p.rows.shape[0]), int(p.window_cols.shape[0]),
-                  int(p.block_bitmap.shape[0]), int(p.schedule.shape[0]),
-                  int(p.row_schedule.shape[0]))
+  return PadSizes(
+    int(p.rows.shape[0]),
+    int(p.window_cols.shape[0]),
+    int(p.block_bitmap.shape[0]),
+    int(p.schedule.shape[0]),
+    int(p.row_schedule.shape[0]),
+  )
 
 
 def max_sizes(sizes: Sequence[PadSizes]) -> PadSizes:
@@ -68,8 +80,9 @@ def _row_ptr(p: Pattern, m: int) -> np.ndarray:
   return ptr
 
 
-def reschedule(p: Pattern, num_rows: int, nnz: int, grouped: bool,
-               split_blocks: int | None = None) -> Pattern:
+def reschedule(
+  p: Pattern, num_rows: int, nnz: int, grouped: bool, split_blocks: int | None = None
+) -> Pattern:
   """`p` with its window schedule and row schedule rebuilt by the rules of a pattern of `nnz`
   nonzeros (the padded count kernels will see). `grouped`: cut windows into grouped pieces
   (pattern.grouped_schedule_fits(window_block_ptr, nnz) must hold)."""
@@ -92,8 +105,9 @@ def _pad_rows(a: np.ndarray, length: int, fill) -> np.ndarray:
   return np.concatenate([a, tail])
 
 
-def pad_pattern(p: Pattern, sizes: PadSizes, *, empty_window: int, empty_row: int,
-                fill_col: int) -> Pattern:
+def pad_pattern(
+  p: Pattern, sizes: PadSizes, *, empty_window: int, empty_row: int, fill_col: int
+) -> Pattern:
   """`p` (numpy arrays) with every variable-length array padded to `sizes` (table above).
 
   `empty_window`: a window without nonzeros whose items the padded schedule repeats;
@@ -117,17 +131,18 @@ def pad_pattern(p: Pattern, sizes: PadSizes, *, empty_window: int, empty_row: in
   entries[:, 0] = fill_col
   entries[:, 1] = np.arange(nnz, sizes.nnz)
   return Pattern(
-      window_col_ptr=wcp,
-      window_cols=_pad_rows(p.window_cols, sizes.cols, fill_col),
-      window_block_ptr=wbp,
-      block_bitmap=_pad_rows(p.block_bitmap, sizes.blocks, 0),
-      block_value_ptr=_pad_rows(p.block_value_ptr, sizes.blocks + 1, nnz),
-      schedule=np.concatenate([np.asarray(p.schedule, np.int32), items]),
-      rows=_pad_rows(rows, sizes.nnz, empty_row),
-      cols=_pad_rows(p.cols, sizes.nnz, fill_col),
-      row_entries=np.concatenate([np.asarray(p.row_entries, np.int32), entries]),
-      row_schedule=_pad_rows(p.row_schedule, sizes.row_items,
-                             (empty_row, nnz, nnz, pattern_lib.WHOLE_ROW)),
+    window_col_ptr=wcp,
+    window_cols=_pad_rows(p.window_cols, sizes.cols, fill_col),
+    window_block_ptr=wbp,
+    block_bitmap=_pad_rows(p.block_bitmap, sizes.blocks, 0),
+    block_value_ptr=_pad_rows(p.block_value_ptr, sizes.blocks + 1, nnz),
+    schedule=np.concatenate([np.asarray(p.schedule, np.int32), items]),
+    rows=_pad_rows(rows, sizes.nnz, empty_row),
+    cols=_pad_rows(p.cols, sizes.nnz, fill_col),
+    row_entries=np.concatenate([np.asarray(p.row_entries, np.int32), entries]),
+    row_schedule=_pad_rows(
+      p.row_schedule, sizes.row_items, (empty_row, nnz, nnz, pattern_lib.WHOLE_ROW)
+    ),
   )
 
 

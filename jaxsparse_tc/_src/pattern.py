@@ -42,8 +42,12 @@ class Pattern(NamedTuple):
 SCHEDULE_FIELDS = 8
 
 
-def window_schedule(window_block_ptr: np.ndarray, size: int = SPLIT_BLOCKS,
-                    grouped: bool = False, window_col_ptr: np.ndarray | None = None) -> np.ndarray:
+def window_schedule(
+  window_block_ptr: np.ndarray,
+  size: int = SPLIT_BLOCKS,
+  grouped: bool = False,
+  window_col_ptr: np.ndarray | None = None,
+) -> np.ndarray:
   """Work items (window, block_begin, block_end, split, col_begin, col_end, first, pieces):
   windows by decreasing block count, a window of more than `size` blocks cut into pieces of that
   many (split = the piece size; 0 for a whole window), a split window's pieces contiguous and in
@@ -77,8 +81,9 @@ def window_schedule(window_block_ptr: np.ndarray, size: int = SPLIT_BLOCKS,
   position = np.empty_like(order)
   position[order] = np.arange(order.size)
   first = position[np.repeat(first_item, pieces)]  # pieces stay contiguous in the sorted order
-  items = np.stack([window, begin, end, split, col_begin, cptr[window + 1], first,
-                    pieces[window]], axis=1)
+  items = np.stack(
+    [window, begin, end, split, col_begin, cptr[window + 1], first, pieces[window]], axis=1
+  )
   return np.ascontiguousarray(items[order], dtype=np.int32)
 
 
@@ -159,13 +164,15 @@ def row_schedule(row_ptr: np.ndarray, piece: int) -> np.ndarray:
   begin = ptr[row] + p * cap
   end = np.minimum(begin + cap, ptr[row + 1])
   split = pieces[row] > 1
-  slot = np.where(split, np.cumsum(split & (p == 0)) - 1,
-                  np.where(counts[row] > piece, CTA_ROW, WHOLE_ROW))
+  slot = np.where(
+    split, np.cumsum(split & (p == 0)) - 1, np.where(counts[row] > piece, CTA_ROW, WHOLE_ROW)
+  )
   return np.ascontiguousarray(np.stack([row, begin, end, slot], axis=1), dtype=np.int32)
 
 
-def build(rows: np.ndarray, cols: np.ndarray, m: int, n: int,
-          options=None) -> tuple[Pattern, np.ndarray, bool]:
+def build(
+  rows: np.ndarray, cols: np.ndarray, m: int, n: int, options=None
+) -> tuple[Pattern, np.ndarray, bool]:
   """Builds the pattern of validated int64 COO indices; returns it, input_to_format and whether
   its schedule is grouped (window_schedule). `options`: a FormatOptions (None: the defaults)."""
   raw = _cpu.build_pattern(rows, cols, m, n)
@@ -175,28 +182,30 @@ def build(rows: np.ndarray, cols: np.ndarray, m: int, n: int,
   fits = grouped_schedule_fits(raw["window_block_ptr"], nnz)
   if want_grouped and not fits:
     raise ValueError(
-        f"FormatOptions(grouped=True): a grouped schedule needs fewer than {SMALL_GRAPH_NNZ} "
-        f"nonzeros and at most {GROUPED_MAX_BLOCKS} blocks per window; this pattern has {nnz} "
-        f"nonzeros")
+      f"FormatOptions(grouped=True): a grouped schedule needs fewer than {SMALL_GRAPH_NNZ} "
+      f"nonzeros and at most {GROUPED_MAX_BLOCKS} blocks per window; this pattern has {nnz} "
+      f"nonzeros"
+    )
   grouped = fits and want_grouped is not False and forced_size is None
   size = split_blocks(nnz) if forced_size is None else forced_size
   pattern = Pattern(
-      window_col_ptr=raw["window_col_ptr"],
-      window_cols=raw["window_cols"],
-      window_block_ptr=raw["window_block_ptr"],
-      block_bitmap=raw["block_bitmap"],
-      block_value_ptr=raw["block_value_ptr"],
-      schedule=window_schedule(raw["window_block_ptr"], size, grouped, raw["window_col_ptr"]),
-      rows=raw["rows"],
-      cols=raw["cols"],
-      row_entries=raw["row_entries"],
-      row_schedule=row_schedule(raw["row_ptr"], row_piece(nnz)),
+    window_col_ptr=raw["window_col_ptr"],
+    window_cols=raw["window_cols"],
+    window_block_ptr=raw["window_block_ptr"],
+    block_bitmap=raw["block_bitmap"],
+    block_value_ptr=raw["block_value_ptr"],
+    schedule=window_schedule(raw["window_block_ptr"], size, grouped, raw["window_col_ptr"]),
+    rows=raw["rows"],
+    cols=raw["cols"],
+    row_entries=raw["row_entries"],
+    row_schedule=row_schedule(raw["row_ptr"], row_piece(nnz)),
   )
   return pattern, raw["input_to_format"], grouped
 
 
 class KernelArrays(NamedTuple):
   """One orientation's window arrays: what every window kernel reads (Pattern.kernel_arrays)."""
+
   window_col_ptr: Any
   window_cols: Any
   window_block_ptr: Any
@@ -207,6 +216,7 @@ class KernelArrays(NamedTuple):
 
 class RowView(NamedTuple):
   """One orientation's row view: what the CUDA-core row kernels read (Pattern.row_arrays)."""
+
   entries: Any
   schedule: Any
 
@@ -215,6 +225,7 @@ class PatternOperands(NamedTuple):
   """What a primitive takes besides its dense operands: A's and A^T's structure, so that a
   transpose rule can run the transposed product. Primitives bind it flattened (`flat()`) after
   their dense operands; rules and lowerings rebuild it (`unflat`) and pick fields by name."""
+
   a: KernelArrays  # A's window arrays
   t: KernelArrays  # A^T's
   perm_t: Any  # int32 [nnz]: A's values in A^T's format order are values[..., perm_t]
@@ -225,21 +236,45 @@ class PatternOperands(NamedTuple):
   row_view_t: RowView
 
   def flat(self) -> tuple:
-    return (*self.a, *self.t, self.perm_t, self.perm_t_inv, self.rows_a, self.rows_t,
-            *self.row_view_a, *self.row_view_t)
+    return (
+      *self.a,
+      *self.t,
+      self.perm_t,
+      self.perm_t_inv,
+      self.rows_a,
+      self.rows_t,
+      *self.row_view_a,
+      *self.row_view_t,
+    )
 
   @classmethod
   def unflat(cls, ops) -> "PatternOperands":
     ops = tuple(ops)
     if len(ops) != NUM_PATTERN_OPERANDS:
       raise ValueError(f"expected {NUM_PATTERN_OPERANDS} pattern operands, got {len(ops)}")
-    return cls(KernelArrays(*ops[0:6]), KernelArrays(*ops[6:12]), ops[12], ops[13], ops[14],
-               ops[15], RowView(*ops[16:18]), RowView(*ops[18:20]))
+    return cls(
+      KernelArrays(*ops[0:6]),
+      KernelArrays(*ops[6:12]),
+      ops[12],
+      ops[13],
+      ops[14],
+      ops[15],
+      RowView(*ops[16:18]),
+      RowView(*ops[18:20]),
+    )
 
   def transpose(self) -> "PatternOperands":
     """The operands of A^T."""
-    return PatternOperands(self.t, self.a, self.perm_t_inv, self.perm_t, self.rows_t, self.rows_a,
-                           self.row_view_t, self.row_view_a)
+    return PatternOperands(
+      self.t,
+      self.a,
+      self.perm_t_inv,
+      self.perm_t,
+      self.rows_t,
+      self.rows_a,
+      self.row_view_t,
+      self.row_view_a,
+    )
 
   @property
   def nnz(self) -> int:

@@ -9,9 +9,14 @@ DEFAULT = 0  # float32 at least as accurate as tf32 (tf32 tensor cores, or exact
 HIGHEST = 1  # exact float32 on CUDA cores
 
 _NAMES = {
-    None: DEFAULT, "default": DEFAULT, "fastest": DEFAULT, "tensorfloat32": DEFAULT,
-    "high": DEFAULT, "bfloat16": DEFAULT,
-    "highest": HIGHEST, "float32": HIGHEST,
+  None: DEFAULT,
+  "default": DEFAULT,
+  "fastest": DEFAULT,
+  "tensorfloat32": DEFAULT,
+  "high": DEFAULT,
+  "bfloat16": DEFAULT,
+  "highest": HIGHEST,
+  "float32": HIGHEST,
 }
 
 
@@ -23,4 +28,5 @@ def canonicalize(precision) -> int:
     if key in _NAMES:
       return _NAMES[key]
   raise ValueError(
-      f"precision must be None, 'default', 'highest' or a jax.lax.Precision; got {precision!r}")
+    f"precision must be None, 'default', 'highest' or a jax.lax.Precision; got {precision!r}"
+  )

@@ -14,8 +14,10 @@ def zero_tangent(x):
 def check_pattern_unbatched(dims, first_pattern: int) -> None:
   """vmap may batch values and dense operands, never the pattern arrays."""
   if any(d is not None for d in dims[first_pattern:]):
-    raise NotImplementedError("jaxsparse_tc: vmap over the sparsity pattern is not supported; "
-                              "batch the values or the dense operands")
+    raise NotImplementedError(
+      "jaxsparse_tc: vmap over the sparsity pattern is not supported; "
+      "batch the values or the dense operands"
+    )
 
 
 def batch_size(args, dims) -> int:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching
 
-from jaxsparse_tc._src import checks, heads, precision as precision_lib, rules, vma
+from jaxsparse_tc._src import checks, heads, rules, vma
+from jaxsparse_tc._src import precision as precision_lib
 from jaxsparse_tc._src.lowering import param, register_ffi_lowering
 from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, PatternOperands
 from jaxsparse_tc._src.primitives import sddmm_p, spmm_p
@@ -16,8 +16,16 @@ from jaxsparse_tc.options import kernel_options
 __all__ = ["sddmm", "sddmm_p"]
 
 
-def sddmm(A, x, y, *, scale_by_values: bool = False, precision=None,
-          preferred_element_type=None, options=None):
+def sddmm(
+  A,
+  x,
+  y,
+  *,
+  scale_by_values: bool = False,
+  precision=None,
+  preferred_element_type=None,
+  options=None,
+):
   """(X @ Y.T) sampled at A's nonzeros, as a SparseMatrix on A's pattern.
 
   X [m, d] or [H, m, d], Y [n, d] or [H, n, d], one float dtype. With `scale_by_values`, the
@@ -26,9 +34,15 @@ def sddmm(A, x, y, *, scale_by_values: bool = False, precision=None,
   forcing the GPU kernel family (None: the launch plan's choice).
   """
   if hasattr(A, "__jaxsparse_tc_op__"):  # a container of matrices (distributed.ShardedMatrix)
-    return A.__jaxsparse_tc_op__("sddmm", x, y, scale_by_values=scale_by_values,
-                                 precision=precision,
-                                 preferred_element_type=preferred_element_type, options=options)
+    return A.__jaxsparse_tc_op__(
+      "sddmm",
+      x,
+      y,
+      scale_by_values=scale_by_values,
+      precision=precision,
+      preferred_element_type=preferred_element_type,
+      options=options,
+    )
   x, y = jnp.asarray(x), jnp.asarray(y)
   m, n = A.shape
   checks.dense_operand("sddmm", "X", x, A, expected_rows=m)
@@ -37,16 +51,21 @@ def sddmm(A, x, y, *, scale_by_values: bool = False, precision=None,
   out_dtype = x.dtype if preferred_element_type is None else jnp.dtype(preferred_element_type)
   if out_dtype not in (x.dtype, jnp.float32) or (out_dtype != x.dtype and x.itemsize != 2):
     raise checks.OperandError(
-        f"sddmm: preferred_element_type must be X's dtype ({x.dtype}) or float32 for 16-bit X, "
-        f"got {out_dtype}")
+      f"sddmm: preferred_element_type must be X's dtype ({x.dtype}) or float32 for 16-bit X, "
+      f"got {out_dtype}"
+    )
   hx = x.shape[0] if x.ndim == 3 else 1
   hy = y.shape[0] if y.ndim == 3 else 1
   checks.heads_match("sddmm", A, x, hx, hy, other=y)
-  out = sddmm_p.bind(*vma.match(x.reshape((hx,) + x.shape[-2:]),
-                                y.reshape((hy,) + y.shape[-2:]), *A.pattern_operands()),
-                     shape=A.shape,
-                     precision=precision_lib.canonicalize(precision),
-                     float32_out=out_dtype != x.dtype, options=kernel_options(options))
+  out = sddmm_p.bind(
+    *vma.match(
+      x.reshape((hx,) + x.shape[-2:]), y.reshape((hy,) + y.shape[-2:]), *A.pattern_operands()
+    ),
+    shape=A.shape,
+    precision=precision_lib.canonicalize(precision),
+    float32_out=out_dtype != x.dtype,
+    options=kernel_options(options),
+  )
   if x.ndim == 2 and y.ndim == 2:
     out = out[0]
   if scale_by_values:
@@ -74,8 +93,9 @@ def _transpose(ct, x, y, *pattern, shape, precision, float32_out, options):
     return [heads.sum_to_heads(dx, x.aval.shape[0]), None] + none
   P = PatternOperands.unflat(pattern)
   ct_t = ct[:, P.perm_t]  # cotangent values in A^T's order
-  dy = spmm_p.bind(ct_t, x, *P.transpose().flat(), shape=(shape[1], shape[0]),
-                   precision=precision, options=options)
+  dy = spmm_p.bind(
+    ct_t, x, *P.transpose().flat(), shape=(shape[1], shape[0]), precision=precision, options=options
+  )
   return [None, heads.sum_to_heads(dy, y.aval.shape[0])] + none
 
 
@@ -93,7 +113,12 @@ ad.primitive_jvps[sddmm_p] = rules.bilinear_jvp(sddmm_p)
 ad.primitive_transposes[sddmm_p] = _transpose
 batching.primitive_batchers[sddmm_p] = _batch
 # On CUDA the kernels also read A's row view (the CUDA-core kernels for sparse blocks).
-register_ffi_lowering(sddmm_p, "jaxsparse_tc_sddmm", 2, cpu_pattern=lambda P: P.a,
-                      cuda_pattern=lambda P: (*P.a, *P.row_view_a),
-                      attrs={"precision": param("precision")},
-                      cuda_attrs={"kernel": lambda p: np.int32(p["options"].sddmm_code)})
+register_ffi_lowering(
+  sddmm_p,
+  "jaxsparse_tc_sddmm",
+  2,
+  cpu_pattern=lambda P: P.a,
+  cuda_pattern=lambda P: (*P.a, *P.row_view_a),
+  attrs={"precision": param("precision")},
+  cuda_attrs={"kernel": lambda p: np.int32(p["options"].sddmm_code)},
+)

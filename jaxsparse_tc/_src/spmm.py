@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching
 
-from jaxsparse_tc._src import checks, heads, precision as precision_lib, rules, vma
+from jaxsparse_tc._src import checks, heads, rules, vma
+from jaxsparse_tc._src import precision as precision_lib
 from jaxsparse_tc._src.extensions import cuda_extension
 from jaxsparse_tc._src.lowering import param, register_ffi_lowering
 from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, PatternOperands
@@ -35,10 +35,12 @@ def spmm(A, x, *, precision=None, options=None):
   hv = values.shape[0] if values.ndim == 2 else 1
   hx = x.shape[0] if x.ndim == 3 else 1
   checks.heads_match("spmm", A, x, hv, hx)
-  out = spmm_p.bind(*vma.match(values.reshape(hv, A.nnz), x.reshape((hx,) + x.shape[-2:]),
-                               *A.pattern_operands()), shape=A.shape,
-                    precision=precision_lib.canonicalize(precision),
-                    options=kernel_options(options))
+  out = spmm_p.bind(
+    *vma.match(values.reshape(hv, A.nnz), x.reshape((hx,) + x.shape[-2:]), *A.pattern_operands()),
+    shape=A.shape,
+    precision=precision_lib.canonicalize(precision),
+    options=kernel_options(options),
+  )
   return out if values.ndim == 2 or x.ndim == 3 else out[0]
 
 
@@ -55,11 +57,18 @@ def _transpose(ct, values, x, *pattern, shape, precision, options):
   P = PatternOperands.unflat(pattern)
   if ad.is_undefined_primal(x):
     values_t = values[:, P.perm_t]  # A's values in A^T's order
-    dx = spmm_p.bind(values_t, ct, *P.transpose().flat(), shape=(shape[1], shape[0]),
-                     precision=precision, options=options)
+    dx = spmm_p.bind(
+      values_t,
+      ct,
+      *P.transpose().flat(),
+      shape=(shape[1], shape[0]),
+      precision=precision,
+      options=options,
+    )
     return [None, heads.sum_to_heads(dx, x.aval.shape[0])] + none
-  dvalues = sddmm_p.bind(ct, x, *pattern, shape=shape, precision=precision, float32_out=False,
-                         options=options)
+  dvalues = sddmm_p.bind(
+    ct, x, *pattern, shape=shape, precision=precision, float32_out=False, options=options
+  )
   return [heads.sum_to_heads(dvalues, values.aval.shape[0]), None] + none
 
 
@@ -85,9 +94,18 @@ def _cuda_workspace(dense, P, avals_out, params):
   h, m, d = avals_out[0].shape
   exact = x.dtype == jnp.float32 and params["precision"] == precision_lib.HIGHEST
   return cuda_extension().spmm_workspace_bytes(
-      x.dtype.itemsize, exact, params["options"].spmm_code, values.shape[1],
-      P.a.block_bitmap.shape[0], P.a.schedule.shape[0], P.a.window_col_ptr.shape[0] - 1,
-      P.row_view_a.schedule.shape[0], m, d, h)
+    x.dtype.itemsize,
+    exact,
+    params["options"].spmm_code,
+    values.shape[1],
+    P.a.block_bitmap.shape[0],
+    P.a.schedule.shape[0],
+    P.a.window_col_ptr.shape[0] - 1,
+    P.row_view_a.schedule.shape[0],
+    m,
+    d,
+    h,
+  )
 
 
 spmm_p.def_abstract_eval(_abstract_eval)
@@ -95,8 +113,13 @@ ad.primitive_jvps[spmm_p] = rules.bilinear_jvp(spmm_p)
 ad.primitive_transposes[spmm_p] = _transpose
 batching.primitive_batchers[spmm_p] = _batch
 # On CUDA the kernels also read A's row view (the CUDA-core kernels for sparse blocks).
-register_ffi_lowering(spmm_p, "jaxsparse_tc_spmm", 2, cpu_pattern=lambda P: P.a,
-                      cuda_pattern=lambda P: (*P.a, *P.row_view_a),
-                      attrs={"precision": param("precision")},
-                      cuda_attrs={"kernel": lambda p: np.int32(p["options"].spmm_code)},
-                      cuda_workspace=_cuda_workspace)
+register_ffi_lowering(
+  spmm_p,
+  "jaxsparse_tc_spmm",
+  2,
+  cpu_pattern=lambda P: P.a,
+  cuda_pattern=lambda P: (*P.a, *P.row_view_a),
+  attrs={"precision": param("precision")},
+  cuda_attrs={"kernel": lambda p: np.int32(p["options"].spmm_code)},
+  cuda_workspace=_cuda_workspace,
+)

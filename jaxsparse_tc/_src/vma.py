@@ -41,5 +41,7 @@ def match(*operands):
   if not union:
     return operands
   order = tuple(sorted(union, key=str))
-  return tuple(x if s == union else _to_varying(x, tuple(a for a in order if a not in s))
-               for x, s in zip(operands, sets))
+  return tuple(
+    x if s == union else _to_varying(x, tuple(a for a in order if a not in s))
+    for x, s in zip(operands, sets)
+  )

@@ -48,9 +48,20 @@ from jaxsparse_tc._src import pattern as pattern_lib
 from jaxsparse_tc._src.pattern import Pattern
 from jaxsparse_tc.options import FormatOptions
 
-__all__ = ["ShardedMatrix", "ShardLayout", "ShardArrays", "PartLayout", "PartArrays",
-           "make_mesh", "partition_rows",
-           "shard_coo", "shard_matrix", "shard_scipy", "DEFAULT_AXIS", "EXCHANGES"]
+__all__ = [
+  "ShardedMatrix",
+  "ShardLayout",
+  "ShardArrays",
+  "PartLayout",
+  "PartArrays",
+  "make_mesh",
+  "partition_rows",
+  "shard_coo",
+  "shard_matrix",
+  "shard_scipy",
+  "DEFAULT_AXIS",
+  "EXCHANGES",
+]
 
 DEFAULT_AXIS = "shards"
 EXCHANGES = ("auto", "allgather", "halo")
@@ -64,10 +75,12 @@ def make_mesh(devices=None, axis_name: str = DEFAULT_AXIS) -> Mesh:
   elif isinstance(devices, (int, np.integer)):
     all_devs = jax.devices()
     if not 1 <= int(devices) <= len(all_devs):
-      raise ValueError(f"asked for {devices} devices; {len(all_devs)} are visible "
-                       f"({all_devs[0].platform}); on CPU, force more with "
-                       "XLA_FLAGS=--xla_force_host_platform_device_count=N before jax starts")
-    devs = all_devs[:int(devices)]
+      raise ValueError(
+        f"asked for {devices} devices; {len(all_devs)} are visible "
+        f"({all_devs[0].platform}); on CPU, force more with "
+        "XLA_FLAGS=--xla_force_host_platform_device_count=N before jax starts"
+      )
+    devs = all_devs[: int(devices)]
   else:
     devs = list(devices)
   return Mesh(np.array(devs), (axis_name,))
@@ -103,6 +116,7 @@ def partition_rows(row_nnz, num_shards: int, *, row_weight: float = 1.0) -> np.n
 @dataclasses.dataclass(frozen=True, eq=True)
 class ShardLayout:
   """Static description of a ShardedMatrix (hashable: part of jit's cache key)."""
+
   mesh: Mesh
   axis_name: str
   num_nodes: int
@@ -153,6 +167,7 @@ class ShardLayout:
 @dataclasses.dataclass(frozen=True)
 class PartLayout:
   """One part of every shard's local matrix (static)."""
+
   kind: str  # "all" (columns: ext space), "own" (columns: the shard's rows) or "remote" (ext)
   nnz: int  # padded values per shard
   cols: int  # columns of the part's local matrix
@@ -161,6 +176,7 @@ class PartLayout:
 
 class PartArrays(NamedTuple):
   """One part's per-shard arrays, stacked on a leading shard axis (sharded along it)."""
+
   a: Pattern  # local A's pattern, each array [P, ...]
   t: Pattern  # local A^T's
   perm_t: Any  # int32 [P, nnz_pad]
@@ -170,6 +186,7 @@ class PartArrays(NamedTuple):
 
 class ShardArrays(NamedTuple):
   """Per-shard arrays, stacked on a leading shard axis (sharded along it)."""
+
   parts: tuple  # PartArrays per part (ShardLayout.parts)
   send: Any  # int32 [P, P * c]: rows shard q sends to each destination (halo), else None
   ext_to_global: Any  # int32 [P, n_ext]: padded global position of each ext column (halo)
@@ -259,9 +276,11 @@ class ShardedMatrix(sm.SparseMatrix):
     """The same shards with new values ([P*nnz_pad] or [H, P*nnz_pad], sharded layout)."""
     values = jnp.asarray(values)
     if values.ndim not in (1, 2) or values.shape[-1] != self.nnz:
-      raise ValueError(f"values must have shape [{self.nnz}] or [H, {self.nnz}] (the sharded "
-                       f"layout: {self.num_shards} shards x {self.layout.nnz_per_shard}); got "
-                       f"{values.shape}")
+      raise ValueError(
+        f"values must have shape [{self.nnz}] or [H, {self.nnz}] (the sharded "
+        f"layout: {self.num_shards} shards x {self.layout.nnz_per_shard}); got "
+        f"{values.shape}"
+      )
     return ShardedMatrix(values, self.arrays, self.layout)
 
   def _per_part(self, fn):
@@ -271,8 +290,9 @@ class ShardedMatrix(sm.SparseMatrix):
 
   def value_mask(self):
     """[P*nnz_pad] booleans: True at real values, False at padding."""
-    return self._per_part(lambda pl, pa: jnp.arange(pl.nnz, dtype=jnp.int32)[None, :]
-                          < jnp.asarray(pa.nnz)[:, None])
+    return self._per_part(
+      lambda pl, pa: jnp.arange(pl.nnz, dtype=jnp.int32)[None, :] < jnp.asarray(pa.nnz)[:, None]
+    )
 
   def _offsets(self):
     return (jnp.arange(self.num_shards, dtype=jnp.int32) * self.layout.rows_per_shard)[:, None]
@@ -304,8 +324,9 @@ class ShardedMatrix(sm.SparseMatrix):
 
   def _whole(self, what: str):
     raise NotImplementedError(
-        f"ShardedMatrix.{what}: a sharded matrix has no single pattern; its shards' arrays are "
-        f"ShardedMatrix.arrays (stacked on the shard axis)")
+      f"ShardedMatrix.{what}: a sharded matrix has no single pattern; its shards' arrays are "
+      f"ShardedMatrix.arrays (stacked on the shard axis)"
+    )
 
   pattern = property(lambda self: self._whole("pattern"))
   pattern_t = property(lambda self: self._whole("pattern_t"))
@@ -334,24 +355,28 @@ class ShardedMatrix(sm.SparseMatrix):
     src, _ = self._row_source()
     r, c = src[np.asarray(self.rows)[keep]], src[np.asarray(self.cols)[keep]]
     n = self.num_nodes
-    return sp.csr_matrix((v[keep].astype(np.float32) if v.dtype == jnp.bfloat16 else v[keep],
-                          (r, c)), shape=(n, n))
+    return sp.csr_matrix(
+      (v[keep].astype(np.float32) if v.dtype == jnp.bfloat16 else v[keep], (r, c)), shape=(n, n)
+    )
 
   @property
   def T(self):
     raise NotImplementedError(
-        "ShardedMatrix.T: the transpose of a row-partitioned matrix is column-partitioned; "
-        "build the transposed graph's ShardedMatrix instead (gradients need no transpose: "
-        "the operators' rules use each shard's local A^T)")
+      "ShardedMatrix.T: the transpose of a row-partitioned matrix is column-partitioned; "
+      "build the transposed graph's ShardedMatrix instead (gradients need no transpose: "
+      "the operators' rules use each shard's local A^T)"
+    )
 
   def _input_positions(self):
     pos = self.layout.input_positions
     if pos is None:
       raise ValueError("this ShardedMatrix has no input map (built by another route)")
     if pos.dtype == np.int64 and not jax.config.jax_enable_x64:
-      raise ValueError(f"the sharded layout holds {self.nnz} values, past int32 positions: "
-                       "map input-order values with jax_enable_x64, or build the values "
-                       "shard by shard")
+      raise ValueError(
+        f"the sharded layout holds {self.nnz} values, past int32 positions: "
+        "map input-order values with jax_enable_x64, or build the values "
+        "shard by shard"
+      )
     return pos
 
   def values_from_input(self, values) -> jax.Array:
@@ -411,8 +436,9 @@ class ShardedMatrix(sm.SparseMatrix):
       out = np.where(mask, np.take(x, src, axis=ax), np.asarray(fill, x.dtype))
     else:
       x = jnp.asarray(x)
-      out = jnp.where(mask, jnp.take(x, jnp.asarray(src, jnp.int32), axis=ax),
-                      jnp.asarray(fill, x.dtype))
+      out = jnp.where(
+        mask, jnp.take(x, jnp.asarray(src, jnp.int32), axis=ax), jnp.asarray(fill, x.dtype)
+      )
     sharding = NamedSharding(self.mesh, _node_spec(ndim, self.axis_name))
     if isinstance(out, jax.core.Tracer):
       return jax.lax.with_sharding_constraint(out, sharding)
@@ -444,10 +470,12 @@ class ShardedMatrix(sm.SparseMatrix):
 
   def __repr__(self) -> str:
     lay = self.layout
-    return (f"ShardedMatrix(nodes={lay.num_nodes}, shards={lay.num_shards}, "
-            f"rows_per_shard={lay.rows_per_shard}, nnz_per_shard={lay.nnz_per_shard}, "
-            f"exchange={lay.exchange!r}, halo_rows={lay.halo_rows}, "
-            f"parts={tuple(p.kind for p in lay.parts)}, dtype={self.values.dtype})")
+    return (
+      f"ShardedMatrix(nodes={lay.num_nodes}, shards={lay.num_shards}, "
+      f"rows_per_shard={lay.rows_per_shard}, nnz_per_shard={lay.nnz_per_shard}, "
+      f"exchange={lay.exchange!r}, halo_rows={lay.halo_rows}, "
+      f"parts={tuple(p.kind for p in lay.parts)}, dtype={self.values.dtype})"
+    )
 
 
 # -- building -----------------------------------------------------------------------------------
@@ -469,8 +497,10 @@ def _build_local(rows: np.ndarray, cols: np.ndarray, m: int, n: int, format_opti
 def _check_bounds(bounds, n: int, P: int) -> np.ndarray:
   b = np.asarray(bounds, np.int64)
   if b.shape != (P + 1,) or b[0] != 0 or b[-1] != n or np.any(np.diff(b) < 0):
-    raise ValueError(f"bounds must be {P + 1} non-decreasing row indices from 0 to {n}; got "
-                     f"{np.asarray(bounds).tolist()}")
+    raise ValueError(
+      f"bounds must be {P + 1} non-decreasing row indices from 0 to {n}; got "
+      f"{np.asarray(bounds).tolist()}"
+    )
   return b
 
 
@@ -482,9 +512,11 @@ def _build_part(kind, shard_entries, M, n_cols, fill_col, split_blocks):
   built = [_build_local(lr, pc, M, n_cols, fmt) for lr, pc, _ in shard_entries]
   nnz_pad = max(1, max(bt[0].rows.shape[0] for bt in built))
   grouped_a = split_blocks is None and all(
-      pattern_lib.grouped_schedule_fits(bt[0].window_block_ptr, nnz_pad) for bt in built)
+    pattern_lib.grouped_schedule_fits(bt[0].window_block_ptr, nnz_pad) for bt in built
+  )
   grouped_t = split_blocks is None and all(
-      pattern_lib.grouped_schedule_fits(bt[1].window_block_ptr, nnz_pad) for bt in built)
+    pattern_lib.grouped_schedule_fits(bt[1].window_block_ptr, nnz_pad) for bt in built
+  )
   pats_a = [padding.reschedule(bt[0], M, nnz_pad, grouped_a, split_blocks) for bt in built]
   pats_t = [padding.reschedule(bt[1], n_cols, nnz_pad, grouped_t, split_blocks) for bt in built]
   size_a = padding.max_sizes([padding.pattern_sizes(p) for p in pats_a])._replace(nnz=nnz_pad)
@@ -493,25 +525,46 @@ def _build_part(kind, shard_entries, M, n_cols, fill_col, split_blocks):
   # window: empty in A and, as a column, in A^T): row M - 1, column fill_col(p) (M - 1 in a
   # local column space, p * M + M - 1 in the allgather ext space).
   spare, empty_window = M - 1, M // 8 - 1
-  pats_a = [padding.pad_pattern(pat, size_a, empty_window=empty_window, empty_row=spare,
-                                fill_col=fill_col(p)) for p, pat in enumerate(pats_a)]
-  pats_t = [padding.pad_pattern(pat, size_t, empty_window=empty_window, empty_row=fill_col(p),
-                                fill_col=spare) for p, pat in enumerate(pats_t)]
+  pats_a = [
+    padding.pad_pattern(
+      pat, size_a, empty_window=empty_window, empty_row=spare, fill_col=fill_col(p)
+    )
+    for p, pat in enumerate(pats_a)
+  ]
+  pats_t = [
+    padding.pad_pattern(
+      pat, size_t, empty_window=empty_window, empty_row=fill_col(p), fill_col=spare
+    )
+    for p, pat in enumerate(pats_t)
+  ]
   stack = lambda pats: Pattern(*(np.stack(f) for f in zip(*pats)))  # noqa: E731
   arrays = PartArrays(
-      a=stack(pats_a), t=stack(pats_t),
-      perm_t=np.stack([padding.pad_permutation(bt[2], nnz_pad) for bt in built]),
-      perm_t_inv=np.stack([padding.pad_permutation(bt[3], nnz_pad) for bt in built]),
-      nnz=np.array([bt[0].rows.shape[0] for bt in built], np.int32))
+    a=stack(pats_a),
+    t=stack(pats_t),
+    perm_t=np.stack([padding.pad_permutation(bt[2], nnz_pad) for bt in built]),
+    perm_t_inv=np.stack([padding.pad_permutation(bt[3], nnz_pad) for bt in built]),
+    nnz=np.array([bt[0].rows.shape[0] for bt in built], np.int32),
+  )
   layout = PartLayout(kind, nnz_pad, n_cols, (bool(grouped_a), bool(grouped_t)))
   del P
   return layout, arrays, [bt[4] for bt in built]
 
 
-def shard_coo(rows, cols, values=None, *, num_nodes: int, mesh: Mesh | None = None,
-              axis_name: str | None = None, bounds=None, exchange: str = "auto",
-              halo_threshold: float = DEFAULT_HALO_THRESHOLD, overlap: bool = False,
-              split_blocks: int | None = None, row_weight: float = 1.0) -> ShardedMatrix:
+def shard_coo(
+  rows,
+  cols,
+  values=None,
+  *,
+  num_nodes: int,
+  mesh: Mesh | None = None,
+  axis_name: str | None = None,
+  bounds=None,
+  exchange: str = "auto",
+  halo_threshold: float = DEFAULT_HALO_THRESHOLD,
+  overlap: bool = False,
+  split_blocks: int | None = None,
+  row_weight: float = 1.0,
+) -> ShardedMatrix:
   """Builds a ShardedMatrix from COO entries of a square num_nodes x num_nodes matrix (any order,
   duplicates summed; `values` None means ones, [E] or [H, E]).
 
@@ -550,7 +603,7 @@ def shard_coo(rows, cols, values=None, *, num_nodes: int, mesh: Mesh | None = No
   recv = [[None] * P for _ in range(P)]
   c = 0
   for p in range(P):
-    sel = order[starts[p]:starts[p + 1]]
+    sel = order[starts[p] : starts[p + 1]]
     cp, qo = cols[sel], col_owner[sel]
     for q in range(P):
       if q == p:
@@ -583,19 +636,22 @@ def shard_coo(rows, cols, values=None, *, num_nodes: int, mesh: Mesh | None = No
   fill_ext = lambda p: p * M + spare if mode == "allgather" else spare  # noqa: E731
   fill_local = lambda p: spare  # noqa: E731
   specs = []  # (kind, entries per shard, columns, fill column)
-  shard_sel = [order[starts[p]:starts[p + 1]] for p in range(P)]
+  shard_sel = [order[starts[p] : starts[p + 1]] for p in range(P)]
   if overlap and mode != "none":
     own, remote = [], []
     for p, sel in enumerate(shard_sel):
       mine = col_owner[sel] == p
       s_own, s_rem = sel[mine], sel[~mine]
       own.append((rows[s_own] - b[p], cols[s_own] - b[p], s_own))
-      remote.append((rows[s_rem] - b[p],
-                     ext_cols(p, cols[s_rem], col_owner[s_rem]).astype(np.int64), s_rem))
+      remote.append(
+        (rows[s_rem] - b[p], ext_cols(p, cols[s_rem], col_owner[s_rem]).astype(np.int64), s_rem)
+      )
     specs = [("own", own, M, fill_local), ("remote", remote, n_ext, fill_ext)]
   else:
-    entries = [(rows[sel] - b[p], ext_cols(p, cols[sel], col_owner[sel]).astype(np.int64), sel)
-               for p, sel in enumerate(shard_sel)]
+    entries = [
+      (rows[sel] - b[p], ext_cols(p, cols[sel], col_owner[sel]).astype(np.int64), sel)
+      for p, sel in enumerate(shard_sel)
+    ]
     specs = [("all", entries, n_ext, fill_ext)]
 
   part_layouts, part_arrays = [], []
@@ -632,21 +688,40 @@ def shard_coo(rows, cols, values=None, *, num_nodes: int, mesh: Mesh | None = No
       for q in range(P):
         r = recv[p][q]
         if r.size:
-          send[q, p * halo:p * halo + r.size] = r - b[q]
-          ext_to_global[p, M + q * halo:M + q * halo + r.size] = q * M + r - b[q]
+          send[q, p * halo : p * halo + r.size] = r - b[q]
+          ext_to_global[p, M + q * halo : M + q * halo + r.size] = q * M + r - b[q]
   layout = ShardLayout(
-      mesh=mesh, axis_name=axis, num_nodes=n, bounds=tuple(int(x) for x in b),
-      rows_per_shard=M, nnz_per_shard=nnz_total, exchange=mode, halo_rows=halo,
-      ext_cols=n_ext, parts=tuple(part_layouts), max_real_halo=int(c),
-      input_positions=(input_positions.astype(np.int32) if P * nnz_total < 2**31
-                       else input_positions))
+    mesh=mesh,
+    axis_name=axis,
+    num_nodes=n,
+    bounds=tuple(int(x) for x in b),
+    rows_per_shard=M,
+    nnz_per_shard=nnz_total,
+    exchange=mode,
+    halo_rows=halo,
+    ext_cols=n_ext,
+    parts=tuple(part_layouts),
+    max_real_halo=int(c),
+    input_positions=(
+      input_positions.astype(np.int32) if P * nnz_total < 2**31 else input_positions
+    ),
+  )
   sharded = NamedSharding(mesh, PartitionSpec(axis))
   put = lambda a: None if a is None else jax.device_put(a, sharded)  # noqa: E731
   arrays = ShardArrays(
-      parts=tuple(PartArrays(a=Pattern(*map(put, pa.a)), t=Pattern(*map(put, pa.t)),
-                             perm_t=put(pa.perm_t), perm_t_inv=put(pa.perm_t_inv),
-                             nnz=put(pa.nnz)) for pa in part_arrays),
-      send=put(send), ext_to_global=put(ext_to_global))
+    parts=tuple(
+      PartArrays(
+        a=Pattern(*map(put, pa.a)),
+        t=Pattern(*map(put, pa.t)),
+        perm_t=put(pa.perm_t),
+        perm_t_inv=put(pa.perm_t_inv),
+        nnz=put(pa.nnz),
+      )
+      for pa in part_arrays
+    ),
+    send=put(send),
+    ext_to_global=put(ext_to_global),
+  )
   values_dev = jax.device_put(vals, NamedSharding(mesh, _edge_spec(vals.ndim, axis)))
   return ShardedMatrix(values_dev, arrays, layout)
 
@@ -656,8 +731,14 @@ def shard_matrix(A, mesh: Mesh | None = None, **kwargs) -> ShardedMatrix:
   `values_from_input(A.values)` maps A's values to the sharded layout). kwargs: shard_coo's."""
   if A.shape[0] != A.shape[1]:
     raise ValueError(f"shard_matrix needs a square matrix; got shape {A.shape}")
-  return shard_coo(np.asarray(A.rows), np.asarray(A.cols), np.asarray(A.values),
-                   num_nodes=A.shape[0], mesh=mesh, **kwargs)
+  return shard_coo(
+    np.asarray(A.rows),
+    np.asarray(A.cols),
+    np.asarray(A.values),
+    num_nodes=A.shape[0],
+    mesh=mesh,
+    **kwargs,
+  )
 
 
 def shard_scipy(m, mesh: Mesh | None = None, **kwargs) -> ShardedMatrix:

@@ -71,15 +71,23 @@ def _local(arrays):
 
 
 def _local_matrix(layout, part_layout, part, values) -> SparseMatrix:
-  return SparseMatrix(values, part.a, part.t, part.perm_t, part.perm_t_inv, part.perm_t,
-                      (layout.rows_per_shard, part_layout.cols), part_layout.grouped)
+  return SparseMatrix(
+    values,
+    part.a,
+    part.t,
+    part.perm_t,
+    part.perm_t_inv,
+    part.perm_t,
+    (layout.rows_per_shard, part_layout.cols),
+    part_layout.grouped,
+  )
 
 
 def _split_parts(layout, v):
   """A shard's values [.., nnz_pad] -> one array per part."""
   out, at = [], 0
   for pl in layout.parts:
-    out.append(v[..., at:at + pl.nnz])
+    out.append(v[..., at : at + pl.nnz])
     at += pl.nnz
   return out
 
@@ -91,8 +99,9 @@ def _join_parts(vs):
 def _single_part(op: str, SA) -> None:
   if SA.layout.overlap:
     raise NotImplementedError(
-        f"{op}: this ShardedMatrix was built with overlap=True (own and remote parts); "
-        f"{op} needs each row's entries in one pattern: build it with overlap=False")
+      f"{op}: this ShardedMatrix was built with overlap=True (own and remote parts); "
+      f"{op} needs each row's entries in one pattern: build it with overlap=False"
+    )
 
 
 def _exchange(layout, arrays, x):
@@ -112,17 +121,20 @@ def _check_dense(op: str, name: str, SA: ShardedMatrix, x):
   rows = SA.layout.padded_rows
   if x.ndim not in (2, 3) or x.shape[-2] != rows:
     raise checks.OperandError(
-        f"{op}: a ShardedMatrix of {SA.num_nodes} nodes on {SA.num_shards} shards takes dense "
-        f"operands in its padded layout, [{rows}, d] or [H, {rows}, d] (ShardedMatrix."
-        f"shard_rows); got {name} with shape {x.shape}")
+      f"{op}: a ShardedMatrix of {SA.num_nodes} nodes on {SA.num_shards} shards takes dense "
+      f"operands in its padded layout, [{rows}, d] or [H, {rows}, d] (ShardedMatrix."
+      f"shard_rows); got {name} with shape {x.shape}"
+    )
 
 
 def _run(SA: ShardedMatrix, body, edge_args, node_args, out_specs):
   """shard_map of body(arrays, *edge_args, *node_args) over SA's mesh axis."""
   axis = SA.axis_name
-  in_specs = (PartitionSpec(axis),
-              *(_edge_spec(a.ndim, axis) for a in edge_args),
-              *(_node_spec(a.ndim, axis) for a in node_args))
+  in_specs = (
+    PartitionSpec(axis),
+    *(_edge_spec(a.ndim, axis) for a in edge_args),
+    *(_node_spec(a.ndim, axis) for a in node_args),
+  )
   f = shard_map_compat(body, SA.mesh, in_specs, out_specs)
   return f(SA.arrays, *edge_args, *node_args)
 
@@ -153,8 +165,12 @@ def spmm(SA: ShardedMatrix, x, *, precision=None, options=None):
     # Own part first (no exchange): XLA overlaps the exchange for the remote part with it.
     for pl, part, v in zip(lay.parts, arrays.parts, _split_parts(lay, values)):
       A = _local_matrix(lay, pl, part, _mask_cotangent(v, part.nnz))
-      y = _spmm(A, x if pl.kind == "own" else _exchange(lay, arrays, x), precision=precision,
-                options=options)
+      y = _spmm(
+        A,
+        x if pl.kind == "own" else _exchange(lay, arrays, x),
+        precision=precision,
+        options=options,
+      )
       out = y if out is None else out + y
     return out
 
@@ -162,8 +178,16 @@ def spmm(SA: ShardedMatrix, x, *, precision=None, options=None):
   return _run(SA, body, (values,), (x,), _node_spec(out_ndim, SA.axis_name))
 
 
-def sddmm(SA: ShardedMatrix, x, y, *, scale_by_values: bool = False, precision=None,
-          preferred_element_type=None, options=None) -> ShardedMatrix:
+def sddmm(
+  SA: ShardedMatrix,
+  x,
+  y,
+  *,
+  scale_by_values: bool = False,
+  precision=None,
+  preferred_element_type=None,
+  options=None,
+) -> ShardedMatrix:
   """(X @ Y.T) at SA's nonzeros, as a ShardedMatrix: X, Y [P*M, d] or [H, P*M, d]."""
   x, y = jnp.asarray(x), jnp.asarray(y)
   _check_dense("sddmm", "X", SA, x)
@@ -175,9 +199,14 @@ def sddmm(SA: ShardedMatrix, x, y, *, scale_by_values: bool = False, precision=N
     outs = []
     for pl, part in zip(lay.parts, arrays.parts):
       A = _local_matrix(lay, pl, part, jnp.zeros((pl.nnz,), x.dtype))
-      S = _sddmm(A, x, y if pl.kind == "own" else _exchange(lay, arrays, y),
-                 precision=precision, preferred_element_type=preferred_element_type,
-                 options=options)
+      S = _sddmm(
+        A,
+        x,
+        y if pl.kind == "own" else _exchange(lay, arrays, y),
+        precision=precision,
+        preferred_element_type=preferred_element_type,
+        options=options,
+      )
       outs.append(_mask_values(S.values, part.nnz))
     return _join_parts(outs)
 
@@ -192,8 +221,10 @@ def edge_softmax(SA: ShardedMatrix, values=None) -> ShardedMatrix:
   """Row softmax over SA's nonzeros (its values, or `values` in the sharded layout)."""
   v = SA.values if values is None else jnp.asarray(values)
   if v.ndim not in (1, 2) or v.shape[-1] != SA.nnz:
-    raise checks.OperandError(f"edge_softmax: a ShardedMatrix with {SA.nnz} (padded) nonzeros "
-                              f"takes values [{SA.nnz}] or [H, {SA.nnz}]; got {v.shape}")
+    raise checks.OperandError(
+      f"edge_softmax: a ShardedMatrix with {SA.nnz} (padded) nonzeros "
+      f"takes values [{SA.nnz}] or [H, {SA.nnz}]; got {v.shape}"
+    )
   _single_part("edge_softmax", SA)
   lay = SA.layout
 

@@ -29,8 +29,7 @@ import numpy as np
 from jax.interpreters import mlir
 from jax.sharding import NamedSharding, PartitionSpec
 
-__all__ = ["install", "uninstall", "installed", "set_fallback", "get_fallback",
-           "PartitionError"]
+__all__ = ["install", "uninstall", "installed", "set_fallback", "get_fallback", "PartitionError"]
 
 _FALLBACKS = ("gather", "error")
 _state = {"fallback": "gather", "installed": {}, "warned": set()}
@@ -60,9 +59,14 @@ def _primitives():
   from jaxsparse_tc._src import primitives as P
 
   return {
-      P.spmm_p: 2, P.sddmm_p: 2, P.edge_softmax_p: 1, P.edge_softmax_bwd_p: 2,
-      P.attention_fwd_p: 4, P.attention_jvp_p: 10, P.attention_bwd_p: 7,
-      P.attention_grads_p: 7,
+    P.spmm_p: 2,
+    P.sddmm_p: 2,
+    P.edge_softmax_p: 1,
+    P.edge_softmax_bwd_p: 2,
+    P.attention_fwd_p: 4,
+    P.attention_jvp_p: 10,
+    P.attention_bwd_p: 7,
+    P.attention_grads_p: 7,
   }
 
 
@@ -125,7 +129,7 @@ def _plan(prim, num_dense, arg_shapes, result_shapes):
           continue
         if axes == head_axes:
           continue
-      if (prim.name == "jaxsparse_tc_spmm" and i == 1 and dim == 2):
+      if prim.name == "jaxsparse_tc_spmm" and i == 1 and dim == 2:
         if not feat_axes and a.shape[2] % _axes_size(m, axes) == 0:
           feat_axes = axes
           continue
@@ -141,13 +145,18 @@ def _plan(prim, num_dense, arg_shapes, result_shapes):
 def _describe(prim, num_dense, problems) -> str:
   parts = []
   for i, dim, axes, shape in problems:
-    what = f"operand {i} (shape {tuple(shape)})" if i < num_dense else (
-        f"pattern operand {i - num_dense} (shape {tuple(shape)})")
+    what = (
+      f"operand {i} (shape {tuple(shape)})"
+      if i < num_dense
+      else (f"pattern operand {i - num_dense} (shape {tuple(shape)})")
+    )
     parts.append(f"{what} is sharded along dim {dim} over mesh axes {axes}")
-  return (f"{prim.name}: " + "; ".join(parts) + ". A replicated sparsity pattern can only be "
-          "split along the head axis (dim 0 of dense operands) and, for SpMM, X's feature axis; "
-          "rows and nonzeros need the graph itself partitioned: "
-          "jaxsparse_tc.distributed.shard_matrix / shard_coo (a ShardedMatrix)")
+  return (
+    f"{prim.name}: " + "; ".join(parts) + ". A replicated sparsity pattern can only be "
+    "split along the head axis (dim 0 of dense operands) and, for SpMM, X's feature axis; "
+    "rows and nonzeros need the graph itself partitioned: "
+    "jaxsparse_tc.distributed.shard_matrix / shard_coo (a ShardedMatrix)"
+  )
 
 
 def _operand_spec(shape, ndim, dim0_axes, feat_axes, is_dense, heads, spmm_x_or_out):
@@ -174,12 +183,21 @@ def _make_partitioned(prim, params, num_dense, avals_in, avals_out):
 
   def shardings(mesh, head_axes, feat_axes, arg_shapes, result_shapes):
     heads = result_shapes[0].shape[0]
-    args = tuple(NamedSharding(mesh, _operand_spec(
-        a.shape, len(a.shape), head_axes, feat_axes, i < num_dense, heads,
-        is_spmm and i == 1)) for i, a in enumerate(arg_shapes))
-    outs = tuple(NamedSharding(mesh, _operand_spec(
-        r.shape, len(r.shape), head_axes, feat_axes, True, heads, is_spmm))
-        for r in result_shapes)
+    args = tuple(
+      NamedSharding(
+        mesh,
+        _operand_spec(
+          a.shape, len(a.shape), head_axes, feat_axes, i < num_dense, heads, is_spmm and i == 1
+        ),
+      )
+      for i, a in enumerate(arg_shapes)
+    )
+    outs = tuple(
+      NamedSharding(
+        mesh, _operand_spec(r.shape, len(r.shape), head_axes, feat_axes, True, heads, is_spmm)
+      )
+      for r in result_shapes
+    )
     return args, outs
 
   def flat_results(result_shape):
@@ -196,8 +214,11 @@ def _make_partitioned(prim, params, num_dense, avals_in, avals_out):
       key = (prim.name, tuple((i, d) for i, d, _, _ in problems))
       if key not in _state["warned"]:
         _state["warned"].add(key)
-        warnings.warn(msg + " -- gathering those operands on every device (set_fallback("
-                      "'error') to fail instead)", stacklevel=2)
+        warnings.warn(
+          msg + " -- gathering those operands on every device (set_fallback("
+          "'error') to fail instead)",
+          stacklevel=2,
+        )
     return mesh, head_axes, feat_axes, results
 
   def infer(mesh, arg_shapes, result_shape):
@@ -215,9 +236,12 @@ def _make_partitioned(prim, params, num_dense, avals_in, avals_out):
   def propagate(mesh, user_shape):
     return getattr(user_shape, "sharding", None)
 
-  cp.def_partition(partition=partition, infer_sharding_from_operands=infer,
-                   propagate_user_sharding=propagate,
-                   sharding_rule=_sharding_rule(is_spmm, num_dense, avals_in, avals_out))
+  cp.def_partition(
+    partition=partition,
+    infer_sharding_from_operands=infer,
+    propagate_user_sharding=propagate,
+    sharding_rule=_sharding_rule(is_spmm, num_dense, avals_in, avals_out),
+  )
   return cp
 
 
@@ -262,9 +286,11 @@ def install() -> None:
   reg = _registry()
   if reg is None or installed():
     if reg is None:
-      warnings.warn("jaxsparse_tc.distributed.spmd: this jax has no per-platform lowering "
-                    "registry; sharded operands of the library's primitives are gathered by XLA",
-                    stacklevel=2)
+      warnings.warn(
+        "jaxsparse_tc.distributed.spmd: this jax has no per-platform lowering "
+        "registry; sharded operands of the library's primitives are gathered by XLA",
+        stacklevel=2,
+      )
     return
   try:  # custom_partitioning's lowering needs the devices: ask jit to provide them
     from jax._src import dispatch

@@ -51,10 +51,10 @@ class Config:
 
 
 CONFIGS = {
-    "gcn": Config(hidden=16, lr=0.01, dropout=0.5, decay_only="conv1"),
-    "gat": Config(hidden=8, lr=0.005, dropout=0.6, heads=8),
-    "agnn": Config(hidden=16, lr=0.01, dropout=0.5),
-    "gt": Config(hidden=64, lr=0.005, dropout=0.6, heads=4),
+  "gcn": Config(hidden=16, lr=0.01, dropout=0.5, decay_only="conv1"),
+  "gat": Config(hidden=8, lr=0.005, dropout=0.6, heads=8),
+  "agnn": Config(hidden=16, lr=0.01, dropout=0.5),
+  "gt": Config(hidden=64, lr=0.005, dropout=0.6, heads=4),
 }
 
 
@@ -81,11 +81,13 @@ def _optimizer(cfg: Config):
   if cfg.decay_only is None:
     mask = None
   else:
+
     def mask(params):
       return jax.tree_util.tree_map_with_path(
-          lambda path, _: cfg.decay_only in jax.tree_util.keystr(path), params)
-  return optax.chain(optax.add_decayed_weights(cfg.weight_decay, mask=mask),
-                     optax.adam(cfg.lr))
+        lambda path, _: cfg.decay_only in jax.tree_util.keystr(path), params
+      )
+
+  return optax.chain(optax.add_decayed_weights(cfg.weight_decay, mask=mask), optax.adam(cfg.lr))
 
 
 def _loss_and_acc(logits, labels, idx):
@@ -112,9 +114,16 @@ def _build_model(layers, model_name, cfg, ds, **init):
     return layers.GAT(f, cfg.hidden, c, heads=cfg.heads, dropout=cfg.dropout, **init)
   if model_name == "agnn":
     return layers.AGNN(f, cfg.hidden, c, dropout=cfg.dropout, **init)
-  return layers.GraphTransformer(f, cfg.hidden, c, heads=cfg.heads, dropout=cfg.dropout,
-                                 attn_dropout=cfg.attn_dropout, norm_first=cfg.norm_first,
-                                 **init)
+  return layers.GraphTransformer(
+    f,
+    cfg.hidden,
+    c,
+    heads=cfg.heads,
+    dropout=cfg.dropout,
+    attn_dropout=cfg.attn_dropout,
+    norm_first=cfg.norm_first,
+    **init,
+  )
 
 
 def _flax_runner(model_name, cfg, ds, seed):
@@ -122,8 +131,7 @@ def _flax_runner(model_name, cfg, ds, seed):
 
   from jaxsparse_tc.nn import flax as nnf
 
-  model = _build_model(nnf, model_name, cfg, ds,
-                       rngs=nnx.Rngs(params=seed, dropout=seed + 10_000))
+  model = _build_model(nnf, model_name, cfg, ds, rngs=nnx.Rngs(params=seed, dropout=seed + 10_000))
   opt = nnx.Optimizer(model, _optimizer(cfg), wrt=nnx.Param)
 
   @nnx.jit
@@ -158,8 +166,7 @@ def _equinox_runner(model_name, cfg, ds, seed):
   key, drop_key = jax.random.split(jax.random.key(seed))
   model = _build_model(nne, model_name, cfg, ds, key=key)
   tx = _optimizer(cfg)
-  state = {"model": model, "opt": tx.init(eqx.filter(model, eqx.is_inexact_array)),
-           "key": drop_key}
+  state = {"model": model, "opt": tx.init(eqx.filter(model, eqx.is_inexact_array)), "key": drop_key}
 
   @eqx.filter_jit
   def train_step(model, opt_state, key, A, x, labels, idx):
@@ -178,7 +185,8 @@ def _equinox_runner(model_name, cfg, ds, seed):
 
   def step(A, x, labels, idx):
     state["model"], state["opt"], state["key"], loss, acc = train_step(
-        state["model"], state["opt"], state["key"], A, x, labels, idx)
+      state["model"], state["opt"], state["key"], A, x, labels, idx
+    )
     return loss, acc
 
   def evaluate(A, x, labels, splits):
@@ -187,9 +195,16 @@ def _equinox_runner(model_name, cfg, ds, seed):
   return step, evaluate
 
 
-def train(model: str = "gcn", framework: str = "flax", seed: int = 0, epochs: int = 200,
-          verbose: bool = True, devices: int = 1, reorder: str | None = None,
-          reorder_mode: str = "transparent") -> dict:
+def train(
+  model: str = "gcn",
+  framework: str = "flax",
+  seed: int = 0,
+  epochs: int = 200,
+  verbose: bool = True,
+  devices: int = 1,
+  reorder: str | None = None,
+  reorder_mode: str = "transparent",
+) -> dict:
   """Trains one model on Cora; returns the final metrics (see the module docstring).
   `devices` > 1: full-graph training sharded over that many devices (train_sharded.py).
   `reorder`: a jaxsparse_tc.reorder method, applied in `reorder_mode` (see _reorder)."""
@@ -199,8 +214,11 @@ def train(model: str = "gcn", framework: str = "flax", seed: int = 0, epochs: in
   ds = load_cora(normalize_features=True)
   A = _matrix(model, ds)
   x, labels = jnp.asarray(ds.features), jnp.asarray(ds.labels)
-  splits = {"train": jnp.asarray(ds.train_idx), "val": jnp.asarray(ds.val_idx),
-            "test": jnp.asarray(ds.test_idx)}
+  splits = {
+    "train": jnp.asarray(ds.train_idx),
+    "val": jnp.asarray(ds.val_idx),
+    "test": jnp.asarray(ds.test_idx),
+  }
   if reorder:  # a locality order of the nodes (docs/REORDER.md)
     A, x, labels, splits = _reorder(A, x, labels, splits, reorder, reorder_mode)
   if devices != 1:  # row blocks of the graph, one per device (jaxsparse_tc.distributed)
@@ -221,18 +239,32 @@ def train(model: str = "gcn", framework: str = "flax", seed: int = 0, epochs: in
     if m["val_acc"] > best["val_acc"]:
       best = dict(m, epoch=epoch)
     if verbose:
-      print(f"epoch {epoch:3d}  loss {m['loss']:.4f}  train acc {m['train_acc']:.3f}  "
-            f"val acc {m['val_acc']:.3f}  val loss {m['val_loss']:.4f}", flush=True)
+      print(
+        f"epoch {epoch:3d}  loss {m['loss']:.4f}  train acc {m['train_acc']:.3f}  "
+        f"val acc {m['val_acc']:.3f}  val loss {m['val_loss']:.4f}",
+        flush=True,
+      )
   seconds = time.perf_counter() - t0
-  result = {"model": model, "framework": framework, "seed": seed, "epochs": epochs,
-            "best_epoch": best["epoch"], "best_val_acc": best["val_acc"],
-            "test_acc": best["test_acc"], "final_test_acc": m["test_acc"],
-            "loss_history": history, "seconds": seconds, "device": str(jax.devices()[0]),
-            "devices": getattr(A, "num_shards", 1)}
+  result = {
+    "model": model,
+    "framework": framework,
+    "seed": seed,
+    "epochs": epochs,
+    "best_epoch": best["epoch"],
+    "best_val_acc": best["val_acc"],
+    "test_acc": best["test_acc"],
+    "final_test_acc": m["test_acc"],
+    "loss_history": history,
+    "seconds": seconds,
+    "device": str(jax.devices()[0]),
+    "devices": getattr(A, "num_shards", 1),
+  }
   if verbose:
-    print(f"{model} ({framework}, seed {seed}): test acc {best['test_acc']:.4f} at the best "
-          f"val acc {best['val_acc']:.3f} (epoch {best['epoch']}); last epoch test acc "
-          f"{m['test_acc']:.4f}; {epochs} epochs in {seconds:.1f} s on {result['device']}")
+    print(
+      f"{model} ({framework}, seed {seed}): test acc {best['test_acc']:.4f} at the best "
+      f"val acc {best['val_acc']:.3f} (epoch {best['epoch']}); last epoch test acc "
+      f"{m['test_acc']:.4f}; {epochs} epochs in {seconds:.1f} s on {result['device']}"
+    )
   return result
 
 
@@ -245,38 +277,69 @@ def main(argv=None) -> int:
 
     return graph_classification.main(rest)
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--task", choices=["node", "graph"], default="node",
-                 help="node: Cora node classification (this example); graph: "
-                      "graph_classification.py (TU datasets), which takes the other arguments")
+  p.add_argument(
+    "--task",
+    choices=["node", "graph"],
+    default="node",
+    help="node: Cora node classification (this example); graph: "
+    "graph_classification.py (TU datasets), which takes the other arguments",
+  )
   p.add_argument("--model", choices=sorted(CONFIGS), default="gcn")
   p.add_argument("--framework", choices=["flax", "equinox"], default="flax")
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--seeds", type=int, default=1,
-                 help="train with seeds seed .. seed+N-1 and print the mean test accuracy")
+  p.add_argument(
+    "--seeds",
+    type=int,
+    default=1,
+    help="train with seeds seed .. seed+N-1 and print the mean test accuracy",
+  )
   p.add_argument("--epochs", type=int, default=200)
   p.add_argument("--quiet", action="store_true", help="no per-epoch lines")
-  p.add_argument("--devices", default="1",
-                 help="shard the graph over N devices ('auto': all visible; train_sharded.py)")
-  p.add_argument("--reorder", default=None,
-                 choices=["affinity", "rabbit", "rcm", "degree", "identity"],
-                 help="store the graph in a locality order of its nodes (docs/REORDER.md)")
-  p.add_argument("--reorder-mode", choices=["transparent", "explicit"], default="transparent",
-                 help="transparent: the matrix keeps the caller's node order; explicit: "
-                      "features, labels and splits are permuted once")
+  p.add_argument(
+    "--devices",
+    default="1",
+    help="shard the graph over N devices ('auto': all visible; train_sharded.py)",
+  )
+  p.add_argument(
+    "--reorder",
+    default=None,
+    choices=["affinity", "rabbit", "rcm", "degree", "identity"],
+    help="store the graph in a locality order of its nodes (docs/REORDER.md)",
+  )
+  p.add_argument(
+    "--reorder-mode",
+    choices=["transparent", "explicit"],
+    default="transparent",
+    help="transparent: the matrix keeps the caller's node order; explicit: "
+    "features, labels and splits are permuted once",
+  )
   args = p.parse_args(argv)
   devices = len(jax.devices()) if args.devices in ("auto", "0") else int(args.devices)
   accs = []
   for s in range(args.seed, args.seed + args.seeds):
-    r = train(args.model, args.framework, s, args.epochs, verbose=not args.quiet,
-              devices=devices, reorder=args.reorder, reorder_mode=args.reorder_mode)
+    r = train(
+      args.model,
+      args.framework,
+      s,
+      args.epochs,
+      verbose=not args.quiet,
+      devices=devices,
+      reorder=args.reorder,
+      reorder_mode=args.reorder_mode,
+    )
     accs.append(r["test_acc"])
     if args.quiet:
-      print(f"{args.model} ({args.framework}, seed {s}): test acc {r['test_acc']:.4f} "
-            f"(best val acc {r['best_val_acc']:.3f} at epoch {r['best_epoch']}; last epoch "
-            f"{r['final_test_acc']:.4f}) in {r['seconds']:.1f} s", flush=True)
+      print(
+        f"{args.model} ({args.framework}, seed {s}): test acc {r['test_acc']:.4f} "
+        f"(best val acc {r['best_val_acc']:.3f} at epoch {r['best_epoch']}; last epoch "
+        f"{r['final_test_acc']:.4f}) in {r['seconds']:.1f} s",
+        flush=True,
+      )
   if args.seeds > 1:
-    print(f"{args.model} ({args.framework}): mean test acc over seeds {args.seed}.."
-          f"{args.seed + args.seeds - 1}: {np.mean(accs):.4f} +- {np.std(accs):.4f}")
+    print(
+      f"{args.model} ({args.framework}): mean test acc over seeds {args.seed}.."
+      f"{args.seed + args.seeds - 1}: {np.mean(accs):.4f} +- {np.std(accs):.4f}"
+    )
   return 0
 
 

@@ -62,10 +62,9 @@ __device__ __forceinline__ void row_edges(const BwdParams& p, const RowView& rv,
   // reads nothing: its row width is passed as 0).
   uint32_t qw[NW], dow[NW], ow[NW];
   row_words<T, E>(static_cast<const T*>(p.q) + h * p.q_hs + row * p.d, f, any ? p.d : 0, VEC, qw);
-  row_words<T, E>(static_cast<const T*>(p.dout) + h * p.do_hs + row * p.dv, f, any ? p.dv : 0,
-                  VEC, dow);
-  row_words<T, E>(static_cast<const T*>(p.o) + h * p.o_hs + row * p.dv, f, any ? p.dv : 0, VEC,
-                  ow);
+  row_words<T, E>(static_cast<const T*>(p.dout) + h * p.do_hs + row * p.dv, f, any ? p.dv : 0, VEC,
+                  dow);
+  row_words<T, E>(static_cast<const T*>(p.o) + h * p.o_hs + row * p.dv, f, any ? p.dv : 0, VEC, ow);
   const float lse = any ? p.lse[h * p.lse_hs + row] : 0.f;
   const int n = e - b, nmax = __reduce_max_sync(kFullWarp, n);
   int2 en = ldg8_if(li < n, rv.entries + b + li);
@@ -142,18 +141,22 @@ __global__ void __launch_bounds__(kRowThreads, UNROLL >= 4 ? 2 : 4)
 template <class T, int L, int UNROLL, bool VEC>
 void launch_k(const BwdParams& p, const RowView& rv, cudaStream_t st) {
   constexpr auto kernel = attention_bwd_edges<T, L, UNROLL, VEC>;
-  const int64_t grid = row_ctas(rv.num_items, kRowThreads / L,
-                                resident_ctas<kernel>(kRowThreads, 0), p.heads);
+  const int64_t grid =
+      row_ctas(rv.num_items, kRowThreads / L, resident_ctas<kernel>(kRowThreads, 0), p.heads);
   kernel<<<dim3(unsigned(grid), unsigned(p.heads)), kRowThreads, 0, st>>>(p, rv);
 }
 
 template <class T, int L>
 void launch_l(const BwdParams& p, const RowView& rv, cudaStream_t st) {
   const bool u2 = attention_bwd_unroll(p.nnz) == 2;  // entries per batch (plan.h)
-  if (u2 && p.vec) launch_k<T, L, 2, true>(p, rv, st);
-  else if (u2) launch_k<T, L, 2, false>(p, rv, st);
-  else if (p.vec) launch_k<T, L, 4, true>(p, rv, st);
-  else launch_k<T, L, 4, false>(p, rv, st);
+  if (u2 && p.vec)
+    launch_k<T, L, 2, true>(p, rv, st);
+  else if (u2)
+    launch_k<T, L, 2, false>(p, rv, st);
+  else if (p.vec)
+    launch_k<T, L, 4, true>(p, rv, st);
+  else
+    launch_k<T, L, 4, false>(p, rv, st);
 }
 
 template <class T>
@@ -161,19 +164,20 @@ void launch(const BwdParams& p, const RowView& rv, cudaStream_t st) {
   with_lanes(row_lanes<T>(std::max(p.d, p.dv)), [&](auto l) { launch_l<T, l.value>(p, rv, st); });
 }
 
-int64_t head_stride(int64_t count, int64_t size) { return count == 1 ? 0 : size; }
+int64_t head_stride(int64_t count, int64_t size) {
+  return count == 1 ? 0 : size;
+}
 
-ffi::Error attention_bwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                              ffi::AnyBuffer v, ffi::AnyBuffer bias, ffi::AnyBuffer o,
-                              ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, I32 row_entries,
-                              I32 row_schedule, ffi::Result<ffi::AnyBuffer> pv,
-                              ffi::Result<ffi::AnyBuffer> ds, float scale, int32_t has_bias) {
+ffi::Error attention_bwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                              ffi::AnyBuffer bias, ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse,
+                              ffi::AnyBuffer dout, I32 row_entries, I32 row_schedule,
+                              ffi::Result<ffi::AnyBuffer> pv, ffi::Result<ffi::AnyBuffer> ds,
+                              float scale, int32_t has_bias) {
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   const auto pd = pv->dimensions();
   const auto dtype = q.element_type();
-  for (ffi::DataType t : {k.element_type(), v.element_type(), bias.element_type(),
-                          o.element_type(), dout.element_type(), pv->element_type(),
-                          ds->element_type()})
+  for (ffi::DataType t : {k.element_type(), v.element_type(), bias.element_type(), o.element_type(),
+                          dout.element_type(), pv->element_type(), ds->element_type()})
     if (t != dtype) return ffi::Error::InvalidArgument("attention backward: mixed dtypes");
   BwdParams p{};
   p.heads = int(pd[0]);
@@ -211,9 +215,8 @@ ffi::Error attention_bwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer 
   const int64_t e = 16 / esize;
   p.vec = aligned && p.d % e == 0 && p.dv % e == 0;
   const RowView rv = row_view(row_entries, row_schedule);
-  ffi::Error err = dispatch_device_float(dtype, "attention backward", [&](auto tag) {
-    launch<decltype(tag)>(p, rv, st);
-  });
+  ffi::Error err = dispatch_device_float(dtype, "attention backward",
+                                         [&](auto tag) { launch<decltype(tag)>(p, rv, st); });
   if (err.failure()) return err;
   return launch_status("attention backward");
 }
@@ -224,14 +227,14 @@ ffi::Error attention_bwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionBwdCuda, attention::attention_bwd_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // q [Hq, m, d]
-                                  .Arg<ffi::AnyBuffer>()  // k [Hk, n, d]
-                                  .Arg<ffi::AnyBuffer>()  // v [Hv, n, dv]
-                                  .Arg<ffi::AnyBuffer>()  // bias [Hb, nnz] (or a dummy)
-                                  .Arg<ffi::AnyBuffer>()  // o [Ho, m, dv]
+                                  .Arg<ffi::AnyBuffer>()         // q [Hq, m, d]
+                                  .Arg<ffi::AnyBuffer>()         // k [Hk, n, d]
+                                  .Arg<ffi::AnyBuffer>()         // v [Hv, n, dv]
+                                  .Arg<ffi::AnyBuffer>()         // bias [Hb, nnz] (or a dummy)
+                                  .Arg<ffi::AnyBuffer>()         // o [Ho, m, dv]
                                   .Arg<ffi::Buffer<ffi::F32>>()  // lse [Hl, m]
-                                  .Arg<ffi::AnyBuffer>()  // do [Hd, m, dv]
-                                  JAXSPARSE_TC_ROW_VIEW_ARGS
+                                  .Arg<ffi::AnyBuffer>()         // do [Hd, m, dv]
+                              JAXSPARSE_TC_ROW_VIEW_ARGS
                                   .Ret<ffi::AnyBuffer>()  // p [H, nnz]
                                   .Ret<ffi::AnyBuffer>()  // ds [H, nnz]
                                   .Attr<float>("scale")

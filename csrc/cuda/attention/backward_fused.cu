@@ -24,12 +24,11 @@ int64_t ctas_for(int64_t items, int64_t heads, bool grouped) {
 // whose launch and prologue then overlap them. Errors show in launch_status.
 template <class T, int D, bool PF>
 void launch(cudaStream_t st, const GradOperands<T>& p, const KernelPattern& a,
-            const KernelPattern& at, const GradSplit& sa, const GradSplit& s_t,
-            bool after_kernel) {
+            const KernelPattern& at, const GradSplit& sa, const GradSplit& s_t, bool after_kernel) {
   const int64_t rows = p.heads * p.m;
   if (rows > 0)
-    launch_kernel(after_kernel, grads_row_stats<T, D>, unsigned((rows * 8 + 255) / 256), 256, 0,
-                  st, p);
+    launch_kernel(after_kernel, grads_row_stats<T, D>, unsigned((rows * 8 + 255) / 256), 256, 0, st,
+                  p);
   const int64_t ctas_a = ctas_for(a.num_items, p.heads, sa.grouped);
   const int64_t ctas_t = ctas_for(at.num_items, p.heads, s_t.grouped), ctas = ctas_a + ctas_t;
   if (ctas > 0)
@@ -41,24 +40,30 @@ template <class T, int D>
 void launch_d(cudaStream_t st, const GradOperands<T>& p, const KernelPattern& a,
               const KernelPattern& at, const GradSplit& sa, const GradSplit& s_t, bool pf,
               bool after_kernel) {
-  if (pf) launch<T, D, true>(st, p, a, at, sa, s_t, after_kernel);
-  else launch<T, D, false>(st, p, a, at, sa, s_t, after_kernel);
+  if (pf)
+    launch<T, D, true>(st, p, a, at, sa, s_t, after_kernel);
+  else
+    launch<T, D, false>(st, p, a, at, sa, s_t, after_kernel);
 }
 
-int64_t head_stride(int64_t count, int64_t size) { return count == 1 ? 0 : size; }
+int64_t head_stride(int64_t count, int64_t size) {
+  return count == 1 ? 0 : size;
+}
 
-ffi::Error attention_grads_cuda(
-    cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
-    ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, I32 wcp, I32 wc, I32 wbp,
-    U32 bitmap, I32 bvp, I32 schedule, I32 wcp_t, I32 wc_t, I32 wbp_t, U32 bitmap_t, I32 bvp_t,
-    I32 schedule_t, I32 perm_t, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-    ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dbias,
-    ffi::Result<ffi::AnyBuffer> workspace, float scale, int32_t has_bias, int32_t grouped,
-    int32_t grouped_t, int32_t merge_split_windows) {
+ffi::Error attention_grads_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                                ffi::AnyBuffer v, ffi::AnyBuffer bias, ffi::AnyBuffer o,
+                                ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, I32 wcp, I32 wc,
+                                I32 wbp, U32 bitmap, I32 bvp, I32 schedule, I32 wcp_t, I32 wc_t,
+                                I32 wbp_t, U32 bitmap_t, I32 bvp_t, I32 schedule_t, I32 perm_t,
+                                ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                                ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dbias,
+                                ffi::Result<ffi::AnyBuffer> workspace, float scale,
+                                int32_t has_bias, int32_t grouped, int32_t grouped_t,
+                                int32_t merge_split_windows) {
   const auto dtype = q.element_type();
-  for (ffi::DataType x : {k.element_type(), v.element_type(), bias.element_type(),
-                          o.element_type(), dout.element_type(), dq->element_type(),
-                          dk->element_type(), dv->element_type(), dbias->element_type()})
+  for (ffi::DataType x : {k.element_type(), v.element_type(), bias.element_type(), o.element_type(),
+                          dout.element_type(), dq->element_type(), dk->element_type(),
+                          dv->element_type(), dbias->element_type()})
     if (x != dtype) return ffi::Error::InvalidArgument("attention gradients: mixed dtypes");
   const int64_t heads = dq->dimensions()[0], m = dq->dimensions()[1], d = dq->dimensions()[2];
   const int64_t n = k.dimensions()[1];
@@ -68,9 +73,9 @@ ffi::Error attention_grads_cuda(
   if (heads == 0) return ffi::Error::Success();
   const KernelPattern a = kernel_pattern(wcp, wc, wbp, bitmap, bvp, schedule);
   const KernelPattern at = kernel_pattern(wcp_t, wc_t, wbp_t, bitmap_t, bvp_t, schedule_t);
-  const AttentionGradsPlan l = plan_attention_grads(d, heads, m, a.num_items, at.num_items,
-                                                    grouped != 0, grouped_t != 0,
-                                                    merge_split_windows != 0);
+  const AttentionGradsPlan l =
+      plan_attention_grads(d, heads, m, a.num_items, at.num_items, grouped != 0, grouped_t != 0,
+                           merge_split_windows != 0);
   if (workspace->size_bytes() < l.total)
     return workspace_mismatch("attention gradients", workspace->size_bytes(), l.total);
   char* const mem = static_cast<char*>(workspace->untyped_data());
@@ -127,33 +132,33 @@ ffi::Error attention_grads_cuda(
 int64_t attention_grads_workspace_bytes(int64_t d, int64_t heads, int64_t m, int64_t items_a,
                                         int64_t items_t, bool grouped_a, bool grouped_t,
                                         bool merge_split_windows) {
-  return int64_t(plan_attention_grads(d, heads, m, items_a, items_t, grouped_a, grouped_t,
-                                      merge_split_windows)
-                     .total);
+  return int64_t(
+      plan_attention_grads(d, heads, m, items_a, items_t, grouped_a, grouped_t, merge_split_windows)
+          .total);
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionGradsCuda, attention::attention_grads_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // q [Hq, m, d]
-                                  .Arg<ffi::AnyBuffer>()  // k [Hk, n, d]
-                                  .Arg<ffi::AnyBuffer>()  // v [Hv, n, d]
-                                  .Arg<ffi::AnyBuffer>()  // bias [Hb, nnz] (or a dummy)
-                                  .Arg<ffi::AnyBuffer>()  // o [Ho, m, d]
+                                  .Arg<ffi::AnyBuffer>()         // q [Hq, m, d]
+                                  .Arg<ffi::AnyBuffer>()         // k [Hk, n, d]
+                                  .Arg<ffi::AnyBuffer>()         // v [Hv, n, d]
+                                  .Arg<ffi::AnyBuffer>()         // bias [Hb, nnz] (or a dummy)
+                                  .Arg<ffi::AnyBuffer>()         // o [Ho, m, d]
                                   .Arg<ffi::Buffer<ffi::F32>>()  // lse [Hl, m]
-                                  .Arg<ffi::AnyBuffer>()  // do [Hd, m, d]
-                                  JAXSPARSE_TC_PATTERN_ARGS  // A's
-                                  JAXSPARSE_TC_PATTERN_ARGS  // A^T's
-                                  .Arg<I32>()             // perm_t
-                                  .Ret<ffi::AnyBuffer>()  // dq [H, m, d]
-                                  .Ret<ffi::AnyBuffer>()  // dk [H, n, d]
-                                  .Ret<ffi::AnyBuffer>()  // dv [H, n, d]
-                                  .Ret<ffi::AnyBuffer>()  // dbias [H, nnz] (or [H, 0])
-                                  .Ret<ffi::AnyBuffer>()  // workspace [bytes] (plan.h)
+                                  .Arg<ffi::AnyBuffer>()         // do [Hd, m, d]
+                              JAXSPARSE_TC_PATTERN_ARGS          // A's
+                                  JAXSPARSE_TC_PATTERN_ARGS      // A^T's
+                                  .Arg<I32>()                    // perm_t
+                                  .Ret<ffi::AnyBuffer>()         // dq [H, m, d]
+                                  .Ret<ffi::AnyBuffer>()         // dk [H, n, d]
+                                  .Ret<ffi::AnyBuffer>()         // dv [H, n, d]
+                                  .Ret<ffi::AnyBuffer>()         // dbias [H, nnz] (or [H, 0])
+                                  .Ret<ffi::AnyBuffer>()         // workspace [bytes] (plan.h)
                                   .Attr<float>("scale")
                                   .Attr<int32_t>("has_bias")
-                                  .Attr<int32_t>("grouped")    // A's schedule is grouped
-                                  .Attr<int32_t>("grouped_t")  // A^T's
+                                  .Attr<int32_t>("grouped")               // A's schedule is grouped
+                                  .Attr<int32_t>("grouped_t")             // A^T's
                                   .Attr<int32_t>("merge_split_windows"),  // 1 default; plan.h
                               JAXSPARSE_TC_CAPTURABLE);
 

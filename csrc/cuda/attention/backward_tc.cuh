@@ -75,16 +75,23 @@ __device__ __forceinline__ bool merge_pieces(float (&o)[NA][D / 16][4], const At
                                              const GradSplit& sp, int lane) {
   if (it.first < 0) return true;
   auto add = [&](int a, int s, float4 v) {
-    o[a][s][0] += v.x; o[a][s][1] += v.y; o[a][s][2] += v.z; o[a][s][3] += v.w;
+    o[a][s][0] += v.x;
+    o[a][s][1] += v.y;
+    o[a][s][2] += v.z;
+    o[a][s][3] += v.w;
   };
-  auto pack = [&](int a, int s) { return make_float4(o[a][s][0], o[a][s][1], o[a][s][2], o[a][s][3]); };
+  auto pack = [&](int a, int s) {
+    return make_float4(o[a][s][0], o[a][s][1], o[a][s][2], o[a][s][3]);
+  };
   if (it.local) {
     // The other pieces leave their partials in shared memory (slot = warp) and arrive at the
     // window's barrier; the first piece waits there and adds them.
     extern __shared__ float4 part[];  // [kGroupItems][NA][D/16][32 lanes]: the slots
     const int slot = int(item % kGroupItems), lead = int(it.first % kGroupItems);
     const int threads = int(it.pieces) * 32;
-    auto at = [&](int j, int a, int s) -> float4& { return part[((j * NA + a) * (D / 16) + s) * 32 + lane]; };
+    auto at = [&](int j, int a, int s) -> float4& {
+      return part[((j * NA + a) * (D / 16) + s) * 32 + lane];
+    };
     if (slot != lead) {
 #pragma unroll
       for (int a = 0; a < NA; ++a)
@@ -157,7 +164,8 @@ template <class T, int D>
 __device__ __forceinline__ void store_words(T* row, int t, const uint32_t (&w)[D / 8]) {
   uint4* dst = reinterpret_cast<uint4*>(row + t * (D / 4));
 #pragma unroll
-  for (int i = 0; i < D / 32; ++i) dst[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+  for (int i = 0; i < D / 32; ++i)
+    dst[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
 }
 
 // Dot product of E 16-bit elements held as words (grads_row_stats: a lane's share of a delta).
@@ -192,8 +200,8 @@ __global__ void __launch_bounds__(256) grads_row_stats(const GradOperands<T> p) 
 // diagonal of tile_dots with dO's rows as the columns g (columns g+8 zero) and O's as the
 // window's rows, whose element (i, i) thread (i, i/2) holds.
 template <class T, int D>
-__device__ __forceinline__ void window_deltas(const uint32_t (&dw)[D / 8], const uint32_t (&ow)[D / 8],
-                                              int t, float (&dl)[2]) {
+__device__ __forceinline__ void window_deltas(const uint32_t (&dw)[D / 8],
+                                              const uint32_t (&ow)[D / 8], int t, float (&dl)[2]) {
   constexpr uint32_t zero[D / 8] = {};
   float c[4];
   tile_dots<T, D>(c, dw, zero, ow);
@@ -299,7 +307,8 @@ __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const Kern
   // The window's K and V rows (key row g) as B fragments, kept in this warp's slot of shared
   // memory (in registers the pass took 222 of them at D = 128: 2 CTAs per SM, not 3).
   extern __shared__ float4 smem[];  // [kAttnWarps][kGradSlotBytes<D, 2> / 16]
-  uint2* const kvw = reinterpret_cast<uint2*>(smem + (threadIdx.x / 32) * (kGradSlotBytes<D, 2> / 16));
+  uint2* const kvw =
+      reinterpret_cast<uint2*>(smem + (threadIdx.x / 32) * (kGradSlotBytes<D, 2> / 16));
   const int64_t j = it.w * 8 + g;
   {
     uint32_t kw[W], vw[W];
@@ -334,13 +343,14 @@ __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const Kern
     for (int c = 0; c < 2; ++c) st2[c] = pr.col[c] >= 0 ? stats[pr.col[c]] : make_float2(0.f, 0.f);
     if (PF && b0 + 2 < it.b_end) next = pair_rows(at.bitmap, at.wc, it, b0 + 2, g);
     float sc[4], dp[4], pe[4], ds[4];
-    tile_dots<T, D>(sc, qc0, qc1, kvw, lane);                 // S: (query column, key row)
-    tile_dots<T, D>(dp, dc0, dc1, kvw + D / 16 * 32, lane);   // dP
+    tile_dots<T, D>(sc, qc0, qc1, kvw, lane);                // S: (query column, key row)
+    tile_dots<T, D>(dp, dc0, dc1, kvw + D / 16 * 32, lane);  // dP
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const bool on = tile_bit(pr, g, t, e);
       float x = sc[e] * sl2;
-      if (p.has_bias && on) x += to_f32<T>(bh[p.perm_t[tile_value(pr, at.bvp, b0, g, t, e)]]) * kLog2e;
+      if (p.has_bias && on)
+        x += to_f32<T>(bh[p.perm_t[tile_value(pr, at.bvp, b0, g, t, e)]]) * kLog2e;
       pe[e] = on ? exp2f(x - st2[e >> 1].x) : 0.f;
       ds[e] = pe[e] * (dp[e] - st2[e >> 1].y);
     }
@@ -373,11 +383,13 @@ __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const Kern
 // 11.5 -> 15.0 at d=64).
 template <class T, int D, bool PF>
 __global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 3 : 4)
-grads_windows(const GradOperands<T> p, const KernelPattern a, const KernelPattern at,
-              const GradSplit sa, const GradSplit st, int64_t ctas_t) {
+    grads_windows(const GradOperands<T> p, const KernelPattern a, const KernelPattern at,
+                  const GradSplit sa, const GradSplit st, int64_t ctas_t) {
   // One call site per pass (two, for a switchable order, made ptxas spill more).
-  if (blockIdx.x < ctas_t) dkv_windows<T, D, PF>(p, at, st, blockIdx.x);
-  else dq_windows<T, D, PF>(p, a, sa, blockIdx.x - ctas_t);
+  if (blockIdx.x < ctas_t)
+    dkv_windows<T, D, PF>(p, at, st, blockIdx.x);
+  else
+    dq_windows<T, D, PF>(p, a, sa, blockIdx.x - ctas_t);
 }
 
 }  // namespace attention

@@ -20,7 +20,9 @@ namespace jaxsparse_tc {
 namespace attention {
 namespace {
 
-unsigned grid_for(int64_t units) { return unsigned((units + kAttnWarps - 1) / kAttnWarps); }
+unsigned grid_for(int64_t units) {
+  return unsigned((units + kAttnWarps - 1) / kAttnWarps);
+}
 
 // A dependent launch (its launch hides behind the previous kernel's tail) unless the counters'
 // memset comes between.
@@ -28,19 +30,19 @@ template <class T, int D>
 void launch_fwd_tc(cudaStream_t st, const AttnFwdParams<T>& p, bool pf) {
   auto kernel = pf ? attn_fwd_tc<T, D, D, true> : attn_fwd_tc<T, D, D, false>;
   const unsigned grid = grid_for(items_per_head(p.a.num_items, p.grouped) * p.heads);
-  launch_kernel(p.split.cap == 0, kernel, grid, 32 * kAttnWarps,
-                p.grouped ? kGroupSmemBytes<D> : 0, st, p.q, p.k, p.v, p.bias, p.out, p.lse,
-                p.a.wc, p.a.wbp, p.a.bitmap, p.a.bvp, reinterpret_cast<const int32_t*>(p.a.sched),
-                p.a.num_items, p.heads, p.hc, p.m, p.n, p.nnz, p.scale, p.has_bias, p.split.ws,
-                p.split.ws_ml, p.split.done, p.split.cap, p.grouped);
+  launch_kernel(p.split.cap == 0, kernel, grid, 32 * kAttnWarps, p.grouped ? kGroupSmemBytes<D> : 0,
+                st, p.q, p.k, p.v, p.bias, p.out, p.lse, p.a.wc, p.a.wbp, p.a.bitmap, p.a.bvp,
+                reinterpret_cast<const int32_t*>(p.a.sched), p.a.num_items, p.heads, p.hc, p.m, p.n,
+                p.nnz, p.scale, p.has_bias, p.split.ws, p.split.ws_ml, p.split.done, p.split.cap,
+                p.grouped);
 }
 
-ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                              ffi::AnyBuffer v, ffi::AnyBuffer bias, I32 wcp, I32 wc, I32 wbp,
-                              U32 bitmap, I32 bvp, I32 schedule, ffi::Result<ffi::AnyBuffer> o,
+ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                              ffi::AnyBuffer bias, I32 wcp, I32 wc, I32 wbp, U32 bitmap, I32 bvp,
+                              I32 schedule, ffi::Result<ffi::AnyBuffer> o,
                               ffi::Result<ffi::Buffer<ffi::F32>> lse,
-                              ffi::Result<ffi::AnyBuffer> workspace, float scale,
-                              int32_t has_bias, int32_t grouped, int32_t merge_split_windows) {
+                              ffi::Result<ffi::AnyBuffer> workspace, float scale, int32_t has_bias,
+                              int32_t grouped, int32_t merge_split_windows) {
   const KernelPattern a = kernel_pattern(wcp, wc, wbp, bitmap, bvp, schedule);
   const int64_t heads = o->dimensions()[0], m = o->dimensions()[1], dv = o->dimensions()[2];
   const int64_t n = k.dimensions()[1], d = q.dimensions()[2], nnz = bias.dimensions()[1];
@@ -49,8 +51,8 @@ ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer 
     return ffi::Error::InvalidArgument("sparse_attention (CUDA): d and dv must be <= 256");
   if (heads == 0 || m == 0) return ffi::Error::Success();
   const int esize = q.element_type() == ffi::DataType::F32 ? 4 : 2;
-  const AttentionFwdPlan plan = plan_attention_fwd(esize, d, dv, heads, a.num_items, grouped != 0,
-                                                   merge_split_windows != 0);
+  const AttentionFwdPlan plan =
+      plan_attention_fwd(esize, d, dv, heads, a.num_items, grouped != 0, merge_split_windows != 0);
   if (workspace->size_bytes() < plan.total_bytes)
     return workspace_mismatch("sparse_attention", workspace->size_bytes(), plan.total_bytes);
   SplitWorkspace sw{nullptr, nullptr, nullptr, plan.cap};
@@ -98,12 +100,12 @@ ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer 
   return launch_status("sparse_attention forward");
 }
 
-ffi::Error attention_jvp_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                              ffi::AnyBuffer v, ffi::AnyBuffer bias, ffi::AnyBuffer o,
-                              ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dq, ffi::AnyBuffer dk,
-                              ffi::AnyBuffer dvv, ffi::AnyBuffer dbias, I32 wcp, I32 wc, I32 wbp,
-                              U32 bitmap, I32 bvp, I32 schedule, ffi::Result<ffi::AnyBuffer> dout,
-                              float scale, int32_t has_bias) {
+ffi::Error attention_jvp_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                              ffi::AnyBuffer bias, ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse,
+                              ffi::AnyBuffer dq, ffi::AnyBuffer dk, ffi::AnyBuffer dvv,
+                              ffi::AnyBuffer dbias, I32 wcp, I32 wc, I32 wbp, U32 bitmap, I32 bvp,
+                              I32 schedule, ffi::Result<ffi::AnyBuffer> dout, float scale,
+                              int32_t has_bias) {
   const KernelPattern a = kernel_pattern(wcp, wc, wbp, bitmap, bvp, schedule);
   const int64_t heads = dout->dimensions()[0], m = dout->dimensions()[1];
   const int64_t dv = dout->dimensions()[2], n = k.dimensions()[1], d = q.dimensions()[2];
@@ -161,30 +163,30 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionFwdCuda, attention::attention_fwd_cuda,
                                   .Arg<ffi::AnyBuffer>()  // k [Hk, n, d]
                                   .Arg<ffi::AnyBuffer>()  // v [Hv, n, dv]
                                   .Arg<ffi::AnyBuffer>()  // bias [Hb, nnz] (or a dummy)
-                                  JAXSPARSE_TC_PATTERN_ARGS
+                              JAXSPARSE_TC_PATTERN_ARGS
                                   .Ret<ffi::AnyBuffer>()         // o [H, m, dv]
                                   .Ret<ffi::Buffer<ffi::F32>>()  // lse [H, m]
                                   .Ret<ffi::AnyBuffer>()         // workspace [bytes] (plan.h)
                                   .Attr<float>("scale")
                                   .Attr<int32_t>("has_bias")
-                                  .Attr<int32_t>("grouped")  // the schedule is grouped
+                                  .Attr<int32_t>("grouped")               // the schedule is grouped
                                   .Attr<int32_t>("merge_split_windows"),  // 1 default; plan.h
                               JAXSPARSE_TC_CAPTURABLE);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionJvpCuda, attention::attention_jvp_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // k
-                                  .Arg<ffi::AnyBuffer>()  // v
-                                  .Arg<ffi::AnyBuffer>()  // bias
-                                  .Arg<ffi::AnyBuffer>()  // o
+                                  .Arg<ffi::AnyBuffer>()         // q
+                                  .Arg<ffi::AnyBuffer>()         // k
+                                  .Arg<ffi::AnyBuffer>()         // v
+                                  .Arg<ffi::AnyBuffer>()         // bias
+                                  .Arg<ffi::AnyBuffer>()         // o
                                   .Arg<ffi::Buffer<ffi::F32>>()  // lse
-                                  .Arg<ffi::AnyBuffer>()  // dq
-                                  .Arg<ffi::AnyBuffer>()  // dk
-                                  .Arg<ffi::AnyBuffer>()  // dv
-                                  .Arg<ffi::AnyBuffer>()  // dbias
-                                  JAXSPARSE_TC_PATTERN_ARGS
+                                  .Arg<ffi::AnyBuffer>()         // dq
+                                  .Arg<ffi::AnyBuffer>()         // dk
+                                  .Arg<ffi::AnyBuffer>()         // dv
+                                  .Arg<ffi::AnyBuffer>()         // dbias
+                              JAXSPARSE_TC_PATTERN_ARGS
                                   .Ret<ffi::AnyBuffer>()  // dout
                                   .Attr<float>("scale")
                                   .Attr<int32_t>("has_bias"),

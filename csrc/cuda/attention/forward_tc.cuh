@@ -42,7 +42,8 @@ namespace attention {
 
 // Pieces of a split window merged per round trip: their partials' loads are in flight together
 // (registers: 2 rows x (DV/8 + 2) floats per piece and thread).
-template <int DV> constexpr int kMergeChunk = DV > 64 ? 2 : 4;
+template <int DV>
+constexpr int kMergeChunk = DV > 64 ? 2 : 4;
 
 // Folds C partials of split pieces (per row: max in the log2 domain and sum; unnormalised O
 // features) into this thread's running (m, l, o) for rows 2t, 2t+1, FlashAttention-style. A
@@ -92,16 +93,16 @@ struct PairCols {  // a block pair's bitmaps, K columns g, g+8 and V columns 2t,
 // fields.
 template <class T, int D, int DV, bool PF>
 __global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 3 : 4)
-attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-            const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ lse,
-            const int32_t* __restrict__ wc, const int32_t* __restrict__ wbp,
-            const uint32_t* __restrict__ bitmap, const int32_t* __restrict__ bvp,
-            const int32_t* __restrict__ schedule,
-            int64_t num_items, int64_t heads, Heads hc, int64_t m, int64_t n, int64_t nnz,
-            float scale, int has_bias, float* __restrict__ ws, float2* __restrict__ ws_ml,
-            int* __restrict__ done, int64_t cap, int grouped) {
+    attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ lse,
+                const int32_t* __restrict__ wc, const int32_t* __restrict__ wbp,
+                const uint32_t* __restrict__ bitmap, const int32_t* __restrict__ bvp,
+                const int32_t* __restrict__ schedule, int64_t num_items, int64_t heads, Heads hc,
+                int64_t m, int64_t n, int64_t nnz, float scale, int has_bias,
+                float* __restrict__ ws, float2* __restrict__ ws_ml, int* __restrict__ done,
+                int64_t cap, int grouped) {
   wait_prerequisites();  // a dependent launch: all inputs may come from the kernel before
-  int64_t item, h;  // head-major (unit_item)
+  int64_t item, h;       // head-major (unit_item)
   if (!unit_item(int64_t(blockIdx.x) * kAttnWarps + threadIdx.x / 32, num_items, heads, grouped,
                  item, h))
     return;
@@ -157,8 +158,10 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
     uint32_t vw[4][VW];  // issued early, used after the softmax
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      if (cur.v[j] >= 0) load_row<T, DV / 8>(vh + int64_t(cur.v[j]) * DV, int64_t(g) * (DV / 8), DV, true, vw[j]);
-      else for (int x = 0; x < VW; ++x) vw[j][x] = 0u;
+      if (cur.v[j] >= 0)
+        load_row<T, DV / 8>(vh + int64_t(cur.v[j]) * DV, int64_t(g) * (DV / 8), DV, true, vw[j]);
+      else
+        for (int x = 0; x < VW; ++x) vw[j][x] = 0u;
     }
     const PairRows tile = cur.k;
     if (PF && b0 + 2 < b_end) cur = pair_cols(b0 + 2);
@@ -188,7 +191,10 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
       p[r + 2] = exp2f(x[r + 2] - base);
       lrow[r] = lrow[r] * alpha + p[r] + p[r + 2];
 #pragma unroll
-      for (int s = 0; s < MS; ++s) { acc[s][r] *= alpha; acc[s][r + 2] *= alpha; }
+      for (int s = 0; s < MS; ++s) {
+        acc[s][r] *= alpha;
+        acc[s][r + 2] *= alpha;
+      }
     }
     // P^T as the SpMM's B operand: transpose the two 8x8 halves in registers.
     const uint32_t pb[2] = {movmatrix_trans(pack2<T>(p[0], p[1])),
@@ -211,7 +217,10 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
     l += __shfl_xor_sync(0xffffffffu, l, 16);
     lsum[r] = l;
 #pragma unroll
-    for (int s = 0; s < MS; ++s) { o[r][2 * s] = acc[s][r]; o[r][2 * s + 1] = acc[s][r + 2]; }
+    for (int s = 0; s < MS; ++s) {
+      o[r][2 * s] = acc[s][r];
+      o[r][2 * s + 1] = acc[s][r + 2];
+    }
   }
   if (local) {
     // The other pieces leave their partials in this CTA's shared memory (slot = warp; each thread
@@ -243,8 +252,10 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
 #pragma unroll
         for (int x = 0; x < DV / 32; ++x) {
           const float4 v = part[((j * 2 + r) * (DV / 32) + x) * 32 + lane];
-          oj[0][r][4 * x] = v.x; oj[0][r][4 * x + 1] = v.y;
-          oj[0][r][4 * x + 2] = v.z; oj[0][r][4 * x + 3] = v.w;
+          oj[0][r][4 * x] = v.x;
+          oj[0][r][4 * x + 1] = v.y;
+          oj[0][r][4 * x + 2] = v.z;
+          oj[0][r][4 * x + 3] = v.w;
         }
       }
       fold_partials<DV, 1>(mrow, lsum, o, ml, oj);
@@ -256,7 +267,8 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
     const int64_t slot = item * heads + h;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      store_row<float, DV / 8>(ws + (slot * 8 + 2 * t + r) * DV, int64_t(g) * (DV / 8), DV, true, o[r]);
+      store_row<float, DV / 8>(ws + (slot * 8 + 2 * t + r) * DV, int64_t(g) * (DV / 8), DV, true,
+                               o[r]);
       if (g == 0) ws_ml[slot * 8 + 2 * t + r] = make_float2(mrow[r], lsum[r]);
     }
     fence_acq_rel_gpu();  // the partial is visible before the counter says so
@@ -291,8 +303,10 @@ attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
 #pragma unroll
           for (int x = 0; x < DV / 32; ++x) {
             const float4 v = in ? __ldcg(src + x) : make_float4(0.f, 0.f, 0.f, 0.f);
-            oj[c][r][4 * x] = v.x; oj[c][r][4 * x + 1] = v.y;
-            oj[c][r][4 * x + 2] = v.z; oj[c][r][4 * x + 3] = v.w;
+            oj[c][r][4 * x] = v.x;
+            oj[c][r][4 * x + 1] = v.y;
+            oj[c][r][4 * x + 2] = v.z;
+            oj[c][r][4 * x + 3] = v.w;
           }
         }
       }

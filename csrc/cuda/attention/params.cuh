@@ -13,7 +13,9 @@ struct Heads {  // head counts of the operands (1 broadcasts)
   int64_t q, k, v, b;
 };
 
-__device__ __forceinline__ int64_t hsel(int64_t count, int64_t h) { return count == 1 ? 0 : h; }
+__device__ __forceinline__ int64_t hsel(int64_t count, int64_t h) {
+  return count == 1 ? 0 : h;
+}
 
 // Split-window partials of the tensor-core forward: slots for the schedule's first `cap` items
 // (split items are its prefix): O [cap, heads, 8, dv] fp32, (max, sum) [cap, heads, 8] float2,

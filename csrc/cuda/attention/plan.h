@@ -63,9 +63,9 @@ struct AttentionGradsPlan {
   bool grouped_a, grouped_t;
 };
 
-inline AttentionGradsPlan plan_attention_grads(int64_t d, int64_t heads, int64_t m,
-                                               int64_t items_a, int64_t items_t, bool grouped_a,
-                                               bool grouped_t, bool merge_split_windows) {
+inline AttentionGradsPlan plan_attention_grads(int64_t d, int64_t heads, int64_t m, int64_t items_a,
+                                               int64_t items_t, bool grouped_a, bool grouped_t,
+                                               bool merge_split_windows) {
   const bool merge = merge_split_windows;
   auto cap = [&](int64_t items, bool grouped, int na) -> int64_t {
     if (!merge || grouped) return 0;
@@ -90,11 +90,15 @@ inline AttentionGradsPlan plan_attention_grads(int64_t d, int64_t heads, int64_t
 // pattern has kSmallGraphNnz condensed columns (K/V row gathers per head) or more (measured on
 // H100, forward: rmat17 d=64 401 us against 445, rmat20 d=64 2289 against 2521; Cora read slower
 // with it, 8.2 us against 6.0 at d=64).
-inline bool attention_prefetch(int64_t num_cols) { return num_cols >= kSmallGraphNnz; }
+inline bool attention_prefetch(int64_t num_cols) {
+  return num_cols >= kSmallGraphNnz;
+}
 
 // Entries per batch of the composed backward's edge pass (attention_bwd_edges): large graphs take
 // 2 (64 registers, 32 warps/SM; measured on H100, rmat17 d=64 H=4: 574 us against 1125 with 4),
 // small ones 4 (their time is their longest chain of batches: Cora 11 us against 22).
-inline int attention_bwd_unroll(int64_t nnz) { return nnz < kSmallGraphNnz ? 4 : 2; }
+inline int attention_bwd_unroll(int64_t nnz) {
+  return nnz < kSmallGraphNnz ? 4 : 2;
+}
 
 }  // namespace jaxsparse_tc

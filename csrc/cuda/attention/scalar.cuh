@@ -23,14 +23,16 @@ __device__ __forceinline__ float warp_sum(float x) {
 }
 
 template <class T>
-__device__ __forceinline__ void load_lane(const T* row, int64_t d, float (&x)[kMaxPerLane], int lane) {
+__device__ __forceinline__ void load_lane(const T* row, int64_t d, float (&x)[kMaxPerLane],
+                                          int lane) {
 #pragma unroll
   for (int f = 0; f < kMaxPerLane; ++f) {
     const int64_t c = lane + 32 * f;
     x[f] = c < d ? to_f32<T>(row[c]) : 0.f;
   }
 }
-__device__ __forceinline__ float lane_dot(const float (&a)[kMaxPerLane], const float (&b)[kMaxPerLane]) {
+__device__ __forceinline__ float lane_dot(const float (&a)[kMaxPerLane],
+                                          const float (&b)[kMaxPerLane]) {
   float s = 0.f;
 #pragma unroll
   for (int f = 0; f < kMaxPerLane; ++f) s += a[f] * b[f];
@@ -102,13 +104,13 @@ __global__ void __launch_bounds__(32 * kAttnWarps) attn_fwd_scalar(const AttnFwd
 // JVP: dO_i = sum_j P_ij dS_ij V_j - (sum_j P_ij dS_ij) O_i + sum_j P_ij dV_j.
 template <class T>
 __device__ __forceinline__ void jvp_scalar(const T* q, const T* k, const T* v, const T* bias,
-                                           const float* lse, const T* dq, const T* dk,
-                                           const T* dvv, const T* dbias, T* dout,
-                                           const int32_t* wcp, const int32_t* wc,
-                                           const int32_t* wbp, const uint32_t* bitmap,
-                                           const int32_t* bvp, int64_t heads, Heads hc, Heads hd,
-                                           int64_t hl, int64_t m, int64_t n, int64_t d,
-                                           int64_t dv, int64_t nnz, float scale, int has_bias) {
+                                           const float* lse, const T* dq, const T* dk, const T* dvv,
+                                           const T* dbias, T* dout, const int32_t* wcp,
+                                           const int32_t* wc, const int32_t* wbp,
+                                           const uint32_t* bitmap, const int32_t* bvp,
+                                           int64_t heads, Heads hc, Heads hd, int64_t hl, int64_t m,
+                                           int64_t n, int64_t d, int64_t dv, int64_t nnz,
+                                           float scale, int has_bias) {
   const int64_t unit = int64_t(blockIdx.x) * kAttnWarps + threadIdx.x / 32;
   if (unit >= m * heads) return;
   const int64_t i = unit / heads, h = unit % heads;
@@ -126,11 +128,15 @@ __device__ __forceinline__ void jvp_scalar(const T* q, const T* k, const T* v, c
     const float qdk = lane_dot(qi, kj);
     const float s = scale * qk + (has_bias ? to_f32<T>(bias[hsel(hc.b, h) * nnz + idx]) : 0.f);
     const float p = __expf(s - li);
-    const float ds = scale * (dqk + qdk) + (has_bias ? to_f32<T>(dbias[hsel(hd.b, h) * nnz + idx]) : 0.f);
+    const float ds =
+        scale * (dqk + qdk) + (has_bias ? to_f32<T>(dbias[hsel(hd.b, h) * nnz + idx]) : 0.f);
     c += p * ds;
     load_lane(v + (hsel(hc.v, h) * n + j) * dv, dv, vj, lane);
 #pragma unroll
-    for (int f = 0; f < kMaxPerLane; ++f) { a1[f] += p * ds * vj[f]; of[f] += p * vj[f]; }
+    for (int f = 0; f < kMaxPerLane; ++f) {
+      a1[f] += p * ds * vj[f];
+      of[f] += p * vj[f];
+    }
     load_lane(dvv + (hsel(hd.v, h) * n + j) * dv, dv, vj, lane);
 #pragma unroll
     for (int f = 0; f < kMaxPerLane; ++f) a2[f] += p * vj[f];

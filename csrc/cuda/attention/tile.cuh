@@ -65,7 +65,8 @@ __device__ __forceinline__ bool read_item(const int4* sched, const int32_t* wbp,
   if (s0.w) {
     it.first = s1.z;
     it.pieces = s1.w;
-    it.local = grouped && it.pieces <= kGroupItems && it.first % kGroupItems + it.pieces <= kGroupItems;
+    it.local =
+        grouped && it.pieces <= kGroupItems && it.first % kGroupItems + it.pieces <= kGroupItems;
     if (!it.local && it.first + it.pieces > cap) {
       if (item != it.first) return false;
       it.first = -1;

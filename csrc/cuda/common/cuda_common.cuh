@@ -10,28 +10,48 @@
 
 namespace jaxsparse_tc {
 
-template <class T> __device__ __forceinline__ float to_f32(T v);
-template <> __device__ __forceinline__ float to_f32<float>(float v) { return v; }
-template <> __device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(v); }
-template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) {
+template <class T>
+__device__ __forceinline__ float to_f32(T v);
+template <>
+__device__ __forceinline__ float to_f32<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ float to_f32<__half>(__half v) {
+  return __half2float(v);
+}
+template <>
+__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) {
   return __bfloat162float(v);
 }
 
-template <class T> __device__ __forceinline__ T from_f32(float v);
-template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+template <class T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
 // Raw bits of a 16-bit element (tensor-core operands are assembled from bits).
-template <class T> __device__ __forceinline__ uint32_t raw16(T v) {
+template <class T>
+__device__ __forceinline__ uint32_t raw16(T v) {
   static_assert(sizeof(T) == 2, "16-bit types only");
   return uint32_t(*reinterpret_cast<const uint16_t*>(&v));
 }
 
 // Words holding E consecutive elements of T.
-template <class T, int E> struct Words { static constexpr int N = (E * int(sizeof(T)) + 3) / 4; };
+template <class T, int E>
+struct Words {
+  static constexpr int N = (E * int(sizeof(T)) + 3) / 4;
+};
 
 // Loads E consecutive elements starting at feature f of a row, as 32-bit words. `vec`: the
 // caller proved 16-byte (or E*sizeof(T)-byte) alignment and f+E <= d; otherwise elements past
@@ -45,11 +65,15 @@ __device__ __forceinline__ void load_row(const T* row, int64_t f, int64_t d, boo
 #pragma unroll
       for (int i = 0; i < BYTES / 16; ++i) {
         const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + f) + i);
-        w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
+        w[4 * i] = v.x;
+        w[4 * i + 1] = v.y;
+        w[4 * i + 2] = v.z;
+        w[4 * i + 3] = v.w;
       }
     } else if constexpr (BYTES == 8) {
       const uint2 v = __ldg(reinterpret_cast<const uint2*>(row + f));
-      w[0] = v.x; w[1] = v.y;
+      w[0] = v.x;
+      w[1] = v.y;
     } else {
       static_assert(BYTES == 4, "unsupported width");
       w[0] = __ldg(reinterpret_cast<const uint32_t*>(row + f));

@@ -15,8 +15,7 @@
 // work on its stream, allocates nothing (workspaces are XLA-planned result buffers, not scratch
 // memory that would be freed after the capture while the graph keeps its address) and does
 // the same thing each time it runs with the same shapes and attributes.
-#define JAXSPARSE_TC_CAPTURABLE \
-  { ffi::Traits::kCmdBufferCompatible }
+#define JAXSPARSE_TC_CAPTURABLE {ffi::Traits::kCmdBufferCompatible}
 
 namespace jaxsparse_tc {
 
@@ -37,27 +36,28 @@ ffi::Error dispatch_device_float(ffi::DataType dt, const char* op, F&& f) {
 inline ffi::Error launch_status(const char* op) {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)
-    return ffi::Error::Internal(std::string(op) + ": kernel launch failed: " +
-                               cudaGetErrorString(err));
+    return ffi::Error::Internal(std::string(op) +
+                                ": kernel launch failed: " + cudaGetErrorString(err));
   return ffi::Error::Success();
 }
 
 // One orientation's kernel arrays as kernel parameters (a base of each operator's params).
 struct KernelPattern {
-  const int32_t* wcp;     // window_col_ptr
-  const int32_t* wc;      // window_cols
-  const int32_t* wbp;     // window_block_ptr
+  const int32_t* wcp;      // window_col_ptr
+  const int32_t* wc;       // window_cols
+  const int32_t* wbp;      // window_block_ptr
   const uint32_t* bitmap;  // block_bitmap [B, 2]
-  const int32_t* bvp;     // block_value_ptr
-  const int4* sched;      // schedule items: sched[2 * item] = (window, block_begin, block_end,
-                          // split), sched[2 * item + 1] = (col_begin, col_end, first, pieces)
+  const int32_t* bvp;      // block_value_ptr
+  const int4* sched;       // schedule items: sched[2 * item] = (window, block_begin, block_end,
+                           // split), sched[2 * item + 1] = (col_begin, col_end, first, pieces)
   int64_t num_items;
 };
 
 inline KernelPattern kernel_pattern(I32 wcp, I32 wc, I32 wbp, U32 bitmap, I32 bvp, I32 schedule) {
   const PatternView v = make_view(wcp, wc, wbp, bitmap, bvp, schedule);
-  return {v.window_col_ptr, v.window_cols, v.window_block_ptr, v.block_bitmap,
-          v.block_value_ptr, reinterpret_cast<const int4*>(v.schedule), v.num_items};
+  return {v.window_col_ptr, v.window_cols,     v.window_block_ptr,
+          v.block_bitmap,   v.block_value_ptr, reinterpret_cast<const int4*>(v.schedule),
+          v.num_items};
 }
 
 }  // namespace jaxsparse_tc

@@ -23,7 +23,8 @@ inline ffi::Error kernel_choice(const char* op, int64_t code, KernelChoice& choi
   if (code < 0 || code > 2)
     return ffi::Error::InvalidArgument(std::string(op) +
                                        ": attribute kernel must be 0 (auto), 1 (cuda_core) or 2 "
-                                       "(tensor_core); got " + std::to_string(code));
+                                       "(tensor_core); got " +
+                                       std::to_string(code));
   choice = static_cast<KernelChoice>(code);
   return ffi::Error::Success();
 }

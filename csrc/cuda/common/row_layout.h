@@ -18,13 +18,16 @@ constexpr int kRowThreads = 256;  // threads per CTA of the row kernels
 // several plans treat them apart (attention/plan.h, sddmm/plan.h).
 constexpr int64_t kSmallGraphNnz = int64_t(1) << 16;
 constexpr int kSmallGraphPiece = 8;
-template <class T> constexpr int kRowVec = 16 / int(sizeof(T));  // features per lane
+template <class T>
+constexpr int kRowVec = 16 / int(sizeof(T));  // features per lane
 
 // Fewest entries of a CTA item one lane group takes, where entries need no combining (the
 // SDDMM and attention-backward row kernels): 32, so that a group's fixed cost per share (its
 // row operands, first entries) is paid on enough entries; on small graphs, whose time is their
 // longest chain, a row piece (measured on H100, Cora fp16 d=128 SDDMM: 9.2 us against 18.7).
-inline int cta_min_share(int64_t nnz) { return nnz < kSmallGraphNnz ? kSmallGraphPiece : 32; }
+inline int cta_min_share(int64_t nnz) {
+  return nnz < kSmallGraphNnz ? kSmallGraphPiece : 32;
+}
 
 // CTAs of a row kernel per slab and head (`copies` = slabs x heads of them): enough for its
 // whole-row items, `per_cta` per CTA, and one per item up to the CTAs the GPU holds at once

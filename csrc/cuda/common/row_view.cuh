@@ -18,10 +18,10 @@
 namespace jaxsparse_tc {
 
 // Work items of the row view: (row, begin, end, slot) over entries [begin, end)
-// (jaxsparse_tc/_src/pattern.py row_schedule). slot kWholeRow: a lane group walks the row; any other
-// slot: a CTA item, the CTA's groups share the entries. slot >= 0: one of several CTA items of a
-// very long row, whose sums meet in workspace slot `slot`. CTA items form the schedule's prefix,
-// slotted ones the prefix of that.
+// (jaxsparse_tc/_src/pattern.py row_schedule). slot kWholeRow: a lane group walks the row; any
+// other slot: a CTA item, the CTA's groups share the entries. slot >= 0: one of several CTA items
+// of a very long row, whose sums meet in workspace slot `slot`. CTA items form the schedule's
+// prefix, slotted ones the prefix of that.
 struct RowView {
   const int2* entries;  // [nnz] (column, format position), CSR order
   const int4* sched;    // [R] items
@@ -37,8 +37,8 @@ inline RowView row_view(I32 entries, I32 schedule) {
 }
 
 // The row view's FFI operands, in the order row_view() takes them.
-#define JAXSPARSE_TC_ROW_VIEW_ARGS                                 \
-  .Arg<::jaxsparse_tc::I32>()     /* row_entries [nnz, 2] */       \
+#define JAXSPARSE_TC_ROW_VIEW_ARGS                           \
+  .Arg<::jaxsparse_tc::I32>()     /* row_entries [nnz, 2] */ \
       .Arg<::jaxsparse_tc::I32>() /* row_schedule [R, 4] */
 
 // Whole-row item `item` of the schedule as (row, begin, end), or an empty range where the item
@@ -66,9 +66,12 @@ constexpr unsigned kFullWarp = 0xffffffffu;  // shuffle mask of a warp that runs
 // converted where they are used, so that their load does not stall the gathers issued after it.
 template <class T>
 __device__ __forceinline__ float raw_to_f32(uint32_t b) {
-  if constexpr (sizeof(T) == 4) return __uint_as_float(b);
-  else if constexpr (std::is_same_v<T, __half>) return __half2float(__ushort_as_half((unsigned short)b));
-  else return __uint_as_float(b << 16);  // bfloat16 -> fp32 is a shift
+  if constexpr (sizeof(T) == 4)
+    return __uint_as_float(b);
+  else if constexpr (std::is_same_v<T, __half>)
+    return __half2float(__ushort_as_half((unsigned short)b));
+  else
+    return __uint_as_float(b << 16);  // bfloat16 -> fp32 is a shift
 }
 
 // Predicated read-only loads: where `p` is false nothing is read. The row kernels issue their
@@ -88,7 +91,10 @@ __device__ __forceinline__ uint4 ldg16_if(bool p, const void* a) {
 // ldg16_if into four words (a lane's 16 bytes of a gathered row).
 __device__ __forceinline__ void ldg16_words_if(bool p, const void* a, uint32_t (&w)[4]) {
   const uint4 v = ldg16_if(p, a);
-  w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+  w[0] = v.x;
+  w[1] = v.y;
+  w[2] = v.z;
+  w[3] = v.w;
 }
 __device__ __forceinline__ int2 ldg8_if(bool p, const void* a) {
   int2 v;
@@ -103,10 +109,12 @@ __device__ __forceinline__ uint32_t load_raw_if(bool p, const T* a) {
   uint32_t v = 0u;
   if constexpr (sizeof(T) == 4)
     asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %2, 0;\n @q ld.global.nc.u32 %0, [%1];\n}"
-                 : "+r"(v) : "l"(a), "r"(int(p)));
+                 : "+r"(v)
+                 : "l"(a), "r"(int(p)));
   else
     asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %2, 0;\n @q ld.global.nc.u16 %0, [%1];\n}"
-                 : "+r"(v) : "l"(a), "r"(int(p)));
+                 : "+r"(v)
+                 : "l"(a), "r"(int(p)));
   return v;
 }
 

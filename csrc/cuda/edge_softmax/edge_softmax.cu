@@ -18,7 +18,7 @@ namespace jaxsparse_tc {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kHeld = 8;  // values per lane held in registers across passes
+constexpr int kHeld = 8;   // values per lane held in registers across passes
 constexpr int kNoRow = 8;  // a register slot past the window's values
 
 __device__ __forceinline__ float warp_max(float x) {
@@ -83,9 +83,9 @@ __device__ __forceinline__ void at_row(int r, F&& f) {
 
 template <class T>
 __global__ void __launch_bounds__(32 * kWarps)
-edge_softmax_kernel(const T* __restrict__ v, T* __restrict__ out, const int32_t* wbp,
-                    const int32_t* bvp, const int32_t* __restrict__ rows, int64_t W,
-                    int64_t heads, int64_t nnz) {
+    edge_softmax_kernel(const T* __restrict__ v, T* __restrict__ out, const int32_t* wbp,
+                        const int32_t* bvp, const int32_t* __restrict__ rows, int64_t W,
+                        int64_t heads, int64_t nnz) {
   const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (unit >= W * heads) return;
   const int64_t w = unit / heads, h = unit % heads;
@@ -114,9 +114,10 @@ edge_softmax_kernel(const T* __restrict__ v, T* __restrict__ out, const int32_t*
 
 template <class T>
 __global__ void __launch_bounds__(32 * kWarps)
-edge_softmax_bwd_kernel(const T* __restrict__ y, const T* __restrict__ t, T* __restrict__ out,
-                        const int32_t* wbp, const int32_t* bvp, const int32_t* __restrict__ rows,
-                        int64_t W, int64_t heads, int64_t hy, int64_t ht, int64_t nnz) {
+    edge_softmax_bwd_kernel(const T* __restrict__ y, const T* __restrict__ t, T* __restrict__ out,
+                            const int32_t* wbp, const int32_t* bvp,
+                            const int32_t* __restrict__ rows, int64_t W, int64_t heads, int64_t hy,
+                            int64_t ht, int64_t nnz) {
   const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (unit >= W * heads) return;
   const int64_t w = unit / heads, h = unit % heads;
@@ -161,8 +162,8 @@ static ffi::Error edge_softmax_cuda(cudaStream_t stream, ffi::AnyBuffer values, 
 }
 
 static ffi::Error edge_softmax_bwd_cuda(cudaStream_t stream, ffi::AnyBuffer y, ffi::AnyBuffer t,
-                                        I32 wcp, I32 wc, I32 wbp, U32 bitmap, I32 bvp,
-                                        I32 schedule, I32 rows, ffi::Result<ffi::AnyBuffer> out) {
+                                        I32 wcp, I32 wc, I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
+                                        I32 rows, ffi::Result<ffi::AnyBuffer> out) {
   const int64_t heads = out->dimensions()[0], nnz = out->dimensions()[1];
   const int64_t W = int64_t(wcp.element_count()) - 1;
   if (y.element_type() != t.element_type() || out->element_type() != y.element_type())
@@ -174,8 +175,8 @@ static ffi::Error edge_softmax_bwd_cuda(cudaStream_t stream, ffi::AnyBuffer y, f
     using T = decltype(tag);
     edge_softmax_bwd_kernel<T><<<grid, 32 * kWarps, 0, stream>>>(
         static_cast<const T*>(y.untyped_data()), static_cast<const T*>(t.untyped_data()),
-        static_cast<T*>(out->untyped_data()), wbp.typed_data(), bvp.typed_data(),
-        rows.typed_data(), W, heads, y.dimensions()[0], t.dimensions()[0], nnz);
+        static_cast<T*>(out->untyped_data()), wbp.typed_data(), bvp.typed_data(), rows.typed_data(),
+        W, heads, y.dimensions()[0], t.dimensions()[0], nnz);
   });
   if (e.failure()) return e;
   return launch_status("edge_softmax_bwd");
@@ -185,7 +186,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EdgeSoftmaxCuda, edge_softmax_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()  // values [H, nnz]
-                                  JAXSPARSE_TC_PATTERN_ARGS
+                              JAXSPARSE_TC_PATTERN_ARGS
                                   .Arg<I32>()  // rows [nnz]: each value's row
                                   .Ret<ffi::AnyBuffer>(),
                               JAXSPARSE_TC_CAPTURABLE);
@@ -195,7 +196,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EdgeSoftmaxBwdCuda, edge_softmax_bwd_cuda,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()  // y [Hy, nnz]
                                   .Arg<ffi::AnyBuffer>()  // t [Ht, nnz]
-                                  JAXSPARSE_TC_PATTERN_ARGS
+                              JAXSPARSE_TC_PATTERN_ARGS
                                   .Arg<I32>()  // rows [nnz]: each value's row
                                   .Ret<ffi::AnyBuffer>(),
                               JAXSPARSE_TC_CAPTURABLE);

@@ -59,9 +59,10 @@ inline ffi::Error plan_sddmm(const SddmmShape& s, int64_t kernel, SddmmPlan& pla
     return ffi::Error::InvalidArgument(
         "sddmm: d * itemsize is past the row kernels' width (1024 bytes)");
   // auto: the row kernels for sparse blocks (common/plan.h) and for exact fp32.
-  const bool rows = rows_fit && (choice == KernelChoice::kCudaCore ||
-                                 (choice == KernelChoice::kAuto &&
-                                  (s.exact || sparse_blocks(s.nnz, s.num_blocks))));
+  const bool rows =
+      rows_fit &&
+      (choice == KernelChoice::kCudaCore ||
+       (choice == KernelChoice::kAuto && (s.exact || sparse_blocks(s.nnz, s.num_blocks))));
   if (rows) {
     plan.kernel = SddmmKernel::kRows;
     const bool two = s.d > 32 * (16 / s.esize);

@@ -57,8 +57,8 @@ __device__ __forceinline__ void row_dots(const SddmmParams& p, const RowView& rv
 #pragma unroll
     for (int i = 0; i < NW; ++i) xw[i] = 0u;
     if (y[s].active && b < e)
-      load_row<T, E>(static_cast<const T*>(p.x) + h * p.x_head_stride + int64_t(row) * p.d, f,
-                     p.d, VEC, xw);
+      load_row<T, E>(static_cast<const T*>(p.x) + h * p.x_head_stride + int64_t(row) * p.d, f, p.d,
+                     VEC, xw);
     unpack_words<T, E>(xw, xf[s]);
   }
 
@@ -95,8 +95,8 @@ __device__ __forceinline__ void row_dots(const SddmmParams& p, const RowView& rv
 // Rows come longest first, so a group stops at its first empty item. The loop runs while any
 // group of the warp has work, so reduce_many's shuffles take the full mask.
 template <class T, class O, int L, int NS, int U, bool VEC>
-__device__ __forceinline__ void row_stream(const SddmmParams& p, const RowView& rv, int h,
-                                           int item, int items, int stride, int li) {
+__device__ __forceinline__ void row_stream(const SddmmParams& p, const RowView& rv, int h, int item,
+                                           int items, int stride, int li) {
   constexpr int E = kRowVec<T>, NW = Words<T, E>::N, G = L / U;  // G: lanes per summed entry
   O* oh = static_cast<O*>(p.out) + int64_t(h) * p.nnz;
   LaneRows<T, E, VEC> x[NS], y[NS];  // the lane's slice of X and of Y, per slab
@@ -163,29 +163,31 @@ __device__ __forceinline__ void row_stream(const SddmmParams& p, const RowView& 
 // cap, CTA items take all U gathers per batch, and a group takes one whole row. Otherwise a group
 // walks p.stream whole rows as one stream (row_stream). VEC: rows are 16-byte aligned.
 template <class T, class O, int L, int NS, bool SMALL, bool VEC>
-__global__ void __launch_bounds__(kRowThreads, SMALL ? 1 : NS == 1 ? 4 : 3)
+__global__ void __launch_bounds__(kRowThreads, SMALL     ? 1
+                                               : NS == 1 ? 4
+                                                         : 3)
     sddmm_rows(const SddmmParams p, const RowView rv) {
   constexpr int NG = kRowThreads / L;
   // Gathers per lane per batch: U * NS (half without VEC: element loads need more registers).
   constexpr int U0 = (VEC ? 8 : 4) / NS, U = U0 < L ? U0 : L;
-  constexpr int US = U / 2 > 0 ? U / 2 : 1;  // the stream's: its next batch's entries take registers
+  constexpr int US =
+      U / 2 > 0 ? U / 2 : 1;  // the stream's: its next batch's entries take registers
   const int li = threadIdx.x % L, g = threadIdx.x / L;
   const int h = blockIdx.y;
   for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
     const int4 it = rv.sched[c];
     if (it.w == kWholeRow) break;
     const int2 share = cta_share(it.y, it.z, NG, g, p.min_share);
-    row_dots<T, O, L, NS, (SMALL || U == 1 ? U : U / 2), VEC>(p, rv, h, it.x, share.x, share.y,
-                                                              li);
+    row_dots<T, O, L, NS, (SMALL || U == 1 ? U : U / 2), VEC>(p, rv, h, it.x, share.x, share.y, li);
   }
   if constexpr (!SMALL) {
     // Items c * NG + g + j * gridDim.x * NG, j < p.stream: strided over the schedule, so every
     // group's rows are a like mix of long and short (rows come longest first; blocks of
     // consecutive items gave the first CTAs all the longest rows: 2.6x slower on rmat17 at 16).
     const int64_t stride = int64_t(gridDim.x) * NG;
-    row_stream<T, O, L, NS, US, VEC>(
-        p, rv, h, int(blockIdx.x) * NG + g,
-        int(std::min<int64_t>(rv.num_items, stride * p.stream)), int(stride), li);
+    row_stream<T, O, L, NS, US, VEC>(p, rv, h, int(blockIdx.x) * NG + g,
+                                     int(std::min<int64_t>(rv.num_items, stride * p.stream)),
+                                     int(stride), li);
   } else {
     const int3 it = whole_row_or_empty(rv, int64_t(blockIdx.x) * NG + g);
     row_dots<T, O, L, NS, U, VEC>(p, rv, h, it.x, it.y, it.z, li);

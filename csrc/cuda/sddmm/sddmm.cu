@@ -35,24 +35,26 @@ void launch_rows_v(const SddmmParams& p, const RowView& rv, const SddmmPlan& pla
     launch_rows_k<T, O, 32, 2, SMALL, VEC>(p, rv, stream);
     return;
   }
-  with_lanes(plan.lanes, [&](auto l) {
-    launch_rows_k<T, O, l.value, 1, SMALL, VEC>(p, rv, stream);
-  });
+  with_lanes(plan.lanes,
+             [&](auto l) { launch_rows_k<T, O, l.value, 1, SMALL, VEC>(p, rv, stream); });
 }
 
 template <class T, class O>
 void launch_rows(const SddmmParams& p, const RowView& rv, const SddmmPlan& plan,
                  cudaStream_t stream) {
-  if (plan.small && p.vec) launch_rows_v<T, O, true, true>(p, rv, plan, stream);
-  else if (plan.small) launch_rows_v<T, O, true, false>(p, rv, plan, stream);
-  else if (p.vec) launch_rows_v<T, O, false, true>(p, rv, plan, stream);
-  else launch_rows_v<T, O, false, false>(p, rv, plan, stream);
+  if (plan.small && p.vec)
+    launch_rows_v<T, O, true, true>(p, rv, plan, stream);
+  else if (plan.small)
+    launch_rows_v<T, O, true, false>(p, rv, plan, stream);
+  else if (p.vec)
+    launch_rows_v<T, O, false, true>(p, rv, plan, stream);
+  else
+    launch_rows_v<T, O, false, false>(p, rv, plan, stream);
 }
 
 ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I32 wcp, I32 wc,
-                      I32 wbp, U32 bitmap, I32 bvp, I32 schedule, I32 row_entries,
-                      I32 row_schedule, ffi::Result<ffi::AnyBuffer> out, int32_t precision,
-                      int32_t kernel) {
+                      I32 wbp, U32 bitmap, I32 bvp, I32 schedule, I32 row_entries, I32 row_schedule,
+                      ffi::Result<ffi::AnyBuffer> out, int32_t precision, int32_t kernel) {
   KernelChoice choice;
   if (auto err = kernel_choice("sddmm", kernel, choice); err.failure()) return err;
   const auto xd = x.dimensions(), yd = y.dimensions(), od = out->dimensions();
@@ -102,12 +104,16 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
   if (plan.kernel == SddmmKernel::kRows) {
     p.min_share = plan.min_share;
     p.stream = plan.stream;
-    if (dtype == ffi::DataType::F32) launch_rows<float, float>(p, rv, plan, stream);
+    if (dtype == ffi::DataType::F32)
+      launch_rows<float, float>(p, rv, plan, stream);
     else if (dtype == ffi::DataType::F16 && f32_out)
       launch_rows<__half, float>(p, rv, plan, stream);
-    else if (dtype == ffi::DataType::F16) launch_rows<__half, __half>(p, rv, plan, stream);
-    else if (f32_out) launch_rows<__nv_bfloat16, float>(p, rv, plan, stream);
-    else launch_rows<__nv_bfloat16, __nv_bfloat16>(p, rv, plan, stream);
+    else if (dtype == ffi::DataType::F16)
+      launch_rows<__half, __half>(p, rv, plan, stream);
+    else if (f32_out)
+      launch_rows<__nv_bfloat16, float>(p, rv, plan, stream);
+    else
+      launch_rows<__nv_bfloat16, __nv_bfloat16>(p, rv, plan, stream);
     return launch_status("sddmm");
   }
   const dim3 grid1(unsigned((p.num_items + kWarps - 1) / kWarps),
@@ -118,12 +124,16 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
     p.sub = plan.sub;
     const dim3 grid(unsigned((p.num_items * p.sub + kWarps - 1) / kWarps), grid1.y);
     const dim3 block(kWarps * 32);
-    if (dtype == ffi::DataType::F32) sddmm_tc<float><<<grid, block, 0, stream>>>(p);
+    if (dtype == ffi::DataType::F32)
+      sddmm_tc<float><<<grid, block, 0, stream>>>(p);
     else if (dtype == ffi::DataType::F16 && f32_out)
       sddmm_tc<__half, float><<<grid, block, 0, stream>>>(p);
-    else if (dtype == ffi::DataType::F16) sddmm_tc<__half><<<grid, block, 0, stream>>>(p);
-    else if (f32_out) sddmm_tc<__nv_bfloat16, float><<<grid, block, 0, stream>>>(p);
-    else sddmm_tc<__nv_bfloat16><<<grid, block, 0, stream>>>(p);
+    else if (dtype == ffi::DataType::F16)
+      sddmm_tc<__half><<<grid, block, 0, stream>>>(p);
+    else if (f32_out)
+      sddmm_tc<__nv_bfloat16, float><<<grid, block, 0, stream>>>(p);
+    else
+      sddmm_tc<__nv_bfloat16><<<grid, block, 0, stream>>>(p);
   }
   return launch_status("sddmm");
 }
@@ -136,9 +146,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SddmmCuda, sddmm::sddmm_cuda,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()  // x [Hx, m, d]
                                   .Arg<ffi::AnyBuffer>()  // y [Hy, n, d]
-                                  JAXSPARSE_TC_PATTERN_ARGS
-                                  JAXSPARSE_TC_ROW_VIEW_ARGS
-                                  .Ret<ffi::AnyBuffer>()  // out [H, nnz]
+                              JAXSPARSE_TC_PATTERN_ARGS JAXSPARSE_TC_ROW_VIEW_ARGS
+                                  .Ret<ffi::AnyBuffer>()       // out [H, nnz]
                                   .Attr<int32_t>("precision")  // 1: exact float32 ("highest")
                                   .Attr<int32_t>("kernel"),    // KernelChoice (common/plan.h)
                               JAXSPARSE_TC_CAPTURABLE);

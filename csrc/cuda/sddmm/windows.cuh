@@ -72,10 +72,9 @@ __global__ void __launch_bounds__(kWarps * 32) sddmm_tc(const SddmmParams p) {
         if constexpr (kTf32) {
 #pragma unroll
           for (int j = 0; j < 4; ++j) {  // k-steps of 8: features 8t+2j, 8t+2j+1
-            const uint32_t a[4] = {to_tf32(__uint_as_float(ya[2 * j])),
-                                   to_tf32(__uint_as_float(yb[2 * j])),
-                                   to_tf32(__uint_as_float(ya[2 * j + 1])),
-                                   to_tf32(__uint_as_float(yb[2 * j + 1]))};
+            const uint32_t a[4] = {
+                to_tf32(__uint_as_float(ya[2 * j])), to_tf32(__uint_as_float(yb[2 * j])),
+                to_tf32(__uint_as_float(ya[2 * j + 1])), to_tf32(__uint_as_float(yb[2 * j + 1]))};
             const uint32_t bb[2] = {to_tf32(__uint_as_float(xw[2 * j])),
                                     to_tf32(__uint_as_float(xw[2 * j + 1]))};
             mma_1688_tf32(acc, a, bb);

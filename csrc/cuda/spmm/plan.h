@@ -64,7 +64,9 @@ inline WindowWorkspace window_workspace(const SpmmShape& s, int nslab) {
 }
 
 // Slabs of the window kernels. spmm_tc: 16 * mt features (mt m16 tiles per warp).
-inline int tc_mt(int64_t d) { return d <= 16 ? 1 : d <= 32 ? 2 : 4; }
+inline int tc_mt(int64_t d) {
+  return d <= 16 ? 1 : d <= 32 ? 2 : 4;
+}
 // spmm_async: the narrowest of 32, 64, 128 features covering d, at most 64 for fp32 (256-byte
 // rows). 16-bit d > 64 takes one 128-feature slab rather than two of 64 that both decode the
 // item's bitmaps (measured on H100, rmat17 fp16 d=128: kernel 214 us against 231; end to end
@@ -110,9 +112,9 @@ inline ffi::Error plan_spmm(const SpmmShape& s, int64_t kernel, SpmmPlan& plan) 
   // auto: the row kernels for sparse blocks (common/plan.h) and for exact fp32, which they
   // compute with one FMA per nonzero at many warps per SM (measured on H100, rmat17 fp32 d=128:
   // 185 us exact against 307 for the tf32 tensor-core kernel).
-  plan.rows = rows_fit && (choice == KernelChoice::kCudaCore ||
-                           (choice == KernelChoice::kAuto &&
-                            (s.exact || sparse_blocks(s.nnz, s.num_blocks))));
+  plan.rows = rows_fit &&
+              (choice == KernelChoice::kCudaCore ||
+               (choice == KernelChoice::kAuto && (s.exact || sparse_blocks(s.nnz, s.num_blocks))));
   if (plan.rows) {
     plan.workspace_bytes = row_bytes;
   } else {
@@ -137,8 +139,8 @@ struct SpmmLaunch {
 };
 
 // sm90: the device is sm_90 or later. x_aligned16 / out_aligned16: X / out are 16-byte aligned.
-inline SpmmLaunch spmm_launch(const SpmmShape& s, const SpmmPlan& plan, bool sm90,
-                              bool x_aligned16, bool out_aligned16) {
+inline SpmmLaunch spmm_launch(const SpmmShape& s, const SpmmPlan& plan, bool sm90, bool x_aligned16,
+                              bool out_aligned16) {
   SpmmLaunch l{};
   const bool rows16 = (s.d * s.esize) % 16 == 0;
   if (plan.rows) {

@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kRowThreads, 4)
     spmm_rows(const SpmmParams p, const RowView rv, const RowSplit rs) {
   constexpr int E = kRowVec<T>, NG = kRowThreads / L, F = L * E, NW = Words<T, E>::N;
   constexpr int U = 4;
-  constexpr int U1 = 2;  // CTA items: fewer gathers per lane, no spills (64 registers)
+  constexpr int U1 = 2;           // CTA items: fewer gathers per lane, no spills (64 registers)
   __shared__ float part[NG * F];  // CTA items: each group's sums over the slab's F features
   __shared__ int last;
   const int li = threadIdx.x % L, g = threadIdx.x / L;  // lane in group, group in CTA
@@ -108,8 +108,10 @@ __global__ void __launch_bounds__(kRowThreads, 4)
     for (int t = threadIdx.x; t < F && f0 + t < p.d; t += kRowThreads) {
       float s = 0.f;
       for (int q = 0; q < NG; ++q) s += part[q * F + t];
-      if (ws) atomicAdd(ws + f0 + t, s);
-      else out[f0 + t] = from_f32<T>(s);
+      if (ws)
+        atomicAdd(ws + f0 + t, s);
+      else
+        out[f0 + t] = from_f32<T>(s);
     }
     if (ws) {  // the fences order this CTA's sums before its count, the last CTA's reads after
       __threadfence();
@@ -140,7 +142,7 @@ __global__ void __launch_bounds__(kRowThreads, 4)
     if (item < items) it = rv.sched[item];
   }
   if (item >= items) return;
-  int row = it.x, end = it.z;  // the current item
+  int row = it.x, end = it.z;      // the current item
   int3 next = make_int3(0, 0, 0);  // the next item's row, begin, end (empty past the last)
   if (item + stride < items) {
     const int4 n = rv.sched[item + stride];

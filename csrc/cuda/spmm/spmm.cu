@@ -32,9 +32,12 @@ void launch_registers_mt(const SpmmParams& p, cudaStream_t stream) {
 
 template <class T>
 void launch_registers(const SpmmParams& p, int mt, cudaStream_t stream) {
-  if (mt == 1) launch_registers_mt<T, 1>(p, stream);
-  else if (mt == 2) launch_registers_mt<T, 2>(p, stream);
-  else launch_registers_mt<T, 4>(p, stream);
+  if (mt == 1)
+    launch_registers_mt<T, 1>(p, stream);
+  else if (mt == 2)
+    launch_registers_mt<T, 2>(p, stream);
+  else
+    launch_registers_mt<T, 4>(p, stream);
 }
 
 constexpr int kAsyncWarps = 2;  // warps per CTA (each warp owns its shared-memory ring)
@@ -54,9 +57,12 @@ void launch_async_slab(const SpmmParams& p, cudaStream_t stream) {
 
 template <class T>
 void launch_async(const SpmmParams& p, int slab, cudaStream_t stream) {
-  if (slab == 32) launch_async_slab<T, 32>(p, stream);
-  else if (slab == 64) launch_async_slab<T, 64>(p, stream);
-  else if constexpr (sizeof(T) == 2) launch_async_slab<T, 128>(p, stream);
+  if (slab == 32)
+    launch_async_slab<T, 32>(p, stream);
+  else if (slab == 64)
+    launch_async_slab<T, 64>(p, stream);
+  else if constexpr (sizeof(T) == 2)
+    launch_async_slab<T, 128>(p, stream);
 }
 
 // Row-kernel grid: groups stride over the items, at most as many CTAs as the device holds at
@@ -78,15 +84,17 @@ template <class T>
 void launch_rows(const SpmmParams& p, const RowView& rv, const RowSplit& rs, int lanes,
                  cudaStream_t stream) {
   with_lanes(lanes, [&](auto l) {
-    if (p.vec) launch_rows_l<T, l.value, true>(p, rv, rs, stream);
-    else launch_rows_l<T, l.value, false>(p, rv, rs, stream);
+    if (p.vec)
+      launch_rows_l<T, l.value, true>(p, rv, rs, stream);
+    else
+      launch_rows_l<T, l.value, false>(p, rv, rs, stream);
   });
 }
 
-ffi::Error spmm_cuda(cudaStream_t stream, ffi::AnyBuffer values, ffi::AnyBuffer x, I32 wcp,
-                     I32 wc, I32 wbp, U32 bitmap, I32 bvp, I32 schedule, I32 row_entries,
-                     I32 row_schedule, ffi::Result<ffi::AnyBuffer> out,
-                     ffi::Result<ffi::AnyBuffer> workspace, int32_t precision, int32_t kernel) {
+ffi::Error spmm_cuda(cudaStream_t stream, ffi::AnyBuffer values, ffi::AnyBuffer x, I32 wcp, I32 wc,
+                     I32 wbp, U32 bitmap, I32 bvp, I32 schedule, I32 row_entries, I32 row_schedule,
+                     ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace,
+                     int32_t precision, int32_t kernel) {
   KernelChoice choice;
   if (auto err = kernel_choice("spmm", kernel, choice); err.failure()) return err;
   const auto vd = values.dimensions(), xd = x.dimensions(), od = out->dimensions();
@@ -116,8 +124,11 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::AnyBuffer values, ffi::AnyBuffer 
 
   const bool exact = dtype == ffi::DataType::F32 && precision == 1;
   const int esize = dtype == ffi::DataType::F32 ? 4 : 2;
-  const SpmmShape shape{esize, exact, p.nnz, int64_t(bitmap.element_count()) / 2, p.num_items,
-                        int64_t(wcp.element_count()) - 1, rv.num_items, p.m, p.d, heads};
+  const SpmmShape shape{esize,        exact,
+                        p.nnz,        int64_t(bitmap.element_count()) / 2,
+                        p.num_items,  int64_t(wcp.element_count()) - 1,
+                        rv.num_items, p.m,
+                        p.d,          heads};
   SpmmPlan plan;
   if (auto err = plan_spmm(shape, kernel, plan); err.failure()) return err;
   char* const ws = static_cast<char*>(workspace->untyped_data());
@@ -139,9 +150,8 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::AnyBuffer values, ffi::AnyBuffer 
       const int64_t blocks = std::min<int64_t>((rv.num_items + 255) / 256, 1024);
       row_split_prep<<<unsigned(blocks), 256, 0, stream>>>(rv, rs, int(heads) * plan.row_nslab);
     }
-    const ffi::Error e = dispatch_device_float(dtype, "spmm", [&](auto t) {
-      launch_rows<decltype(t)>(p, rv, rs, plan.lanes, stream);
-    });
+    const ffi::Error e = dispatch_device_float(
+        dtype, "spmm", [&](auto t) { launch_rows<decltype(t)>(p, rv, rs, plan.lanes, stream); });
     if (e.failure()) return e;
     return launch_status("spmm");
   }
@@ -160,8 +170,10 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::AnyBuffer values, ffi::AnyBuffer 
   } else {
     const ffi::Error e = dispatch_device_float(dtype, "spmm", [&](auto t) {
       using T = decltype(t);
-      if (launch.kernel == SpmmKernel::kAsync) launch_async<T>(p, launch.slab, stream);
-      else launch_registers<T>(p, launch.slab / 16, stream);
+      if (launch.kernel == SpmmKernel::kAsync)
+        launch_async<T>(p, launch.slab, stream);
+      else
+        launch_registers<T>(p, launch.slab / 16, stream);
     });
     if (e.failure()) return e;
   }
@@ -175,9 +187,9 @@ int64_t spmm_workspace_bytes(int esize, bool exact, int kernel, int64_t nnz, int
                              int64_t num_items, int64_t num_windows, int64_t row_items, int64_t m,
                              int64_t d, int64_t heads, std::string* error) {
   SpmmPlan plan;
-  const ffi::Error err = plan_spmm(
-      {esize, exact, nnz, num_blocks, num_items, num_windows, row_items, m, d, heads}, kernel,
-      plan);
+  const ffi::Error err =
+      plan_spmm({esize, exact, nnz, num_blocks, num_items, num_windows, row_items, m, d, heads},
+                kernel, plan);
   if (err.failure()) {
     *error = err.message();
     return -1;
@@ -190,10 +202,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpmmCuda, spmm::spmm_cuda,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()  // values [Hv, nnz]
                                   .Arg<ffi::AnyBuffer>()  // x [Hx, n, d]
-                                  JAXSPARSE_TC_PATTERN_ARGS
-                                  JAXSPARSE_TC_ROW_VIEW_ARGS
-                                  .Ret<ffi::AnyBuffer>()  // out [H, m, d]
-                                  .Ret<ffi::AnyBuffer>()  // workspace [bytes] (plan.h)
+                              JAXSPARSE_TC_PATTERN_ARGS JAXSPARSE_TC_ROW_VIEW_ARGS
+                                  .Ret<ffi::AnyBuffer>()       // out [H, m, d]
+                                  .Ret<ffi::AnyBuffer>()       // workspace [bytes] (plan.h)
                                   .Attr<int32_t>("precision")  // 1: exact float32 ("highest")
                                   .Attr<int32_t>("kernel"),    // KernelChoice (common/plan.h)
                               JAXSPARSE_TC_CAPTURABLE);

@@ -35,12 +35,13 @@ struct AsyncShape {
   static constexpr int kRowBytes = SLAB * int(sizeof(T));  // one gathered slab row, <= 256
   // Padding makes the 8 rows an ldmatrix (or tf32 load) touches hit distinct banks.
   static constexpr int kRowStride = kRowBytes + (sizeof(T) == 4 ? 32 : 16);
-  static constexpr int kStageRows = 32;                   // 4 blocks x 8 condensed columns
+  static constexpr int kStageRows = 32;  // 4 blocks x 8 condensed columns
   static constexpr int kStageBlocks = kStageRows / kBlockCols;
   static constexpr int kValBytes = kStageBlocks * 64 * int(sizeof(T)) + 16;
   static constexpr int kStageBytes = kStageRows * kRowStride + kValBytes;
   static constexpr int kMetaBlocks = 32;  // blocks of one chunk (schedule items have <= 32)
-  static constexpr int kColsAt = 0, kBitsAt = kMetaBlocks * 8 * 4, kVptrAt = kBitsAt + kMetaBlocks * 8;
+  static constexpr int kColsAt = 0, kBitsAt = kMetaBlocks * 8 * 4,
+                       kVptrAt = kBitsAt + kMetaBlocks * 8;
   static constexpr int kMetaBytes = kVptrAt + 144;
   static constexpr int kWarpBytes = 2 * kMetaBytes + kStages * kStageBytes;
   static constexpr int kCtaBytes = WARPS * kWarpBytes;
@@ -171,21 +172,25 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
   using Sh = AsyncShape<T, SLAB, WARPS>;
   constexpr int S = Sh::kStages;
   constexpr bool kTf32 = sizeof(T) == 4;
-  constexpr int MT = SLAB / 16;                 // m16 tiles (16 features each)
+  constexpr int MT = SLAB / 16;  // m16 tiles (16 features each)
   static_assert(!kTf32 || MT % 2 == 0, "tf32 loads cover m16 tiles in pairs");
-  constexpr int kPieces = Sh::kRowBytes / 16;   // 16-byte pieces of a slab row
-  constexpr int kRowsPerPass = 32 / kPieces;    // rows one warp-wide cp.async covers
-  constexpr int SO = SLAB + 4;   // epilogue tile row stride (floats)
+  constexpr int kPieces = Sh::kRowBytes / 16;  // 16-byte pieces of a slab row
+  constexpr int kRowsPerPass = 32 / kPieces;   // rows one warp-wide cp.async covers
+  constexpr int SO = SLAB + 4;                 // epilogue tile row stride (floats)
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wid = threadIdx.x >> 5;
   unsigned char* wsm = smem + wid * Sh::kWarpBytes;
   unsigned char* ring = wsm + 2 * Sh::kMetaBytes;
-  auto s_cols = [&](int b) { return reinterpret_cast<int*>(wsm + b * Sh::kMetaBytes + Sh::kColsAt); };
+  auto s_cols = [&](int b) {
+    return reinterpret_cast<int*>(wsm + b * Sh::kMetaBytes + Sh::kColsAt);
+  };
   auto s_bits = [&](int b) {
     return reinterpret_cast<uint64_t*>(wsm + b * Sh::kMetaBytes + Sh::kBitsAt);
   };
-  auto s_vptr = [&](int b) { return reinterpret_cast<int*>(wsm + b * Sh::kMetaBytes + Sh::kVptrAt); };
+  auto s_vptr = [&](int b) {
+    return reinterpret_cast<int*>(wsm + b * Sh::kMetaBytes + Sh::kVptrAt);
+  };
 
   const int row_bytes32 = int(p.d) * int(sizeof(T));  // the launch checks it fits an int
   const uintptr_t v_end = reinterpret_cast<uintptr_t>(p.values) +
@@ -337,8 +342,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
   float acc[MT][4];
 #pragma unroll
   for (int i = 0; i < MT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-  int buf = 0, rs = 0;     // cur's metadata buffer; the ring slot of cur's next stage
-  bool issued = false;     // cur's first stage is already in flight
+  int buf = 0, rs = 0;  // cur's metadata buffer; the ring slot of cur's next stage
+  bool issued = false;  // cur's first stage is already in flight
   for (;;) {
     const int nstage = (cur.c1 - cur.c0 + Sh::kStageBlocks - 1) / Sh::kStageBlocks;
     if (!issued && nstage > 0) {

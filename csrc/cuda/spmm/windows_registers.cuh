@@ -22,10 +22,9 @@ namespace spmm {
 // -1 = no column) into acc, KB blocks per MMA. Every gather of the step is issued before the
 // first MMA, so NB/KB MMAs' loads are in flight per warp.
 template <class T, int MT, int KB, int NB>
-__device__ __forceinline__ void spmm_step(const T* xh, const T* vh, const SpmmParams& p,
-                                          int64_t f, const uint64_t (&bits)[NB],
-                                          const int (&vbase)[NB], const int (&col)[NB][2],
-                                          int g, float (&acc)[MT][4]) {
+__device__ __forceinline__ void spmm_step(const T* xh, const T* vh, const SpmmParams& p, int64_t f,
+                                          const uint64_t (&bits)[NB], const int (&vbase)[NB],
+                                          const int (&col)[NB][2], int g, float (&acc)[MT][4]) {
   constexpr bool kTf32 = sizeof(T) == 4;
   constexpr int E = 2 * MT;
   constexpr int NW = Words<T, E>::N;
@@ -88,9 +87,9 @@ constexpr int kStageBlocks = 32;  // blocks whose metadata a warp stages in shar
 template <class T, int MT, int MINB>
 __global__ void __launch_bounds__(kWarps * 32, MINB) spmm_tc(const SpmmParams p) {
   constexpr bool kTf32 = sizeof(T) == 4;
-  constexpr int E = 2 * MT;                   // consecutive features per thread
-  constexpr int KB = kTf32 ? 1 : 2;           // blocks per MMA
-  constexpr int NB = KB * 2;                  // blocks per step (two MMAs in flight)
+  constexpr int E = 2 * MT;          // consecutive features per thread
+  constexpr int KB = kTf32 ? 1 : 2;  // blocks per MMA
+  constexpr int NB = KB * 2;         // blocks per step (two MMAs in flight)
   __shared__ int s_cols[kWarps][kStageBlocks * 8];
   __shared__ uint64_t s_bits[kWarps][kStageBlocks];
   __shared__ int s_vptr[kWarps][kStageBlocks];
