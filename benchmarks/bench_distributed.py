@@ -35,13 +35,10 @@ scale 24) for the gcn op: the plain run fails with the memory error, the sharded
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 import time
 import traceback
-
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import numpy as np
 

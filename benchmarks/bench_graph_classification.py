@@ -25,16 +25,12 @@ Data: <dataset>.npz from --data, or ../shared/data / shared/data (no network nee
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-
-# JAX and torch share the GPU in this process: JAX must not reserve most of its memory upfront.
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:

@@ -21,12 +21,9 @@ suite stays short; the 300M-edge run is this script's default from the command l
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import sys
 import time
-
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import numpy as np
 

@@ -304,9 +304,10 @@ class SparseMatrix:
     return self.operands().flat()
 
   def todense(self) -> jax.Array:
-    """Dense [m, n] (or [H, m, n]) array."""
+    """Dense [m, n] (or [H, m, n]) array. Values that share a position add up: a padded
+    layout's zero entries (batches, shards) point at positions real entries may hold."""
     dense = jnp.zeros(self.values.shape[:-1] + self.shape, self.values.dtype)
-    return dense.at[..., self.rows, self.cols].set(self.values)
+    return dense.at[..., self.rows, self.cols].add(self.values)
 
   def to_scipy(self):
     """scipy.sparse.csr_matrix (values as float32 when they are bfloat16)."""

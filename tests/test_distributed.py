@@ -4,18 +4,18 @@ sharded GCN/GAT training (Flax nnx and Equinox), the sharding rules of plain jit
 primitives inside a user's shard_map.
 
 The host platform's device count is fixed when jax starts, and the rest of the suite runs in
-one process with one device; so the multi-device cases run in a child process started with
-XLA_FLAGS=--xla_force_host_platform_device_count=4 (this file, run as a script), once per
-session, each reporting PASS or FAIL with its message; every case is one test here. Cases that
-need no second device (padding) run in-process.
+one process with one device; so the multi-device cases run in a child process (this file, run
+as a script with `--cpu-devices 4`: jax's `jax_num_cpu_devices` option), once per session, each
+reporting PASS or FAIL with its message; every case is one test here. Cases that need no
+second device (padding) run in-process.
 
     python -m pytest -q tests/test_distributed.py
-    XLA_FLAGS=--xla_force_host_platform_device_count=4 python tests/test_distributed.py [case ...]
+    python tests/test_distributed.py --cpu-devices 4 [case ...]
 
-On a machine with several GPUs the same cases run on them (JSTD_DEVICES = how many; the
-partitions and meshes adapt to 1, 2, 4 or 8):
+On a machine with several GPUs the same cases run on them (`--devices N`: the partitions and
+meshes adapt to 1, 2, 4 or 8):
 
-    JSTD_DEVICES=2 python tests/test_distributed.py        # prints CASE <name> PASS|FAIL
+    python tests/test_distributed.py --devices 2        # prints CASE <name> PASS|FAIL
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import traceback
 import numpy as np
 import pytest
 
-DEVICES = int(os.environ.get("JSTD_DEVICES", "4"))
+DEVICES = 4  # the child process's device count (its command line sets it)
 RTOL = 1e-5
 HIGHEST = "highest"  # exact float32 SpMM/SDDMM on GPU too (no tf32 tensor cores)
 
@@ -517,15 +517,8 @@ def _child_main(names) -> int:
 # ----------------------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def child_results():
-  flags = os.environ.get("XLA_FLAGS", "")
-  env = dict(
-    os.environ,
-    JAX_PLATFORMS="cpu",
-    XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={DEVICES}".strip(),
-  )
   proc = subprocess.run(
-    [sys.executable, os.path.abspath(__file__)],
-    env=env,
+    [sys.executable, os.path.abspath(__file__), "--cpu-devices", str(DEVICES)],
     capture_output=True,
     text=True,
     timeout=3000,
@@ -613,5 +606,24 @@ def test_padded_pattern_runs_like_the_original(rng):
     )
 
 
+def _main(argv) -> int:
+  import argparse
+
+  import jax
+
+  global DEVICES
+  ap = argparse.ArgumentParser(description="the multi-device cases, one line each")
+  where = ap.add_mutually_exclusive_group(required=True)
+  where.add_argument("--cpu-devices", type=int, help="run on this many host (CPU) devices")
+  where.add_argument("--devices", type=int, help="run on this many of the default backend's")
+  ap.add_argument("cases", nargs="*")
+  a = ap.parse_args(argv)
+  if a.cpu_devices:  # before jax starts its backends
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", a.cpu_devices)
+  DEVICES = a.cpu_devices or a.devices
+  return _child_main(a.cases)
+
+
 if __name__ == "__main__":
-  raise SystemExit(_child_main(sys.argv[1:]))
+  raise SystemExit(_main(sys.argv[1:]))

@@ -339,11 +339,6 @@ class ShardedMatrix(sm.SparseMatrix):
   def pattern_operands(self):
     self._whole("pattern_operands()")
 
-  def todense(self):
-    """Dense [P*M, P*M] (or [H, ...]) in the padded layout (small matrices: tests)."""
-    dense = jnp.zeros(self.values.shape[:-1] + self.shape, self.values.dtype)
-    return dense.at[..., self.rows, self.cols].add(self.values)
-
   def to_scipy(self):
     """scipy CSR of the global n x n matrix (values as float32 when bfloat16)."""
     import scipy.sparse as sp
