@@ -3,18 +3,20 @@
 One command, any device count (1, 2, 4, 8 GPUs, or CPU with forced host devices):
 
     python -m benchmarks.bench_distributed --devices 2                       # rmat22-d16
-    python -m benchmarks.bench_distributed --devices 2 --scales 24 --edges-per-node 16
+    python -m benchmarks.bench_distributed --devices 2,4 --scales 24 --overlap --lhs
     python -m benchmarks.bench_distributed --devices 2 --scales 24 --oom-demo  # 1 GPU OOM, 2 fit
-    XLA_FLAGS=--xla_force_host_platform_device_count=4 \
-        python -m benchmarks.bench_distributed --devices 4 --scales 14 --quick  # CPU smoke
+    python -m benchmarks.bench_distributed --devices 4 --scales 14 --quick --cpu-devices 4
 
 For each graph and op it times, in one process:
 - `plain`: the unsharded operator on one device (a SparseMatrix; the 1-device baseline);
 - `shard1`: the sharded code path on a 1-device mesh (its overhead over plain);
-- `shardN`: the graph cut into N row blocks balanced by nonzeros (N = --devices), with each
-  exchange asked for (--exchange: auto, allgather, halo), and with --overlap also each with
-  own/remote parts (`+overlap`: the SpMM multiplies the shard's own columns while the other
-  rows are exchanged).
+- `shardN`: the graph cut into N row blocks balanced by nonzeros (N = each of --devices, a
+  comma-separated list: the graph is generated once for all), with each exchange asked for
+  (--exchange: auto, allgather, halo), and with --overlap also each with own/remote parts
+  (`+overlap`: the SpMM multiplies the shard's own columns while the other rows are exchanged);
+  --lhs times the sharded programs a second time compiled with XLA's latency-hiding scheduler
+  (`+lhs`: compiler option xla_gpu_enable_latency_hiding_scheduler, which lets XLA move a
+  collective's start before independent kernels).
 Columns: build_s (host build of the format), ms (median per call / step), speedup (plain ms /
 this ms), xbytes_MB (dense bytes one device receives per step by the layout's count: rows
 exchanged x width x itemsize, summed over the step's exchanges), hlo_MB (bytes per device that
@@ -23,13 +25,16 @@ reduce-scatter, all-reduce (x2, ring)), mem_GB (the compiled program's argument 
 temporary bytes per device, memory_analysis), halo (rows received per pair / rows per shard).
 A run that does not fit prints OOM in ms (the memory error is shown below the table).
 
-Ops: `spmm` (A @ X, d = --dims, --dtype) and `gcn` (one training step: 2-layer GCN in ->
-hidden -> classes, ReLU, softmax cross-entropy over the real nodes, Adam; float32; features
-generated on the devices, so the host never holds them). R-MAT node ids are random, so halos
-cover nearly every row and "auto" picks the all-gather; --order rcm renumbers the graph
-(reverse Cuthill-McKee, scipy; slow beyond ~2^22 nodes) to give the halo exchange a chance.
-`--oom-demo` sets features 1024, hidden 64 (a feature matrix of n x 1024 float32: 69 GB at
-scale 24) for the gcn op: the plain run fails with the memory error, the sharded one trains.
+Ops: `spmm` (A @ X, d = --dims, --dtype), `exchange` (the sharded SpMM's data movement alone:
+`distributed.exchange`, the rows every shard's matrix reads, X at d = --dims) and `gcn` (one
+training step: 2-layer GCN in -> hidden -> classes, ReLU, softmax cross-entropy over the real
+nodes, Adam; float32; features generated on the devices, so the host never holds them). R-MAT
+node ids are random, so halos cover nearly every row; --order (affinity, rcm, ...) renumbers the
+graph first to give the halo exchange a chance.
+`--oom-demo` sets features 1024 (or --features), hidden 64 (a feature matrix of n x 1024
+float32: 69 GB at scale 24) for the gcn op: the plain run fails with the memory error, the
+sharded one trains. `--big-features F` adds that step (`gcn-F`, hidden 64) after the others on
+every mode, so one run shows which device counts hold it.
 """
 
 from __future__ import annotations
@@ -177,12 +182,15 @@ def memory_gb(compiled) -> float | None:
     return None
 
 
-def _timed(fn, args, repeat):
+LHS = {"xla_gpu_enable_latency_hiding_scheduler": True}
+
+
+def _timed(fn, args, repeat, compiler_options=None):
   """(median ms, compiled) of jit(fn)(*args); the matrix is an argument (not a constant)."""
   import jax
 
   lowered = jax.jit(fn).lower(*args)
-  compiled = lowered.compile()
+  compiled = lowered.compile(compiler_options) if compiler_options else lowered.compile()
   ms = common.time_fn(compiled, *args, warmup=2, repeat=repeat)
   return ms, compiled
 
@@ -243,7 +251,7 @@ def _xbytes(A, widths, itemsize) -> float:
   return sum(A.exchange_bytes(w, itemsize) for w in widths)
 
 
-def run_spmm(A, d, dtype, repeat):
+def run_spmm(A, d, dtype, repeat, compiler_options=None):
   import jax
   import jax.numpy as jnp
 
@@ -251,11 +259,24 @@ def run_spmm(A, d, dtype, repeat):
 
   X = _dense(A, (d,), dtype, jax.random.key(1))
   v = A.values.astype(dtype)
-  ms, compiled = _timed(lambda A, v, X: jst.spmm(A.with_values(v), X), (A, v, X), repeat)
+  f = lambda A, v, X: jst.spmm(A.with_values(v), X)  # noqa: E731
+  ms, compiled = _timed(f, (A, v, X), repeat, compiler_options)
   return ms, compiled, _xbytes(A, [d], jnp.dtype(dtype).itemsize)
 
 
-def run_gcn(A, features, hidden, classes, repeat):
+def run_exchange(A, d, dtype, repeat, compiler_options=None):
+  """The sharded SpMM's exchange alone (all-gather, or halo gather + all_to_all + join)."""
+  import jax
+  import jax.numpy as jnp
+
+  from jaxsparse_tc import distributed as dist
+
+  X = _dense(A, (d,), dtype, jax.random.key(1))
+  ms, compiled = _timed(lambda A, X: dist.exchange(A, X), (A, X), repeat, compiler_options)
+  return ms, compiled, _xbytes(A, [d], jnp.dtype(dtype).itemsize)
+
+
+def run_gcn(A, features, hidden, classes, repeat, compiler_options=None):
   import jax
   import jax.numpy as jnp
   import optax
@@ -292,7 +313,7 @@ def run_gcn(A, features, hidden, classes, repeat):
     upd, opt = tx.update(g, opt, params)
     return loss, optax.apply_updates(params, upd), opt
 
-  ms, compiled = _timed(step, (A, params, opt, x, labels, mask), repeat)
+  ms, compiled = _timed(step, (A, params, opt, x, labels, mask), repeat, compiler_options)
   # Exchanges: layer 1 propagates min(features, hidden) columns (no backward SpMM when x is
   # propagated first), layer 2 min(hidden, classes) forward and again in its transpose.
   w1 = min(features, hidden)
@@ -308,16 +329,18 @@ def bench_graph(name, g, devices, ops, exchanges, args, rows, errors):
 
   dtype = {"float16": jnp.float16, "bfloat16": jnp.bfloat16, "float32": jnp.float32}[args.dtype]
   modes = [("plain", 1, "-", False), ("shard1", 1, "auto", False)]
-  if devices > 1:
+  for count in devices:
+    if count < 2:
+      continue
     for ex in exchanges:
-      modes.append((f"shard{devices}", devices, ex, False))
+      modes.append((f"shard{count}", count, ex, False))
       if args.overlap:
-        modes.append((f"shard{devices}", devices, ex, True))
+        modes.append((f"shard{count}", count, ex, True))
   if args.no_shard1:
     modes = [m for m in modes if m[0] != "shard1"]
   base = {}
   for mode, ndev, ex, overlap in modes:
-    if overlap and set(ops) - {"spmm", "gcn"}:
+    if overlap and set(ops) - {"spmm", "gcn", "exchange"}:
       continue
     try:
       A, build_s = _matrices(g, "plain" if mode == "plain" else "sharded", ndev, ex, overlap)
@@ -340,8 +363,16 @@ def bench_graph(name, g, devices, ops, exchanges, args, rows, errors):
       continue
     lay = getattr(A, "layout", None)
     halo = f"{lay.max_real_halo}/{lay.rows_per_shard}" if lay is not None else None
-    for op in ops:
+    runs = [(op, None) for op in ops]
+    if args.big_features:
+      runs.append((f"gcn-{args.big_features}", None))
+    if args.lhs and mode != "plain":
+      runs += [(op, LHS) for op in ops if op != "exchange"]
+    for op, copts in runs:
+      if op == "exchange" and mode == "plain":
+        continue
       label = mode if mode == "plain" else f"{mode}/{ex}" + ("+overlap" if overlap else "")
+      label += "+lhs" if copts else ""
       row = dict(
         graph=name,
         nodes=g.shape[0],
@@ -355,9 +386,15 @@ def bench_graph(name, g, devices, ops, exchanges, args, rows, errors):
       )
       try:
         if op == "spmm":
-          ms, compiled, xb = run_spmm(A, args.dims, dtype, args.repeat)
-        else:
-          ms, compiled, xb = run_gcn(A, args.features, args.hidden, args.classes, args.repeat)
+          ms, compiled, xb = run_spmm(A, args.dims, dtype, args.repeat, copts)
+        elif op == "exchange":
+          ms, compiled, xb = run_exchange(A, args.dims, dtype, args.repeat, copts)
+        elif op == "gcn":
+          ms, compiled, xb = run_gcn(
+            A, args.features, args.hidden, args.classes, args.repeat, copts
+          )
+        else:  # gcn-F: the big-feature step
+          ms, compiled, xb = run_gcn(A, args.big_features, 64, args.classes, args.repeat, copts)
         row.update(
           ms=ms,
           xbytes_MB=xb / 1e6,
@@ -366,7 +403,7 @@ def bench_graph(name, g, devices, ops, exchanges, args, rows, errors):
         )
         if mode == "plain":
           base[op] = ms
-        if base.get(op):
+        if base.get(op) and op != "exchange":
           row["speedup"] = base[op] / ms
       except Exception as e:  # noqa: BLE001
         if not _is_oom(e):
@@ -391,7 +428,17 @@ def bench_graph(name, g, devices, ops, exchanges, args, rows, errors):
 
 def parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--devices", type=int, default=0, help="device count (0: all visible)")
+  p.add_argument(
+    "--devices",
+    default="0",
+    help="comma-separated device counts to shard over (0: all visible)",
+  )
+  p.add_argument(
+    "--cpu-devices",
+    type=int,
+    default=0,
+    help="run on this many forced CPU devices (jax_num_cpu_devices), for smoke runs",
+  )
   p.add_argument("--scales", default="22", help="comma-separated R-MAT scales")
   p.add_argument("--edges-per-node", type=int, default=16)
   p.add_argument(
@@ -405,7 +452,18 @@ def parse(argv=None):
   p.add_argument("--exchange", default="auto", help="comma-separated: auto,allgather,halo")
   p.add_argument("--dims", type=int, default=128, help="SpMM feature width")
   p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-  p.add_argument("--features", type=int, default=128)
+  p.add_argument("--features", type=int, default=None, help="gcn input width (default 128)")
+  p.add_argument(
+    "--big-features",
+    type=int,
+    default=0,
+    help="also time the gcn step with this input width (hidden 64) on every mode",
+  )
+  p.add_argument(
+    "--lhs",
+    action="store_true",
+    help="also time the sharded programs compiled with XLA's latency-hiding scheduler",
+  )
   p.add_argument("--hidden", type=int, default=128)
   p.add_argument("--classes", type=int, default=16)
   p.add_argument("--repeat", type=int, default=10)
@@ -423,21 +481,36 @@ def parse(argv=None):
   p.add_argument("--quick", action="store_true", help="repeat 3 (smoke runs)")
   args = p.parse_args(argv)
   if args.oom_demo:
-    args.ops, args.features, args.hidden, args.no_shard1 = "gcn", 1024, 64, True
+    args.ops, args.hidden, args.no_shard1 = "gcn", 64, True
+    args.features = args.features or 1024
+  args.features = args.features or 128
   if args.quick:
     args.repeat = 3
   return args
 
 
+def device_counts(args) -> list[int]:
+  """--devices as a list of counts (0: all visible devices)."""
+  import jax
+
+  if args.cpu_devices:
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", args.cpu_devices)
+  visible = len(jax.devices())
+  counts = [int(c) or visible for c in str(args.devices).split(",")]
+  if max(counts) > visible:
+    raise SystemExit(f"--devices {args.devices}: only {visible} devices are visible")
+  return counts
+
+
 def run(quick: bool = False, argv=None) -> list[dict]:
   """benchmarks/run.py's entry: all visible devices, R-MAT 2^20 x 16 (quick: 2^14 x 8)."""
-  import jax
 
   if argv is None:
     argv = ["--scales", "14" if quick else "20"] + (["--edges-per-node", "8"] if quick else [])
     argv += ["--quick"] if quick else []
   args = parse(argv)
-  devices = args.devices or len(jax.devices())
+  devices = device_counts(args)
   rows, errors = [], []
   for scale in (int(s) for s in args.scales.split(",")):
     t0 = time.perf_counter()
@@ -486,11 +559,12 @@ def main(argv=None) -> int:
 
   args = parse(argv)
   rows = run(argv=argv if argv is not None else sys.argv[1:])
-  print(f"\n# device: {common.device_name()} x {args.devices or len(jax.devices())}")
+  counts = device_counts(args)
+  print(f"\n# device: {common.device_name()} ({len(jax.devices())} visible), shards {counts}")
   common.print_table(rows, COLUMNS, "bench_distributed")
   s = summary(rows)
   common.print_table(s, list(s[0].keys()), "summary")
-  common.write_json(rows, f"bench_distributed_{args.devices or len(jax.devices())}dev")
+  common.write_json(rows, f"bench_distributed_{max(counts)}dev")
   return 0
 
 

@@ -189,6 +189,11 @@ def case_overlap_parts():
       A, dist.make_mesh(DEVICES), exchange=exchange, overlap=True, bounds=bounds
     )
     assert [p.kind for p in SA.layout.parts] == ["own", "remote"], SA.layout.parts
+    own, remote = SA.layout.parts
+    assert own.cols == SA.layout.rows_per_shard, own
+    # The remote part reads what the collective returns, as it is (no join with own rows).
+    want_cols = SA.layout.padded_rows if exchange == "allgather" else DEVICES * SA.layout.halo_rows
+    assert remote.cols == want_cols, (remote, want_cols)
     l1, (gv1, gx1) = jax.jit(g(SA))(SA, SA.values_from_input(vals), SA.shard_rows(x))
     _close(f"{exchange} loss", l1, l0)
     _close(f"{exchange} dvalues", SA.values_to_input(gv1), gv0)

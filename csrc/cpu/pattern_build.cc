@@ -84,7 +84,8 @@ BuiltPattern build_pattern(const int64_t* rows, const int64_t* cols, int64_t cou
   {
     std::vector<int32_t> next(p.row_ptr.begin(), p.row_ptr.end() - 1);
     for (int64_t k = 0; k < pos; ++k) {
-      const int32_t at = next[p.rows[k]]++;
+      // 64-bit: the pair index 2 * at passes 2^31 beyond 2^30 nonzeros.
+      const int64_t at = next[p.rows[k]]++;
       p.row_entries[2 * at] = p.cols[k];
       p.row_entries[2 * at + 1] = int32_t(k);
     }

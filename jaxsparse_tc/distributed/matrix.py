@@ -24,9 +24,12 @@ receives at most that fraction of what an all-gather would bring), else "allgath
 
 Parts. By default each shard holds one local matrix (part "all"). With `overlap=True` it holds
 two: "own" (the entries whose column is one of the shard's own rows: M x M, local columns) and
-"remote" (the others: M x n_ext), so that SpMM multiplies the own part while the exchange of the
-other rows is in flight (XLA schedules the collective asynchronously around the independent
-kernel) and adds the remote part's product after. Each part is padded on its own; a shard's values
+"remote" (the others), so that SpMM multiplies the own part while the exchange of the other rows
+is in flight (XLA schedules the collective asynchronously around the independent kernel) and adds
+the remote part's product after. The remote part's columns index what the collective returns as
+it is: the all-gathered rows (P * M columns) or the halo exchange's received chunks (P * c
+columns, chunk p, the shard's own, empty); so no copy joins the shard's rows to the received
+ones. Each part is padded on its own; a shard's values
 are its parts' values one after the other. Row-wise operators (edge softmax, attention) need a
 row's entries in one pattern, so they take single-part matrices only.
 """
@@ -168,7 +171,7 @@ class ShardLayout:
 class PartLayout:
   """One part of every shard's local matrix (static)."""
 
-  kind: str  # "all" (columns: ext space), "own" (columns: the shard's rows) or "remote" (ext)
+  kind: str  # "all" (columns: ext space), "own" (the shard's rows), "remote" (received rows)
   nnz: int  # padded values per shard
   cols: int  # columns of the part's local matrix
   grouped: tuple  # (A's schedule grouped, A^T's)
@@ -313,7 +316,10 @@ class ShardedMatrix(sm.SparseMatrix):
         return c + self._offsets()
       if lay.exchange == "allgather":
         return c
-      return jnp.take_along_axis(jnp.asarray(self.arrays.ext_to_global), c, axis=1)
+      e2g = jnp.asarray(self.arrays.ext_to_global)
+      if pl.kind == "remote":  # columns of the received chunks
+        e2g = e2g[:, lay.rows_per_shard :]
+      return jnp.take_along_axis(e2g, c, axis=1)
 
     return self._per_part(part_cols)
 
@@ -499,8 +505,10 @@ def _check_bounds(bounds, n: int, P: int) -> np.ndarray:
   return b
 
 
-def _build_part(kind, shard_entries, M, n_cols, fill_col, split_blocks):
+def _build_part(kind, shard_entries, M, n_cols, fill_col, split_blocks, empty_col_window=None):
   """One part of every shard: shard_entries[p] = (local rows, part columns, entry selection).
+  fill_col(p): a column of shard p's part that no entry uses; empty_col_window(p): a window of 8
+  such columns (default M // 8 - 1, the columns of shard 0's spare rows).
   Returns (PartLayout, stacked padded numpy PartArrays fields, per-shard input_to_format)."""
   fmt = None if split_blocks is None else FormatOptions(split_blocks=split_blocks)
   P = len(shard_entries)
@@ -516,10 +524,13 @@ def _build_part(kind, shard_entries, M, n_cols, fill_col, split_blocks):
   pats_t = [padding.reschedule(bt[1], n_cols, nnz_pad, grouped_t, split_blocks) for bt in built]
   size_a = padding.max_sizes([padding.pattern_sizes(p) for p in pats_a])._replace(nnz=nnz_pad)
   size_t = padding.max_sizes([padding.pattern_sizes(p) for p in pats_t])._replace(nnz=nnz_pad)
-  # Padding entries sit on the diagonal of a shard's spare row (the last row of its spare
-  # window: empty in A and, as a column, in A^T): row M - 1, column fill_col(p) (M - 1 in a
-  # local column space, p * M + M - 1 in the allgather ext space).
+  # Padding entries sit at the shard's spare row (the last row of its spare window, empty in A)
+  # and an unused column fill_col(p) (M - 1 in a local column space, p * M + M - 1 in the
+  # allgather space, the last slot of the shard's own chunk in the halo's received space), which
+  # is an empty row of A^T.
   spare, empty_window = M - 1, M // 8 - 1
+  if empty_col_window is None:
+    empty_col_window = lambda p: empty_window  # noqa: E731
   pats_a = [
     padding.pad_pattern(
       pat, size_a, empty_window=empty_window, empty_row=spare, fill_col=fill_col(p)
@@ -528,7 +539,7 @@ def _build_part(kind, shard_entries, M, n_cols, fill_col, split_blocks):
   ]
   pats_t = [
     padding.pad_pattern(
-      pat, size_t, empty_window=empty_window, empty_row=fill_col(p), fill_col=spare
+      pat, size_t, empty_window=empty_col_window(p), empty_row=fill_col(p), fill_col=spare
     )
     for p, pat in enumerate(pats_t)
   ]
@@ -612,7 +623,9 @@ def shard_coo(
     mode = "halo" if c <= halo_threshold * M else "allgather"
   else:
     mode = exchange
-  halo = c if mode == "halo" else 0
+  # Chunks of a multiple of 8 rows: the remote part's own chunk is then whole empty windows of
+  # its transpose (the padding's anchor).
+  halo = 8 * -(-c // 8) if mode == "halo" else 0
   n_ext = {"none": M, "allgather": P * M, "halo": M + P * halo}[mode]
 
   def ext_cols(p, cc, qo):
@@ -638,16 +651,24 @@ def shard_coo(
       mine = col_owner[sel] == p
       s_own, s_rem = sel[mine], sel[~mine]
       own.append((rows[s_own] - b[p], cols[s_own] - b[p], s_own))
-      remote.append(
-        (rows[s_rem] - b[p], ext_cols(p, cols[s_rem], col_owner[s_rem]).astype(np.int64), s_rem)
-      )
-    specs = [("own", own, M, fill_local), ("remote", remote, n_ext, fill_ext)]
+      received = ext_cols(p, cols[s_rem], col_owner[s_rem]).astype(np.int64)
+      if mode == "halo":
+        received -= M  # columns of the received chunks alone
+      remote.append((rows[s_rem] - b[p], received, s_rem))
+    if mode == "halo":
+      # The own chunk's last slot and window: shard p receives nothing in chunk p.
+      remote_spec = ("remote", remote, P * halo, lambda p: p * halo + halo - 1)
+      remote_window = lambda p: (p * halo + halo) // 8 - 1  # noqa: E731
+    else:
+      remote_spec = ("remote", remote, n_ext, fill_ext)
+      remote_window = None
+    specs = [("own", own, M, fill_local, None), (*remote_spec, remote_window)]
   else:
     entries = [
       (rows[sel] - b[p], ext_cols(p, cols[sel], col_owner[sel]).astype(np.int64), sel)
       for p, sel in enumerate(shard_sel)
     ]
-    specs = [("all", entries, n_ext, fill_ext)]
+    specs = [("all", entries, n_ext, fill_ext, None)]
 
   part_layouts, part_arrays = [], []
   heads = v.shape[:-1]
@@ -656,8 +677,8 @@ def shard_coo(
   offset = 0
   nnz_total = 0
   built_parts = []
-  for kind, entries, ncols, fill in specs:
-    pl, pa, to_formats = _build_part(kind, entries, M, ncols, fill, split_blocks)
+  for kind, entries, ncols, fill, col_window in specs:
+    pl, pa, to_formats = _build_part(kind, entries, M, ncols, fill, split_blocks, col_window)
     part_layouts.append(pl)
     part_arrays.append(pa)
     built_parts.append((pl, pa, entries, to_formats))

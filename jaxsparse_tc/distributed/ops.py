@@ -104,17 +104,35 @@ def _single_part(op: str, SA) -> None:
     )
 
 
-def _exchange(layout, arrays, x):
-  """A shard's rows [.., M, d] -> the rows its local matrix's columns index [.., n_ext, d]."""
-  if layout.exchange == "none":
-    return x
+def _receive(layout, arrays, x):
+  """What the exchange brings a shard: every shard's rows [.., P*M, d] (all-gather) or the halo
+  chunks [.., P*c, d] (chunk q from shard q). A remote part's columns index it as it is."""
   axis = layout.axis_name
   node = x.ndim - 2
   if layout.exchange == "allgather":
     return jax.lax.all_gather(x, axis, axis=node, tiled=True)
   send = jnp.take(x, arrays.send, axis=node)  # [.., P*c, d]: chunk p goes to shard p
-  recv = jax.lax.all_to_all(send, axis, node, node, tiled=True)  # chunk q came from shard q
-  return jnp.concatenate([x, recv], axis=node)
+  return jax.lax.all_to_all(send, axis, node, node, tiled=True)
+
+
+def _exchange(layout, arrays, x):
+  """A shard's rows [.., M, d] -> the rows its local matrix's columns index [.., n_ext, d]."""
+  if layout.exchange == "none":
+    return x
+  recv = _receive(layout, arrays, x)
+  if layout.exchange == "allgather":
+    return recv
+  return jnp.concatenate([x, recv], axis=x.ndim - 2)
+
+
+def _part_operand(layout, arrays, part_layout, x):
+  """The rows a part's columns index: the shard's own (own), the exchange's result as it is
+  (remote), or both joined (all)."""
+  if part_layout.kind == "own":
+    return x
+  if part_layout.kind == "remote":
+    return _receive(layout, arrays, x)
+  return _exchange(layout, arrays, x)
 
 
 def _check_dense(op: str, name: str, SA: ShardedMatrix, x):
@@ -167,7 +185,7 @@ def spmm(SA: ShardedMatrix, x, *, precision=None, options=None):
       A = _local_matrix(lay, pl, part, _mask_cotangent(v, part.nnz))
       y = _spmm(
         A,
-        x if pl.kind == "own" else _exchange(lay, arrays, x),
+        _part_operand(lay, arrays, pl, x),
         precision=precision,
         options=options,
       )
@@ -202,7 +220,7 @@ def sddmm(
       S = _sddmm(
         A,
         x,
-        y if pl.kind == "own" else _exchange(lay, arrays, y),
+        _part_operand(lay, arrays, pl, y),
         precision=precision,
         preferred_element_type=preferred_element_type,
         options=options,
