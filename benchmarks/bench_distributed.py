@@ -251,16 +251,21 @@ def _xbytes(A, widths, itemsize) -> float:
   return sum(A.exchange_bytes(w, itemsize) for w in widths)
 
 
-def run_spmm(A, d, dtype, repeat, compiler_options=None):
+def spmm_program(A, d, dtype):
+  """(fn, args) of one SpMM A @ X, X [n, d] random on the devices."""
   import jax
-  import jax.numpy as jnp
 
   import jaxsparse_tc as jst
 
   X = _dense(A, (d,), dtype, jax.random.key(1))
   v = A.values.astype(dtype)
-  f = lambda A, v, X: jst.spmm(A.with_values(v), X)  # noqa: E731
-  ms, compiled = _timed(f, (A, v, X), repeat, compiler_options)
+  return (lambda A, v, X: jst.spmm(A.with_values(v), X)), (A, v, X)
+
+
+def run_spmm(A, d, dtype, repeat, compiler_options=None):
+  import jax.numpy as jnp
+
+  ms, compiled = _timed(*spmm_program(A, d, dtype), repeat, compiler_options)
   return ms, compiled, _xbytes(A, [d], jnp.dtype(dtype).itemsize)
 
 
@@ -276,7 +281,8 @@ def run_exchange(A, d, dtype, repeat, compiler_options=None):
   return ms, compiled, _xbytes(A, [d], jnp.dtype(dtype).itemsize)
 
 
-def run_gcn(A, features, hidden, classes, repeat, compiler_options=None):
+def gcn_program(A, features, hidden, classes):
+  """(fn, args) of one GCN training step (module docstring)."""
   import jax
   import jax.numpy as jnp
   import optax
@@ -313,7 +319,11 @@ def run_gcn(A, features, hidden, classes, repeat, compiler_options=None):
     upd, opt = tx.update(g, opt, params)
     return loss, optax.apply_updates(params, upd), opt
 
-  ms, compiled = _timed(step, (A, params, opt, x, labels, mask), repeat, compiler_options)
+  return step, (A, params, opt, x, labels, mask)
+
+
+def run_gcn(A, features, hidden, classes, repeat, compiler_options=None):
+  ms, compiled = _timed(*gcn_program(A, features, hidden, classes), repeat, compiler_options)
   # Exchanges: layer 1 propagates min(features, hidden) columns (no backward SpMM when x is
   # propagated first), layer 2 min(hidden, classes) forward and again in its transpose.
   w1 = min(features, hidden)
