@@ -33,8 +33,8 @@ node ids are random, so halos cover nearly every row; --order (affinity, rcm, ..
 graph first to give the halo exchange a chance.
 `--oom-demo` sets features 1024 (or --features), hidden 64 (a feature matrix of n x 1024
 float32: 69 GB at scale 24) for the gcn op: the plain run fails with the memory error, the
-sharded one trains. `--big-features F` adds that step (`gcn-F`, hidden 64) after the others on
-every mode, so one run shows which device counts hold it.
+sharded one trains. `--big-features F1,F2` adds that step (`gcn-F`, hidden 64) after the others
+on every mode, so one run shows which device counts hold which width.
 """
 
 from __future__ import annotations
@@ -374,8 +374,7 @@ def bench_graph(name, g, devices, ops, exchanges, args, rows, errors):
     lay = getattr(A, "layout", None)
     halo = f"{lay.max_real_halo}/{lay.rows_per_shard}" if lay is not None else None
     runs = [(op, None) for op in ops]
-    if args.big_features:
-      runs.append((f"gcn-{args.big_features}", None))
+    runs += [(f"gcn-{f}", None) for f in args.big_features]
     if args.lhs and mode != "plain":
       runs += [(op, LHS) for op in ops if op != "exchange"]
     for op, copts in runs:
@@ -404,7 +403,8 @@ def bench_graph(name, g, devices, ops, exchanges, args, rows, errors):
             A, args.features, args.hidden, args.classes, args.repeat, copts
           )
         else:  # gcn-F: the big-feature step
-          ms, compiled, xb = run_gcn(A, args.big_features, 64, args.classes, args.repeat, copts)
+          f = int(op.split("-")[1])
+          ms, compiled, xb = run_gcn(A, f, 64, args.classes, args.repeat, copts)
         row.update(
           ms=ms,
           xbytes_MB=xb / 1e6,
@@ -465,9 +465,9 @@ def parse(argv=None):
   p.add_argument("--features", type=int, default=None, help="gcn input width (default 128)")
   p.add_argument(
     "--big-features",
-    type=int,
-    default=0,
-    help="also time the gcn step with this input width (hidden 64) on every mode",
+    default="",
+    help="comma-separated input widths: also time the gcn step with each (hidden 64) on every "
+    "mode, largest last",
   )
   p.add_argument(
     "--lhs",
@@ -494,6 +494,7 @@ def parse(argv=None):
     args.ops, args.hidden, args.no_shard1 = "gcn", 64, True
     args.features = args.features or 1024
   args.features = args.features or 128
+  args.big_features = [int(f) for f in args.big_features.split(",") if f]
   if args.quick:
     args.repeat = 3
   return args
