@@ -8,6 +8,7 @@ from jaxsparse_tc._src.attention import sparse_attention
 from jaxsparse_tc._src.edge_softmax import edge_softmax
 from jaxsparse_tc._src.extensions import has_cuda
 from jaxsparse_tc._src.sddmm import sddmm
+from jaxsparse_tc._src.select import KernelPlan, PatternFeatures, kernel_plan
 from jaxsparse_tc._src.spmm import spmm
 from jaxsparse_tc.options import FormatOptions, KernelOptions
 from jaxsparse_tc.reorder import ReorderedMatrix, Reordering, reorder  # docs/REORDER.md
@@ -21,6 +22,9 @@ __all__ = [
   "sparse_attention",
   "KernelOptions",
   "FormatOptions",
+  "kernel_plan",
+  "KernelPlan",
+  "PatternFeatures",
   "has_cuda",
   "interop",
   "distributed",

@@ -28,6 +28,8 @@ BackwardChoice = Literal["auto", "fused", "composed"]
 
 # FFI attribute values of `KernelOptions.spmm` / `.sddmm` (csrc/cuda/spmm/plan.h, sddmm/plan.h).
 _KERNEL_CODES = {"auto": 0, "cuda_core": 1, "tensor_core": 2}
+# `KernelOptions.attention_backward` as the CPU extension's kernel_choices takes it.
+_BACKWARD_CODES = {"auto": 0, "fused": 1, "composed": 2}
 
 
 def _check_choice(name: str, value, allowed) -> None:
@@ -37,7 +39,8 @@ def _check_choice(name: str, value, allowed) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class KernelOptions:
-  """Forces a kernel family per operator (GPU only); the defaults are the launch plans' choices.
+  """Forces a kernel family per operator (GPU only); the defaults are the launch plans' choices
+  (`jst.kernel_plan` tells which they are for a matrix, on any machine).
 
   Attributes:
     spmm: "auto" (the plan: CUDA-core row kernels where blocks are sparse or float32 must be
@@ -62,7 +65,7 @@ class KernelOptions:
     _check_choice("KernelOptions.spmm", self.spmm, tuple(_KERNEL_CODES))
     _check_choice("KernelOptions.sddmm", self.sddmm, tuple(_KERNEL_CODES))
     _check_choice(
-      "KernelOptions.attention_backward", self.attention_backward, ("auto", "fused", "composed")
+      "KernelOptions.attention_backward", self.attention_backward, tuple(_BACKWARD_CODES)
     )
     if not isinstance(self.merge_split_windows, bool):
       raise ValueError(
@@ -76,6 +79,10 @@ class KernelOptions:
   @property
   def sddmm_code(self) -> int:
     return _KERNEL_CODES[self.sddmm]
+
+  @property
+  def attention_backward_code(self) -> int:
+    return _BACKWARD_CODES[self.attention_backward]
 
 
 DEFAULT_KERNEL_OPTIONS = KernelOptions()

@@ -19,6 +19,11 @@ constexpr int kGroupItems = 4;
 // block_end, split, then col_begin (the item's first condensed column), col_end (its window's),
 // first (the item of the window's first piece) and pieces (1 for a whole window).
 constexpr int kScheduleFields = 8;
+// Graphs under kSmallGraphNnz nonzeros (pattern.py SMALL_GRAPH_NNZ; a test checks they agree)
+// are small: their time is their longest chain of dependent round trips rather than their
+// bytes, and the builder (short pieces), several plans (cuda/attention/plan.h,
+// cuda/sddmm/plan.h) and the selector (common/select.h) treat them apart.
+constexpr int64_t kSmallGraphNnz = int64_t(1) << 16;
 
 struct PatternView {
   const int32_t* window_col_ptr;    // [W+1]

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/select.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace nb = nanobind;
@@ -21,9 +22,9 @@ extern "C" XLA_FFI_Error* AttentionGradsCuda(XLA_FFI_CallFrame*);
 // Workspace result sizes, from the same plans the handlers launch by (spmm/plan.h,
 // attention/plan.h). `kernel`: the SpMM handler's attribute (cuda/common/plan.h KernelChoice);
 // an invalid one sets `error` and returns -1.
-int64_t spmm_workspace_bytes(int esize, bool exact, int kernel, int64_t nnz, int64_t num_blocks,
-                             int64_t num_items, int64_t num_windows, int64_t row_items, int64_t m,
-                             int64_t d, int64_t heads, std::string* error);
+int64_t spmm_workspace_bytes(int esize, bool exact, int kernel, const PatternFeatures& pattern,
+                             int64_t num_items, int64_t row_items, int64_t d, int64_t heads,
+                             std::string* error);
 int64_t attention_workspace_bytes(int esize, int64_t d, int64_t dv, int64_t heads,
                                   int64_t num_items, bool grouped, bool merge_split_windows);
 int64_t attention_grads_workspace_bytes(int64_t d, int64_t heads, int64_t m, int64_t items_a,
@@ -51,16 +52,23 @@ NB_MODULE(_cuda, m) {
     d["jaxsparse_tc_attention_grads"] = capsule(jaxsparse_tc::AttentionGradsCuda);
     return d;
   });
-  m.def("spmm_workspace_bytes",
-        [](int esize, bool exact, int kernel, int64_t nnz, int64_t num_blocks, int64_t num_items,
-           int64_t num_windows, int64_t row_items, int64_t m, int64_t d, int64_t heads) {
-          std::string error;
-          const int64_t bytes =
-              jaxsparse_tc::spmm_workspace_bytes(esize, exact, kernel, nnz, num_blocks, num_items,
-                                                 num_windows, row_items, m, d, heads, &error);
-          if (bytes < 0) throw nb::value_error(error.c_str());
-          return bytes;
-        });
+  m.def(
+      "spmm_workspace_bytes",
+      [](int esize, bool exact, int kernel, int64_t rows, int64_t nnz, int64_t windows,
+         int64_t blocks, int64_t condensed_cols, int64_t num_items, int64_t row_items, int64_t d,
+         int64_t heads) {
+        std::string error;
+        const int64_t bytes = jaxsparse_tc::spmm_workspace_bytes(
+            esize, exact, kernel, {rows, nnz, windows, blocks, condensed_cols}, num_items,
+            row_items, d, heads, &error);
+        if (bytes < 0) throw nb::value_error(error.c_str());
+        return bytes;
+      },
+      nb::arg("esize"), nb::arg("exact"), nb::arg("kernel"), nb::arg("rows"), nb::arg("nnz"),
+      nb::arg("windows"), nb::arg("blocks"), nb::arg("condensed_cols"), nb::arg("num_items"),
+      nb::arg("row_items"), nb::arg("d"), nb::arg("heads"),
+      "Bytes of the SpMM handler's workspace result: its launch plan's (spmm/plan.h); A's "
+      "pattern features as in common/select.h.");
   m.def("attention_workspace_bytes", &jaxsparse_tc::attention_workspace_bytes);
   m.def("attention_grads_workspace_bytes", &jaxsparse_tc::attention_grads_workspace_bytes);
 }

@@ -36,11 +36,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
-from jaxsparse_tc._src import checks, heads, rules, vma
+from jaxsparse_tc._src import checks, heads, rules, select, vma
 from jaxsparse_tc._src import precision as precision_lib
 from jaxsparse_tc._src.extensions import CUDA_TARGETS, cuda_extension
 from jaxsparse_tc._src.lowering import param, register_ffi_lowering
-from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, SMALL_GRAPH_NNZ, PatternOperands
+from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, PatternOperands
 from jaxsparse_tc._src.primitives import (
   attention_bwd_p,
   attention_fwd_p,
@@ -373,16 +373,16 @@ def _grads_kernel_fits(q, v) -> bool:
   )
 
 
-def _grads_on_tensor_cores(q, v, nnz: int, options) -> bool:
-  """Whether the backward takes attention_grads_p (decided at trace time). At d = 128 on large
-  graphs the composed backward measured faster (H100, H=4, fwd+bwd: rmat17 2759 against 3383 us,
-  rmat20 15888 against 19438 us), so "auto" keeps that there; options.attention_backward
-  forces either where both can run."""
-  if options.attention_backward == "composed" or not _grads_kernel_fits(q, v):
+def _grads_on_tensor_cores(q, v, P: PatternOperands, m: int, options) -> bool:
+  """Whether the backward takes attention_grads_p (decided at trace time): where the CUDA
+  extension has its kernels and they take the operands, the selector's choice from A's pattern
+  features (csrc/common/select.h attention_backward_prefers_fused, through the CPU extension);
+  options.attention_backward forces either where both can run."""
+  if not _grads_kernel_fits(q, v) or "jaxsparse_tc_attention_grads" not in CUDA_TARGETS:
     return False
-  if "jaxsparse_tc_attention_grads" not in CUDA_TARGETS:
-    return False
-  return options.attention_backward == "fused" or q.shape[2] <= 64 or nnz < SMALL_GRAPH_NNZ
+  counts = select.feature_counts(P.a, rows=m, nnz=P.nnz)
+  c = select.choices(counts, q.shape[2], q.dtype.itemsize, options=kernel_options(options))
+  return c["attention_backward"] == "fused"
 
 
 def _grads_abstract(
@@ -476,7 +476,7 @@ def _backward(q, k, v, bias, o, lse, do, pattern, shape, scale, has_bias, groupe
   `grouped`: whether A's and A^T's schedules are grouped.
   """
   params = dict(shape=shape, scale=scale, has_bias=has_bias)
-  if _grads_on_tensor_cores(q, v, PatternOperands.unflat(pattern).nnz, options):
+  if _grads_on_tensor_cores(q, v, PatternOperands.unflat(pattern), shape[0], options):
     return tuple(
       attention_grads_p.bind(
         q,

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching
 
-from jaxsparse_tc._src import checks, heads, rules, vma
+from jaxsparse_tc._src import checks, heads, rules, select, vma
 from jaxsparse_tc._src import precision as precision_lib
 from jaxsparse_tc._src.extensions import cuda_extension
 from jaxsparse_tc._src.lowering import param, register_ffi_lowering
@@ -94,17 +94,14 @@ def _cuda_workspace(dense, P, avals_out, params):
   h, m, d = avals_out[0].shape
   exact = x.dtype == jnp.float32 and params["precision"] == precision_lib.HIGHEST
   return cuda_extension().spmm_workspace_bytes(
-    x.dtype.itemsize,
-    exact,
-    params["options"].spmm_code,
-    values.shape[1],
-    P.a.block_bitmap.shape[0],
-    P.a.schedule.shape[0],
-    P.a.window_col_ptr.shape[0] - 1,
-    P.row_view_a.schedule.shape[0],
-    m,
-    d,
-    h,
+    esize=x.dtype.itemsize,
+    exact=exact,
+    kernel=params["options"].spmm_code,
+    **select.feature_counts(P.a, rows=m, nnz=values.shape[1]),
+    num_items=P.a.schedule.shape[0],
+    row_items=P.row_view_a.schedule.shape[0],
+    d=d,
+    heads=h,
   )
 
 

@@ -3,7 +3,8 @@
 // `grouped` and `merge_split_windows`. Python's workspace sizes (attention_workspace_bytes,
 // attention_grads_workspace_bytes) and the handlers' launches come from the same functions.
 // Which backward runs (the fused tensor-core one or the composed edge pass and SpMMs) is decided
-// in Python (jaxsparse_tc/_src/attention.py `_backward`).
+// in Python (jaxsparse_tc/_src/attention.py `_backward`), by the selector's
+// attention_backward_prefers_fused (common/select.h) asked through the CPU extension.
 //
 // Forward: attn_fwd_tc for 16-bit operands with d = dv in {32, 64, 128}, attn_fwd_scalar
 // otherwise (and attn_jvp_scalar for the jvp). Split windows (long windows cut into pieces) are

@@ -29,17 +29,6 @@ inline ffi::Error kernel_choice(const char* op, int64_t code, KernelChoice& choi
   return ffi::Error::Success();
 }
 
-// The block-fill rule of the SpMM and SDDMM plans: the row kernels where blocks are this sparse
-// (fill = nnz / (64 blocks) <= 1/4). The row kernels gather the same dense rows as the window
-// kernels (one per condensed column) but pay only for the nonzeros, with many more warps per SM;
-// the tensor-core kernels pay for all 64 entries of a block. The graphs measured all sit near
-// fill 1/8 (Cora 0.124, R-MAT ~1/8), where the row kernels won on H100 (fp16 d=128: SpMM
-// rmat17 141 us against 166 for the tensor-core kernel, rmat20 643 against 773; SDDMM rmat17
-// 123 against 137, rmat20 573 against 723).
-inline bool sparse_blocks(int64_t nnz, int64_t num_blocks) {
-  return double(nnz) <= 0.25 * 64.0 * double(num_blocks);
-}
-
 // A workspace smaller than the plan: Python sized it with the same plan function, so this is an
 // internal error (the two were given different shapes or attributes).
 inline ffi::Error workspace_mismatch(const char* op, size_t have, size_t need) {

@@ -8,15 +8,14 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/format.h"
+
 namespace jaxsparse_tc {
 
 constexpr int kRowThreads = 256;  // threads per CTA of the row kernels
 
-// Graphs under kSmallGraphNnz nonzeros have row pieces of kSmallGraphPiece entries
-// (jaxsparse_tc/_src/pattern.py SMALL_GRAPH_NNZ, SMALL_GRAPH_PIECE; a test checks they agree).
-// Their time is their longest chain of dependent round trips rather than their bytes, and
-// several plans treat them apart (attention/plan.h, sddmm/plan.h).
-constexpr int64_t kSmallGraphNnz = int64_t(1) << 16;
+// Graphs under kSmallGraphNnz nonzeros (common/format.h) have row pieces of kSmallGraphPiece
+// entries (jaxsparse_tc/_src/pattern.py SMALL_GRAPH_PIECE; a test checks they agree).
 constexpr int kSmallGraphPiece = 8;
 template <class T>
 constexpr int kRowVec = 16 / int(sizeof(T));  // features per lane

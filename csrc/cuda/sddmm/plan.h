@@ -3,13 +3,17 @@
 //
 // | kernel attr   | rows: sddmm_rows (d * itemsize <= 1 KB)   | windows                          |
 // |---------------|-------------------------------------------|----------------------------------|
-// | 0 auto        | sparse blocks or exact fp32, where d fits | otherwise                        |
+// | 0 auto        | selector or exact fp32, where d fits      | otherwise                        |
 // | 1 cuda_core   | always (InvalidArgument past 1 KB)        | never                            |
 // | 2 tensor_core | never                                     | always: sddmm_f32_exact for      |
 // |               |                                           | exact fp32, sddmm_tc otherwise   |
+//
+// The selector (common/select.h, sddmm_prefers_tensor_cores) decides between the families under
+// auto, from the pattern's features.
 #pragma once
 #include <cstdint>
 
+#include "common/select.h"
 #include "cuda/common/plan.h"
 #include "cuda/common/row_layout.h"
 
@@ -24,9 +28,10 @@ enum class SddmmKernel {
 
 // An SDDMM's shapes: all the plan reads.
 struct SddmmShape {
-  int esize;   // bytes per element of X and Y
-  bool exact;  // float32 with precision "highest"
-  int64_t nnz, num_blocks, num_items, heads, d;
+  int esize;                // bytes per element of X and Y
+  bool exact;               // float32 with precision "highest"
+  PatternFeatures pattern;  // the sampled pattern's (rows = m)
+  int64_t num_items, heads, d;
 };
 
 struct SddmmPlan {
@@ -58,19 +63,19 @@ inline ffi::Error plan_sddmm(const SddmmShape& s, int64_t kernel, SddmmPlan& pla
   if (choice == KernelChoice::kCudaCore && !rows_fit)
     return ffi::Error::InvalidArgument(
         "sddmm: d * itemsize is past the row kernels' width (1024 bytes)");
-  // auto: the row kernels for sparse blocks (common/plan.h) and for exact fp32.
+  // auto: the selector's family (common/select.h), and the row kernels for exact fp32.
   const bool rows =
-      rows_fit &&
-      (choice == KernelChoice::kCudaCore ||
-       (choice == KernelChoice::kAuto && (s.exact || sparse_blocks(s.nnz, s.num_blocks))));
+      rows_fit && (choice == KernelChoice::kCudaCore ||
+                   (choice == KernelChoice::kAuto &&
+                    (s.exact || !sddmm_prefers_tensor_cores(s.pattern, s.d, s.esize))));
   if (rows) {
     plan.kernel = SddmmKernel::kRows;
     const bool two = s.d > 32 * (16 / s.esize);
     plan.lanes = two ? 32 : row_lanes(s.esize, s.d);
     plan.slabs = two ? 2 : 1;
-    plan.small = s.nnz < kSmallGraphNnz;
+    plan.small = s.pattern.nnz < kSmallGraphNnz;
     plan.stream = plan.small ? 0 : 4;
-    plan.min_share = cta_min_share(s.nnz);
+    plan.min_share = cta_min_share(s.pattern.nnz);
   } else if (s.exact) {
     plan.kernel = SddmmKernel::kExactF32;
   } else {

@@ -90,10 +90,11 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
   }
   if (heads > 65535) return ffi::Error::InvalidArgument("sddmm: at most 65535 heads");
   const RowView rv = row_view(row_entries, row_schedule);
+  const PatternFeatures features{p.m, p.nnz, int64_t(wcp.element_count()) - 1,
+                                 int64_t(bitmap.element_count()) / 2, int64_t(wc.element_count())};
   const SddmmShape shape{dtype == ffi::DataType::F32 ? 4 : 2,
                          dtype == ffi::DataType::F32 && precision == 1,
-                         p.nnz,
-                         int64_t(bitmap.element_count()) / 2,
+                         features,
                          p.num_items,
                          heads,
                          p.d};

@@ -6,9 +6,12 @@
 //
 // | kernel attr      | rows: spmm_rows                         | windows (spmm_launch)          |
 // |------------------|-----------------------------------------|--------------------------------|
-// | 0 auto           | sparse blocks or exact fp32, if it fits | otherwise                      |
+// | 0 auto           | selector or exact fp32, if it fits      | otherwise                      |
 // | 1 cuda_core      | always (kResourceExhausted if no fit)   | never                          |
 // | 2 tensor_core    | never                                   | always                         |
+//
+// The selector (common/select.h, spmm_prefers_tensor_cores) decides between the families under
+// auto, from the pattern's features.
 //
 // Window family: spmm_async on sm_90 with 16-byte X rows (not exact fp32); spmm_f32_exact for
 // exact fp32; spmm_tc otherwise (unaligned rows, e.g. fp16 d % 8 != 0; older GPUs).
@@ -19,6 +22,7 @@
 #include <cstdint>
 
 #include "common/format.h"
+#include "common/select.h"
 #include "cuda/common/plan.h"
 #include "cuda/common/row_layout.h"
 
@@ -34,9 +38,10 @@ enum class SpmmKernel {
 
 // A SpMM's shapes: all the plan reads.
 struct SpmmShape {
-  int esize;   // bytes per element of X
-  bool exact;  // float32 with precision "highest"
-  int64_t nnz, num_blocks, num_items, num_windows, row_items, m, d, heads;
+  int esize;                               // bytes per element of X
+  bool exact;                              // float32 with precision "highest"
+  PatternFeatures pattern;                 // A's (rows = m)
+  int64_t num_items, row_items, d, heads;  // window and row schedule items; X's features
 };
 
 // Caps on the workspace. Window kernels: the split windows' fp32 slots (windows past the cap are
@@ -59,7 +64,7 @@ inline WindowWorkspace window_workspace(const SpmmShape& s, int nslab) {
   w.cap = std::min<int64_t>(s.num_items, std::max<int64_t>(1, kWindowWorkspaceBytes / per_slot));
   w.ws_bytes = size_t(w.cap * s.heads * kWindowRows * s.d) * 4;
   w.done_bytes = size_t(w.cap * s.heads * nslab) * 4;
-  w.slot_bytes = size_t(std::max<int64_t>(s.num_windows, 1)) * 4;
+  w.slot_bytes = size_t(std::max<int64_t>(s.pattern.windows, 1)) * 4;
   return w;
 }
 
@@ -100,7 +105,7 @@ inline ffi::Error plan_spmm(const SpmmShape& s, int64_t kernel, SpmmPlan& plan) 
   plan.lanes = row_lanes(s.esize, s.d);
   const int64_t row_slab = int64_t(plan.lanes) * (16 / s.esize);
   plan.row_nslab = int((s.d + row_slab - 1) / row_slab);
-  plan.row_slots = std::max<int64_t>(s.row_items - s.m, 0);
+  plan.row_slots = std::max<int64_t>(s.row_items - s.pattern.rows, 0);
   plan.row_ws_bytes = size_t(plan.row_slots * s.heads * s.d) * 4;
   const size_t row_bytes =
       plan.row_ws_bytes + size_t(plan.row_slots * s.heads * plan.row_nslab) * 4;
@@ -109,12 +114,12 @@ inline ffi::Error plan_spmm(const SpmmShape& s, int64_t kernel, SpmmPlan& plan) 
   if (choice == KernelChoice::kCudaCore && !rows_fit)
     return ffi::Error(ffi::ErrorCode::kResourceExhausted,
                       "spmm: the row kernels' workspace for very long rows would exceed its cap");
-  // auto: the row kernels for sparse blocks (common/plan.h) and for exact fp32, which they
-  // compute with one FMA per nonzero at many warps per SM (measured on H100, rmat17 fp32 d=128:
-  // 185 us exact against 307 for the tf32 tensor-core kernel).
-  plan.rows = rows_fit &&
-              (choice == KernelChoice::kCudaCore ||
-               (choice == KernelChoice::kAuto && (s.exact || sparse_blocks(s.nnz, s.num_blocks))));
+  // auto: the selector's family (common/select.h), and the row kernels for exact fp32, which
+  // they compute with one FMA per nonzero at many warps per SM (measured on H100, rmat17 fp32
+  // d=128: 185 us exact against 307 for the tf32 tensor-core kernel).
+  plan.rows = rows_fit && (choice == KernelChoice::kCudaCore ||
+                           (choice == KernelChoice::kAuto &&
+                            (s.exact || !spmm_prefers_tensor_cores(s.pattern, s.d, s.esize))));
   if (plan.rows) {
     plan.workspace_bytes = row_bytes;
   } else {

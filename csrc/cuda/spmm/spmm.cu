@@ -124,11 +124,9 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::AnyBuffer values, ffi::AnyBuffer 
 
   const bool exact = dtype == ffi::DataType::F32 && precision == 1;
   const int esize = dtype == ffi::DataType::F32 ? 4 : 2;
-  const SpmmShape shape{esize,        exact,
-                        p.nnz,        int64_t(bitmap.element_count()) / 2,
-                        p.num_items,  int64_t(wcp.element_count()) - 1,
-                        rv.num_items, p.m,
-                        p.d,          heads};
+  const PatternFeatures features{p.m, p.nnz, int64_t(wcp.element_count()) - 1,
+                                 int64_t(bitmap.element_count()) / 2, int64_t(wc.element_count())};
+  const SpmmShape shape{esize, exact, features, p.num_items, rv.num_items, p.d, heads};
   SpmmPlan plan;
   if (auto err = plan_spmm(shape, kernel, plan); err.failure()) return err;
   char* const ws = static_cast<char*>(workspace->untyped_data());
@@ -183,13 +181,12 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::AnyBuffer values, ffi::AnyBuffer 
 }  // namespace
 }  // namespace spmm
 
-int64_t spmm_workspace_bytes(int esize, bool exact, int kernel, int64_t nnz, int64_t num_blocks,
-                             int64_t num_items, int64_t num_windows, int64_t row_items, int64_t m,
-                             int64_t d, int64_t heads, std::string* error) {
+int64_t spmm_workspace_bytes(int esize, bool exact, int kernel, const PatternFeatures& pattern,
+                             int64_t num_items, int64_t row_items, int64_t d, int64_t heads,
+                             std::string* error) {
   SpmmPlan plan;
   const ffi::Error err =
-      plan_spmm({esize, exact, nnz, num_blocks, num_items, num_windows, row_items, m, d, heads},
-                kernel, plan);
+      plan_spmm({esize, exact, pattern, num_items, row_items, d, heads}, kernel, plan);
   if (err.failure()) {
     *error = err.message();
     return -1;

@@ -1,0 +1,854 @@
+"""Kernel grid of issue 28: SpMM / SDDMM / attention per graph, node order, width and dtype.
+
+Each kernel family forced and auto, against cuSPARSE and XLA, the memory floors, the selector.
+
+Method: bench_chained's. SpMM is a chain x <- A_norm x of K calls in one jitted program (A_norm:
+rows scaled by 1/degree), timed on the device (common.time_jax_device: the program queued
+behind a matmul; per call = program / K); cuSPARSE (torch CSR, same dtype) is the same K-step
+chain captured in one CUDA graph and replayed (bench_chained._time_torch). SDDMM: a fan of K
+calls on distinct operand pairs, all outputs returned. Attention (fp16, H = 4): the forward chain
+q <- out, and forward+backward q <- q + 1e-3 (dq + dk + dv) (bench_chained.grad_step), K chosen
+as bench_chained does. One compiled program per (impl, config); the matrix is an argument.
+
+Grid: every graph of common.benchmark_graphs with more than 80k stored edges (not Cora) plus
+rmat17-d16 and rmat20-d8 (graphs named with --graphs are taken whatever their size); orders
+`none` (the caller's) and `affinity` (jst.reorder(csr, "affinity", seed=0), then P A P^T);
+d in 32, 64, 128, 256; fp16 and fp32 (float32 inputs, default precision: tf32 tensor cores
+allowed). Ours: KernelOptions "auto", "cuda_core" and "tensor_core" (a forced kernel that
+raises gets a row with `error`); XLA peers (segment_sum SpMM, gather SDDMM; float32
+accumulation, inputs and outputs in the dtype) at --xla-dims (default 128). Attention: the fused
+forward vs XLA unfused; fwd+bwd with attention_backward auto / fused / composed vs XLA.
+Floors (SpMM): `floor-bytes` = A's column indices (4 B) + row pointers (4 B) + values once, each
+touched X row once, the output once (docs/notes/NOTES.md, "Bytes floor") at the measured
+device-copy bandwidth (read + written bytes of a 512 MiB x + 1); `floor-gather` = the CSR column
+list's rows of d * itemsize bytes gathered by benchmarks/gather_floor.py's kernel (16-byte
+lanes, 4 rows in flight, as its --rmat mode; needs cupy).
+
+For docs/PERFORMANCE.md (one H100; split the grid across calls with --graphs / --orders / --ops /
+--dims, one --json per call, then summarize them together):
+  python -m benchmarks.bench_kernels [--graphs a,b] [--orders none,affinity]
+      [--dims 32,64,128,256] [--dtypes fp16,fp32] [--ops spmm,sddmm,attention] [--chain 16]
+      [--xla-dims 128|all] [--attention-dims 64,128] [--json PATH] [--quick]
+  python -m benchmarks.bench_kernels --summarize a.json [b.json ...]   # offline, no GPU
+--json is rewritten after every (graph, order), so a stopped run leaves valid JSON. --quick:
+K = 4 and few timing repeats (and common.benchmark_graphs' quick list). On the CPU backend the
+kernel options are ignored (forced rows equal auto) and times are wall times.
+
+Raw rows (JSON "rows"): graph, order, op (spmm | sddmm | attention fwd | attention fwd+bwd),
+d, dtype, H, impl (ours-auto | ours-cuda_core | ours-tensor_core | ours-fused | ours-composed |
+cusparse | xla | floor-bytes | floor-gather), us_per_call (device us per call), wall_us, how, K,
+error (first line, where the config raised), and the features of the (graph, order): rows, nnz,
+nnz_per_block (nnz / 8x8 blocks of the built format), cols_per_window (distinct columns per
+8-row window), dense_block_nnz (share of nonzeros in blocks of > 16), row_cv (std / mean of row
+lengths), max_row, reorder_s (Reordering.seconds: the C++ reordering's wall time; 0 for none),
+build_s (SparseMatrix.from_scipy, device transfer included). Derived rows (JSON "derived", see
+`derive`) and the summary (`summarize`) are recomputed from the raw rows alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import sys
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch and cupy share the GPU
+
+import numpy as np
+
+from benchmarks import common
+
+MIN_EDGES = 80_000  # default graphs: more stored edges than this (not Cora)
+RMAT = ("rmat17-d16", "rmat20-d8")
+DTYPES = {"fp16": ("float16", 2), "fp32": ("float32", 4)}
+HIT = 1.03  # auto "hits" when within 3% of the fastest forced kernel
+H_ATT = 4
+FEATURES = [
+  "rows",
+  "nnz",
+  "nnz_per_block",
+  "cols_per_window",
+  "dense_block_nnz",
+  "row_cv",
+  "max_row",
+  "reorder_s",
+  "build_s",
+]
+COLUMNS = ["graph", "order", "op", "d", "dtype", "H", "impl", "us_per_call", "wall_us", "how", "K"]
+DERIVED_COLUMNS = [
+  "graph",
+  "order",
+  "op",
+  "d",
+  "dtype",
+  "auto_us",
+  "cuda_core_us",
+  "tensor_core_us",
+  "fused_us",
+  "composed_us",
+  "best",
+  "auto_hit",
+  "auto_like",
+  "floor_bytes",
+  "floor_gather",
+  "x_cusparse",
+  "x_cusparse_orig",
+  "x_xla",
+  "payback_calls",
+]
+
+
+# -- timing -----------------------------------------------------------------------------------
+_STATE = {"quick": False}
+
+
+def _cpu() -> bool:
+  import jax
+
+  return jax.default_backend() == "cpu"
+
+
+def _time(prog, args, k: int) -> tuple[float, float]:
+  """(device, wall) microseconds per call of a k-call program: bench_chained._time_jax
+  (common.time_jax_device) on a GPU, fewer repeats with --quick; wall time on the CPU backend
+  (where the host is the device, and the 4096^2 matmul head would take seconds)."""
+  if _cpu():
+    ms = common.time_fn(prog, *args, warmup=1, repeat=3 if _STATE["quick"] else 10)
+    return ms * 1e3 / k, ms * 1e3 / k
+  return common.time_jax_device(prog, args, k, repeat=7 if _STATE["quick"] else None)
+
+
+def _normal(seed: int, shape, dtype):
+  """A standard normal array made on the device (no host copy); one compile per shape/dtype."""
+  import jax
+
+  return _normal_fn(tuple(shape), str(dtype))(jax.random.key(seed))
+
+
+_NORMAL = {}
+
+
+def _normal_fn(shape, dtype):
+  import jax
+  import jax.numpy as jnp
+
+  if (shape, dtype) not in _NORMAL:
+    _NORMAL[shape, dtype] = jax.jit(
+      lambda key: jax.random.normal(key, shape, jnp.float32).astype(dtype)
+    )
+  return _NORMAL[shape, dtype]
+
+
+# -- floors -----------------------------------------------------------------------------------
+_COPY = {}
+
+
+def copy_bandwidth() -> float:
+  """Bytes per second (read + written) of a device copy x + 1 of 512 MiB (32 MiB on the CPU
+  backend), measured once per process as the kernels are."""
+  if "bw" not in _COPY:
+    import jax
+    import jax.numpy as jnp
+
+    n = (8 if _cpu() else 128) << 20  # float32 elements
+    x = jnp.ones((n,), jnp.float32)
+    us, _ = _time(jax.jit(lambda x: x + 1.0), (x,), 1)
+    _COPY["bw"] = 2 * 4 * n / (us * 1e-6)
+    del x
+  return _COPY["bw"]
+
+
+def min_bytes(csr, d: int, itemsize: int) -> int:
+  """The SpMM's bytes floor (docs/notes/NOTES.md): A's column indices (4 B) and row pointers
+  (4 B) and values once, each touched row of X once, the output once."""
+  m = csr.shape[0]
+  touched = int(np.count_nonzero(np.bincount(csr.indices, minlength=csr.shape[1])))
+  return csr.nnz * (4 + itemsize) + (m + 1) * 4 + (touched + m) * d * itemsize
+
+
+_GATHER = {}
+
+
+def gather_floor_us(indices: np.ndarray, n: int, row_bytes: int):
+  """Microseconds for benchmarks/gather_floor.py's kernel to gather the rows `indices` of an
+  [n, row_bytes] array (16-byte lanes, 4 rows in flight, 64 warps/SM, as its --rmat mode), or
+  None without cupy or a GPU."""
+  try:
+    import cupy as cp
+
+    cp.cuda.runtime.getDeviceCount()
+  except Exception:  # noqa: BLE001 - cupy is optional
+    return None
+  from benchmarks import gather_floor
+
+  lanes, vb, u = max(1, row_bytes // 16), 16, 4
+  if lanes not in _GATHER:
+    _GATHER[lanes] = cp.RawKernel(
+      f"#define L {lanes}\n#define VB {vb}\n#define U {u}\n" + gather_floor.SOURCE, "gather"
+    )
+  kern = _GATHER[lanes]
+  props = cp.cuda.runtime.getDeviceProperties(0)
+  threads = gather_floor.THREADS
+  smem = props["sharedMemPerMultiprocessor"] // (64 * 32 // threads) - 1024
+  if smem > 48 * 1024:
+    kern.max_dynamic_shared_size_bytes = smem
+  idx = cp.asarray(indices.astype(np.int32))
+  x = cp.ones((n, lanes * vb // 4), cp.uint32)
+  m, per_group = idx.size, 16
+  groups = -(-m // per_group)
+  blocks = -(-groups * lanes // threads)
+  out = cp.empty(blocks * threads, cp.uint32)
+  args = (x, idx, np.int64(m), np.int32(lanes * vb), np.int32(per_group), out)
+  us = common.time_cupy(lambda i: kern((blocks,), (threads,), args, shared_mem=max(smem, 0)))
+  del idx, x, out
+  cp.get_default_memory_pool().free_all_blocks()
+  return us
+
+
+# -- the grid ---------------------------------------------------------------------------------
+def graph_names(quick: bool, names=None) -> list[str]:
+  """--graphs as given, else common.benchmark_graphs' list (sizes are checked when loaded)."""
+  if names:
+    return list(names)
+  return [*common.real_graph_names(), "rmat17-d16", *([] if quick else ["rmat20-d8"])]
+
+
+def _load(name: str, quick: bool):
+  return next(iter(common.benchmark_graphs(quick, [name]).values())).tocsr()
+
+
+def _features(csr, A) -> dict:
+  from jaxsparse_tc.reorder import block_stats
+
+  lens = np.diff(csr.indptr)
+  p = A.pattern
+  st = block_stats(csr)
+  k = np.arange(st.block_nnz_hist.size)
+  return {
+    "rows": int(csr.shape[0]),
+    "nnz": int(A.nnz),
+    "nnz_per_block": A.nnz / max(1, p.num_blocks),
+    "cols_per_window": p.window_cols.shape[0] / max(1, p.window_col_ptr.shape[0] - 1),
+    # share of the nonzeros in blocks of more than 16 (the fill where tensor cores pay)
+    "dense_block_nnz": float((k[17:] * st.block_nnz_hist[17:]).sum() / max(1, st.nnz)),
+    "row_cv": float(lens.std() / max(lens.mean(), 1e-30)),
+    "max_row": int(lens.max()) if lens.size else 0,
+  }
+
+
+def run(a, on_order=None) -> list[dict]:
+  """The raw rows; on_order(rows) after every (graph, order)."""
+  rows: list[dict] = []
+  t_start = time.perf_counter()
+  quick = a.quick
+  _STATE["quick"] = quick
+  k = a.chain or (4 if quick else 16)
+  named = a.graphs.split(",") if a.graphs else None
+  dims = [int(x) for x in a.dims.split(",")]
+  dtypes = a.dtypes.split(",")
+  ops = set(a.ops.split(","))
+  xla_dims = set(dims) if a.xla_dims == "all" else {int(x) for x in a.xla_dims.split(",") if x}
+  att_dims = [int(x) for x in a.attention_dims.split(",") if x]
+  try:
+    import torch
+
+    has_torch = torch.cuda.is_available()
+  except Exception:  # noqa: BLE001 - torch is optional
+    has_torch = False
+
+  for gname in graph_names(quick, named):
+    try:
+      csr = _load(gname, quick)
+    except Exception as e:  # noqa: BLE001 - a missing graph ends only its rows
+      rows.append({"graph": gname, "op": "load", "error": _first_line(e)})
+      print(f"{gname}: {_first_line(e)}", flush=True)
+      continue
+    if named is None and gname not in RMAT and csr.nnz <= MIN_EDGES:
+      continue
+    csr.sort_indices()
+    for order in a.orders.split(","):
+      base = {"graph": gname, "order": order}
+      try:
+        _one(a, rows, base, csr, order, k, dims, dtypes, ops, xla_dims, att_dims, has_torch)
+      except Exception as e:  # noqa: BLE001 - keep the rest of the grid
+        rows.append({**base, "op": "setup", "error": _first_line(e)})
+        print(f"{gname} {order}: setup failed: {_first_line(e)}", flush=True)
+      gc.collect()
+      if has_torch:
+        torch.cuda.empty_cache()
+      print(f"# {gname} {order} done at {time.perf_counter() - t_start:.0f} s", flush=True)
+      if on_order is not None:
+        on_order(rows)
+    del csr
+  return rows
+
+
+def _first_line(e: Exception) -> str:
+  s = str(e).strip().splitlines()
+  return f"{type(e).__name__}: {s[0] if s else ''}"[:300]
+
+
+def _one(a, rows, base, csr, order, k, dims, dtypes, ops, xla_dims, att_dims, has_torch):
+  """Every row of one (graph, order)."""
+  import functools
+
+  import jax
+  import jax.numpy as jnp
+  import scipy.sparse as sp
+
+  import jaxsparse_tc as jst
+  from benchmarks import bench_attention, bench_chained
+
+  t0 = time.perf_counter()
+  reorder_s = 0.0
+  if order != "none":
+    r = jst.reorder(csr, order, seed=0)
+    reorder_s = r.seconds  # the C++ reordering's wall time (block statistics not included)
+    csr = csr[r.perm][:, r.perm].tocsr()
+    csr.sort_indices()
+    del r
+  t1 = time.perf_counter()
+  A = jst.SparseMatrix.from_scipy(csr)
+  jax.block_until_ready(A.values)
+  build_s = time.perf_counter() - t1
+  feats = {**_features(csr, A), "reorder_s": reorder_s, "build_s": build_s}
+  m, n = csr.shape
+  print(
+    f"{base['graph']} {order}: {m} rows, {csr.nnz} nnz, reorder {reorder_s:.2f} s, build "
+    f"{build_s:.2f} s, nnz/block {feats['nnz_per_block']:.2f} "
+    f"(setup {time.perf_counter() - t0:.1f} s)",
+    flush=True,
+  )
+
+  skip = set(a.skip.split(",")) if a.skip else set()
+
+  def add(op, d, dtype, impl, fn, how="jit chain", kk=None, h=None):
+    if f"{op}:{impl}" in skip or impl in skip:
+      return
+    row = {**base, "op": op, "d": d, "dtype": dtype, "H": h, "impl": impl, "K": kk or k}
+    if op in ("spmm", "sddmm"):  # what the launch plan picks for this config (kernel_plan)
+      jdt = jnp.float16 if dtype == "fp16" else jnp.float32
+      row["plan"] = getattr(jst.kernel_plan(A, d, jdt), op)
+    try:
+      res = fn()
+    except Exception as e:  # noqa: BLE001 - a kernel that refuses a config gets an error row
+      row.update(us_per_call=None, wall_us=None, how=how, error=_first_line(e))
+      print(f"  {op} d={d} {dtype} {impl}: {row['error']}", flush=True)
+    else:
+      if isinstance(res, dict):
+        row.update(res)
+      else:
+        us, wall = res if isinstance(res, tuple) else (res, None)
+        row.update(us_per_call=us, wall_us=wall, how=how)
+      if row["us_per_call"] is None:
+        return
+      print(f"  {op} d={d} {dtype} {impl}: {row['us_per_call']:.1f} us", flush=True)
+    rows.append({**row, **feats})
+
+  kinds = ("auto", "cuda_core", "tensor_core")
+  deg = np.maximum(np.diff(csr.indptr), 1).astype(np.float32)
+  rng_seed = 0
+
+  if "spmm" in ops:
+    # x <- A_norm x: A's values over the row's degree (format order on the device)
+    A_n = A.with_values(A.values / jnp.asarray(deg)[A.rows])
+    norm = (sp.diags(1.0 / deg) @ csr).tocsr()
+    norm.sort_indices()
+    r_idx = jnp.asarray(np.repeat(np.arange(m, dtype=np.int32), np.diff(norm.indptr)))
+    c_idx = jnp.asarray(norm.indices.astype(np.int32))
+    gathered = {}
+    tA = None
+    if has_torch:
+      import torch
+
+      try:
+        tA = torch.sparse_csr_tensor(
+          torch.as_tensor(norm.indptr.astype(np.int64)),
+          torch.as_tensor(norm.indices.astype(np.int64)),
+          torch.as_tensor(norm.data.astype(np.float32)),
+          size=(m, n),
+        ).cuda()
+      except Exception as e:  # noqa: BLE001 - no cuSPARSE rows then, the rest goes on
+        rows.append({**base, "op": "spmm", "impl": "cusparse", "error": _first_line(e)})
+    for name in dtypes:
+      dt, isz = DTYPES[name]
+      Ad = A_n.with_values(A_n.values.astype(dt))  # cast once, not per call
+      vals = jnp.asarray(norm.data.astype(dt))
+      tAd = tA.to(getattr(torch, dt)) if tA is not None else None
+      for d in dims:
+        x0 = _normal(rng_seed, (n, d), dt)
+        for kind in kinds:
+          f = functools.partial(jst.spmm, options=jst.KernelOptions(spmm=kind))
+          add(
+            "spmm", d, name, f"ours-{kind}", lambda: _time(bench_chained._chain(f, k), (Ad, x0), k)
+          )
+        if tAd is not None:
+          tx = torch.randn(n, d, device="cuda", dtype=getattr(torch, dt))
+          add(
+            "spmm",
+            d,
+            name,
+            "cusparse",
+            lambda: dict(
+              zip(
+                ("us_per_call", "how"),
+                bench_chained._time_torch(lambda x: torch.sparse.mm(tAd, x), tx, k),
+              )
+            ),
+          )
+          del tx
+        if d in xla_dims:
+
+          def seg(r_, c_, v_, x):
+            p = v_[:, None].astype(jnp.float32) * x[c_].astype(jnp.float32)
+            s = jax.ops.segment_sum(p, r_, num_segments=m, indices_are_sorted=True)
+            return s.astype(x.dtype)
+
+          add(
+            "spmm",
+            d,
+            name,
+            "xla",
+            lambda: _time(bench_chained._chain(seg, k), (r_idx, c_idx, vals, x0), k),
+          )
+        nbytes = min_bytes(csr, d, isz)
+        add(
+          "spmm",
+          d,
+          name,
+          "floor-bytes",
+          lambda: {
+            "us_per_call": nbytes / copy_bandwidth() * 1e6,
+            "how": f"{nbytes / 1e6:.1f} MB at {copy_bandwidth() / 1e9:.0f} GB/s",
+          },
+          kk=1,
+        )
+        rb = d * isz
+
+        def gather_floor():
+          if rb not in gathered:  # once per row size: d=64 fp32 and d=128 fp16 share it
+            gathered[rb] = gather_floor_us(csr.indices, n, rb)
+          return {"us_per_call": gathered[rb], "how": f"gather_floor {rb} B rows"}
+
+        add("spmm", d, name, "floor-gather", gather_floor, kk=1)
+        del x0
+      del Ad, vals, tAd
+    del A_n, norm, r_idx, c_idx, tA
+
+  if "sddmm" in ops:
+    coo_r = jnp.asarray(np.repeat(np.arange(m, dtype=np.int32), np.diff(csr.indptr)))
+    coo_c = jnp.asarray(csr.indices.astype(np.int32))
+    for name in dtypes:
+      dt, isz = DTYPES[name]
+      for d in dims:
+        # ks calls on distinct operands (q_i, y_i), all outputs returned (bench_chained)
+        ks = max(4, min(k, int(4e9 // ((m + n) * d * isz))))
+        qs = tuple(_normal(1 + 2 * i, (m, d), dt) for i in range(ks))
+        ys = tuple(_normal(2 + 2 * i, (n, d), dt) for i in range(ks))
+        for kind in kinds:
+          opts = jst.KernelOptions(sddmm=kind)
+          prog = jax.jit(
+            lambda G, qs, ys: tuple(jst.sddmm(G, q, y, options=opts).values for q, y in zip(qs, ys))
+          )
+          add("sddmm", d, name, f"ours-{kind}", lambda: _time(prog, (A, qs, ys), ks), "jit fan", ks)
+        if d in xla_dims:
+
+          def gather(r_, c_, qs, ys):
+            return tuple(
+              jnp.sum(q[r_].astype(jnp.float32) * y[c_].astype(jnp.float32), -1).astype(q.dtype)
+              for q, y in zip(qs, ys)
+            )
+
+          add(
+            "sddmm",
+            d,
+            name,
+            "xla",
+            lambda: _time(jax.jit(gather), (coo_r, coo_c, qs, ys), ks),
+            "jit fan",
+            ks,
+          )
+        del qs, ys
+    del coo_r, coo_c
+
+  if "attention" in ops and att_dims:
+    rows_e, cols_e = bench_attention.csr_edges(csr)
+    edges = (jnp.asarray(rows_e), jnp.asarray(cols_e))
+    h = H_ATT
+    ka = max(2, min(k, int(2e9 // (csr.nnz * h * 4 * 8))))  # bench_chained's K: XLA's temps
+    for d in att_dims:
+      qa, kv, vv = (_normal(10 + i, (h, s, d), "float16") for i, s in enumerate((m, n, n)))
+      scale = 1.0 / math.sqrt(d)
+      xla = bench_attention.methods(scale)["xla"]
+
+      def ours(kind):
+        opts = jst.KernelOptions(attention_backward=kind)
+        return lambda G, q, k_, v: jst.sparse_attention(G, q, k_, v, scale=scale, options=opts)
+
+      fused = ours("auto")
+      add(
+        "attention fwd",
+        d,
+        "fp16",
+        "ours-fused",
+        lambda: _time(
+          bench_chained._chain(lambda G, k_, v, q: fused(G, q, k_, v), ka), (A, kv, vv, qa), ka
+        ),
+        kk=ka,
+        h=h,
+      )
+      add(
+        "attention fwd",
+        d,
+        "fp16",
+        "xla",
+        lambda: _time(
+          bench_chained._chain(lambda e, k_, v, q: xla(e, q, k_, v), ka), (edges, kv, vv, qa), ka
+        ),
+        kk=ka,
+        h=h,
+      )
+      if m == n:
+        w = _normal(20, (h, m, d), "float32")
+        for impl, f, graph in (
+          ("ours-auto", ours("auto"), A),
+          ("ours-fused", ours("fused"), A),
+          ("ours-composed", ours("composed"), A),
+          ("xla", xla, edges),
+        ):
+          step = bench_chained.grad_step(f)
+          add(
+            "attention fwd+bwd",
+            d,
+            "fp16",
+            impl,
+            lambda: _time(bench_chained._chain(step, ka), (graph, kv, vv, w, qa), ka),
+            kk=ka,
+            h=h,
+          )
+        del w
+      del qa, kv, vv
+    del edges
+  # A is released on return (a `del` here would hide it from the closures above for ruff)
+
+
+# -- derived columns and the summary -----------------------------------------------------------
+def _index(rows):
+  t = {}
+  for r in rows:
+    us = r.get("us_per_call")
+    if us is not None and np.isfinite(us) and us > 0 and not r.get("error"):
+      t[r["graph"], r["order"], r["op"], r["d"], r["dtype"], r["impl"]] = us
+  return t
+
+
+def _feature_of(rows):
+  out = {}
+  for r in rows:
+    if "nnz_per_block" in r:
+      out.setdefault((r["graph"], r["order"]), {c: r.get(c) for c in FEATURES})
+  return out
+
+
+def derive(rows: list[dict]) -> list[dict]:
+  """Per (graph, order, op, d, dtype) of spmm, sddmm and attention fwd+bwd: our three kernels'
+  times, the fastest forced one (`best`), whether auto is within 3% of it (`auto_hit`), the
+  forced kernel auto's time is closest to (`auto_like`), the floors' fractions (floor time /
+  ours-auto), speedups (peer / ours-auto) over cuSPARSE on this order and on the caller's
+  (`none`) order and over XLA, and the reordering's payback in SpMM calls."""
+  t = _index(rows)
+  feats = _feature_of(rows)
+  keys = sorted(
+    {
+      (r["graph"], r["order"], r["op"], r["d"], r["dtype"])
+      for r in rows
+      if r.get("op") in ("spmm", "sddmm", "attention fwd+bwd") and r.get("d") is not None
+    },
+    key=lambda x: (x[0], x[1] != "none", x[1], x[2], x[3], x[4]),
+  )
+  out = []
+  for g, o, op, d, dt in keys:
+    get = lambda impl, o=o: t.get((g, o, op, d, dt, impl))  # noqa: E731
+    auto = get("ours-auto")
+    forced = (
+      ("ours-fused", "ours-composed")
+      if op == "attention fwd+bwd"
+      else (
+        "ours-cuda_core",
+        "ours-tensor_core",
+      )
+    )
+    times = {f.split("-", 1)[1]: get(f) for f in forced if get(f)}
+    best = min(times, key=times.get) if times else None
+    like = min(times, key=lambda f: abs(math.log(auto / times[f]))) if times and auto else None
+    row = {
+      "graph": g,
+      "order": o,
+      "op": op,
+      "d": d,
+      "dtype": dt,
+      "auto_us": auto,
+      "cuda_core_us": times.get("cuda_core"),
+      "tensor_core_us": times.get("tensor_core"),
+      "fused_us": times.get("fused"),
+      "composed_us": times.get("composed"),
+      "best": best,
+      "best_us": times.get(best),
+      "auto_hit": (auto <= HIT * times[best]) if auto and best else None,
+      "auto_like": like,
+      "floor_bytes": _ratio(get("floor-bytes"), auto),
+      "floor_gather": _ratio(get("floor-gather"), auto),
+      "x_cusparse": _ratio(get("cusparse"), auto),
+      "x_cusparse_orig": _ratio(t.get((g, "none", op, d, dt, "cusparse")), auto),
+      "x_xla": _ratio(get("xla"), auto),
+      "payback_calls": None,
+      **feats.get((g, o), {}),
+    }
+    if op == "spmm" and o != "none":
+      before = t.get((g, "none", op, d, dt, "ours-auto"))
+      secs = (feats.get((g, o)) or {}).get("reorder_s")
+      if before and auto and secs is not None:
+        gain = (before - auto) * 1e-6
+        row["payback_calls"] = secs / gain if gain > 0 else "never"
+    out.append(row)
+  return out
+
+
+def _ratio(a, b):
+  return a / b if a and b else None
+
+
+def summarize(rows: list[dict], device: str | None = None) -> dict:
+  """Prints and returns the summary tables: per (graph, order) at d=128, the geomeans, the
+  selector's hit rate. Needs the raw rows only (a saved JSON's, without a GPU)."""
+  t = _index(rows)
+  der = derive(rows)
+  feats = _feature_of(rows)
+  graphs = sorted({r["graph"] for r in rows if "order" in r})
+  orders = sorted({r["order"] for r in rows if "order" in r}, key=lambda o: (o != "none", o))
+  dims = sorted({r["d"] for r in rows if r.get("d") is not None})
+  dev = f" ({device})" if device else ""
+
+  # per (graph, order) at d=128 (or the widest measured)
+  dsum = 128 if 128 in dims or not dims else max(dims)
+  per = []
+  for g in graphs:
+    for o in orders:
+      if (g, o) not in feats:
+        continue
+      f = feats[g, o]
+      get = lambda op, impl, dt="fp16", o=o, d=dsum: t.get((g, o, op, d, dt, impl))  # noqa: E731
+      auto = get("spmm", "ours-auto")
+      cs_orig = t.get((g, "none", "spmm", dsum, "fp16", "cusparse"))
+      before = t.get((g, "none", "spmm", dsum, "fp16", "ours-auto"))
+      pay = None
+      if o != "none" and before and auto:
+        gain = (before - auto) * 1e-6
+        pay = f["reorder_s"] / gain if gain > 0 else "never"
+      per.append(
+        {
+          "graph": g,
+          "order": o,
+          "reorder_s": f["reorder_s"],
+          "nnz/blk": f["nnz_per_block"],
+          "spmm16 auto": auto,
+          "rows": get("spmm", "ours-cuda_core"),
+          "tc": get("spmm", "ours-tensor_core"),
+          "cusp orig": cs_orig,
+          "cusp this": get("spmm", "cusparse"),
+          "x cusp orig": _ratio(cs_orig, auto),
+          "x cusp this": _ratio(get("spmm", "cusparse"), auto),
+          "gather fl": _ratio(get("spmm", "floor-gather"), auto),
+          "sddmm16": get("sddmm", "ours-auto"),
+          "sddmm xla": get("sddmm", "xla"),
+          "x xla": _ratio(get("sddmm", "xla"), get("sddmm", "ours-auto")),
+          "attn f+b x xla": _ratio(
+            get("attention fwd+bwd", "xla"), get("attention fwd+bwd", "ours-auto")
+          ),
+          "payback": pay,
+        }
+      )
+  if per:
+    common.print_table(per, list(per[0]), f"per graph and order, d={dsum}, fp16, us per call{dev}")
+
+  # geomeans: peer / ours-auto over graphs and dims
+  def pairs(op, dt, o, peer, peer_order=None, ours="ours-auto", ours_order=None):
+    out = {}
+    for g in graphs:
+      for d in dims:
+        a = t.get((g, ours_order or o, op, d, dt, ours))
+        b = t.get((g, peer_order or o, op, d, dt, peer))
+        if a and b:
+          out.setdefault(d, []).append(b / a)
+    return out
+
+  specs = []
+  for o in orders:
+    specs += [
+      (
+        f"SpMM fp16 ours[{o}] vs cuSPARSE fp16 [none]",
+        pairs("spmm", "fp16", o, "cusparse", "none"),
+      ),
+      (f"SpMM fp16 ours[{o}] vs cuSPARSE fp16 [{o}]", pairs("spmm", "fp16", o, "cusparse")),
+      (
+        f"SpMM fp32 ours[{o}] vs cuSPARSE fp32 [none]",
+        pairs("spmm", "fp32", o, "cusparse", "none"),
+      ),
+      (f"SpMM fp32 ours[{o}] vs cuSPARSE fp32 [{o}]", pairs("spmm", "fp32", o, "cusparse")),
+      (f"SpMM fp16 ours[{o}] vs XLA segment_sum", pairs("spmm", "fp16", o, "xla")),
+      (f"SpMM fp32 ours[{o}] vs XLA segment_sum", pairs("spmm", "fp32", o, "xla")),
+      (f"SDDMM fp16 ours[{o}] vs XLA gather", pairs("sddmm", "fp16", o, "xla")),
+      (f"SDDMM fp32 ours[{o}] vs XLA gather", pairs("sddmm", "fp32", o, "xla")),
+      (
+        f"attention fwd ours[{o}] vs XLA",
+        pairs("attention fwd", "fp16", o, "xla", ours="ours-fused"),
+      ),
+      (f"attention fwd+bwd ours-auto[{o}] vs XLA", pairs("attention fwd+bwd", "fp16", o, "xla")),
+    ]
+    if o != "none":
+      for dt in ("fp16", "fp32"):
+        specs.append(
+          (
+            f"SpMM {dt} ours[{o}] vs ours[none] (reorder gain)",
+            pairs("spmm", dt, o, "ours-auto", "none"),
+          )
+        )
+  geo, seen = [], set()
+  for label, by_d in specs:
+    if not by_d or label in seen:  # for order none, [o] and [none] are one comparison
+      continue
+    seen.add(label)
+    allv = [v for vs in by_d.values() for v in vs]
+    row = {"speedup (peer / ours)": label, "geomean": common.geomean(allv), "n": len(allv)}
+    row.update({f"d={d}": common.geomean(by_d[d]) if d in by_d else None for d in dims})
+    geo.append(row)
+  if geo:
+    common.print_table(geo, list(geo[0]), f"geomeans over graphs and dims{dev}")
+
+  # the selector
+  sel = []
+  for op in ("spmm", "sddmm", "attention fwd+bwd"):
+    for o in [*orders, "all"]:
+      ds = [
+        r
+        for r in der
+        if r["op"] == op and (o == "all" or r["order"] == o) and r["auto_hit"] is not None
+      ]
+      if not ds:
+        continue
+      fast2 = "tensor_core" if op != "attention fwd+bwd" else "fused"
+      tc = [r for r in ds if r["best"] == fast2]
+      sel.append(
+        {
+          "op": op,
+          "order": o,
+          "configs": len(ds),
+          "auto hit": sum(bool(r["auto_hit"]) for r in ds),
+          "hit rate": sum(bool(r["auto_hit"]) for r in ds) / len(ds),
+          "tc/fused fastest": len(tc),
+          "auto took it": sum(bool(r["auto_hit"]) for r in tc),
+          "worst auto/best": max(r["auto_us"] / r["best_us"] for r in ds),
+        }
+      )
+  alld = [r for r in der if r["auto_hit"] is not None]
+  if alld:
+    sel.append(
+      {
+        "op": "all",
+        "order": "all",
+        "configs": len(alld),
+        "auto hit": sum(bool(r["auto_hit"]) for r in alld),
+        "hit rate": sum(bool(r["auto_hit"]) for r in alld) / len(alld),
+        "worst auto/best": max(r["auto_us"] / r["best_us"] for r in alld),
+      }
+    )
+    common.print_table(sel, list(sel[0]), f"selector: auto within 3% of the best forced{dev}")
+  real = [
+    r
+    for r in alld
+    if r["graph"] not in RMAT
+    and not r["graph"].startswith("rmat")
+    and r["order"] != "none"
+    and r["op"] in ("spmm", "sddmm")
+  ]
+  tc_fast = [r for r in real if r["best"] == "tensor_core"]
+  tc_sel = [r for r in tc_fast if r["auto_hit"]]
+  print(
+    f"\nreal graphs, reordered (spmm + sddmm): tensor cores fastest in {len(tc_fast)} of "
+    f"{len(real)} configs, selected by auto (within 3%) in {len(tc_sel)}: "
+    + ", ".join(f"{r['graph']}/{r['op']}/d{r['d']}/{r['dtype']}" for r in tc_sel)
+  )
+  return {"per_graph": per, "geomeans": geo, "selector": sel}
+
+
+# -- CLI --------------------------------------------------------------------------------------
+def _load_json(paths):
+  rows, device = [], None
+  for p in paths:
+    with open(p) as f:
+      z = json.load(f)
+    rows += z["rows"]
+    device = device or z.get("device")
+  return rows, device
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--graphs", default=None, help="comma-separated names (default: all > 80k)")
+  ap.add_argument("--orders", default="none,affinity")
+  ap.add_argument("--dims", default="32,64,128,256")
+  ap.add_argument("--dtypes", default="fp16,fp32")
+  ap.add_argument("--ops", default="spmm,sddmm,attention")
+  ap.add_argument("--chain", type=int, default=None, help="K calls per program (16; quick 4)")
+  ap.add_argument("--xla-dims", default="128", help="widths with XLA peers ('all': every d)")
+  ap.add_argument("--attention-dims", default="64,128")
+  ap.add_argument("--json", default=None, help="write the rows here after every (graph, order)")
+  ap.add_argument("--quick", action="store_true", help="K=4, few repeats")
+  ap.add_argument(
+    "--skip",
+    default="",
+    help="comma-separated impls (or op:impl) not to time, e.g. spmm:ours-auto,sddmm:ours-auto "
+    "(the plan's pick is recorded in each row's `plan` field)",
+  )
+  ap.add_argument("--summarize", nargs="+", default=None, metavar="JSON", help="offline summary")
+  a = ap.parse_args()
+
+  if a.summarize:
+    rows, device = _load_json(a.summarize)
+    summarize(rows, device)
+    return
+
+  device = common.device_name()
+  print(f"# device: {device}; argv: {' '.join(sys.argv[1:])}", flush=True)
+
+  def save(rows):
+    if a.json:
+      tmp = a.json + ".tmp"
+      with open(tmp, "w") as f:
+        json.dump(
+          {
+            "device": device,
+            "argv": sys.argv[1:],
+            "copy_GBps": _COPY["bw"] / 1e9 if "bw" in _COPY else None,
+            "rows": rows,
+            "derived": derive(rows),
+          },
+          f,
+          indent=1,
+          default=float,
+        )
+      os.replace(tmp, a.json)
+
+  rows = run(a, on_order=save)
+  save(rows)
+  der = derive(rows)
+  if der:
+    common.print_table(der, DERIVED_COLUMNS, "derived (speedups: peer / ours-auto)")
+  summarize(rows, device)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,401 @@
+"""The kernel selector asked from Python (jst.kernel_plan), on any machine: its features against a
+numpy recomputation, today's rules (block fill, exact float32, row widths, the attention
+backward's), forced options, and agreement with what the CUDA lowering and the attention
+dispatch do. Then, on a GPU only, the operators with default options on the same matrices
+against float64 references."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from conftest import rel_err
+
+import jaxsparse_tc as jst
+from jaxsparse_tc import SparseMatrix
+from jaxsparse_tc._src.extensions import has_cuda
+from jaxsparse_tc._src.pattern import SMALL_GRAPH_NNZ
+
+KINDS = ["empty", "tiny", "hub", "block_dense", "rmat"]
+FAMILIES = {"cuda_core", "tensor_core"}
+
+
+def _rmat(rng, scale: int, edges: int, probs=(0.57, 0.19, 0.19, 0.05)):
+  """R-MAT edges on 2^scale nodes (Graph500's probabilities): skewed degrees, sparse blocks."""
+  r = np.zeros(edges, np.int64)
+  c = np.zeros(edges, np.int64)
+  for _ in range(scale):
+    quadrant = rng.choice(4, size=edges, p=probs)
+    r = 2 * r + (quadrant >= 2)
+    c = 2 * c + (quadrant % 2)
+  return r, c, (1 << scale, 1 << scale)
+
+
+def _coo(rng, kind):
+  """(rows, cols, shape) of a named test matrix."""
+  if kind == "empty":
+    return np.zeros(0, np.int64), np.zeros(0, np.int64), (40, 30)
+  if kind == "tiny":
+    return np.array([0, 0, 1, 2, 2]), np.array([0, 2, 1, 0, 2]), (3, 3)
+  if kind == "hub":  # row 7 holds every column; the rest sparse
+    m, n = 300, 5000
+    rest = sp.random(m, n, density=0.003, random_state=rng, format="coo")
+    keep = rest.row != 7
+    rows = np.concatenate([np.full(n, 7), rest.row[keep]])
+    cols = np.concatenate([np.arange(n), rest.col[keep]])
+    return rows, cols, (m, n)
+  if kind == "block_dense":  # dense 64 x 64 blocks on the diagonal
+    b, count = 64, 8
+    i, j = np.meshgrid(np.arange(b), np.arange(b), indexing="ij")
+    rows = np.concatenate([k * b + i.ravel() for k in range(count)])
+    cols = np.concatenate([k * b + j.ravel() for k in range(count)])
+    return rows, cols, (b * count, b * count)
+  if kind == "rmat":  # past SMALL_GRAPH_NNZ once duplicates are merged
+    return _rmat(rng, 13, 12 << 13)
+  raise ValueError(kind)
+
+
+def _matrix(rng, kind):
+  rows, cols, shape = _coo(rng, kind)
+  vals = rng.uniform(-1, 1, rows.size).astype(np.float32)
+  return SparseMatrix.from_coo(rows, cols, vals, shape=shape)
+
+
+def _features_ref(rows, cols, shape):
+  """The selector's features recomputed from COO indices with numpy (docs/FORMAT.md)."""
+  m, n = shape
+  key = np.unique(np.asarray(rows, np.int64) * n + cols)
+  r, c = key // max(n, 1), key % max(n, 1)
+  windows = -(-m // 8)
+  window_col = np.unique((r // 8) * n + c)  # distinct (window, column) pairs
+  per_window = np.bincount(window_col // max(n, 1), minlength=windows)
+  blocks = int(np.sum(-(-per_window // 8)))
+  nnz, cols_total = key.size, window_col.size
+  ratio = lambda a, b: a / b if b else 0.0
+  return jst.PatternFeatures(
+    rows=m,
+    nnz=nnz,
+    windows=windows,
+    blocks=blocks,
+    condensed_cols=cols_total,
+    nnz_per_block=ratio(nnz, blocks),
+    cols_per_window=ratio(cols_total, windows),
+    mean_row_length=ratio(nnz, m),
+  )
+
+
+@pytest.fixture(scope="module")
+def matrices():
+  """Each kind's matrix and its COO, built once per module with a fixed seed (the rmat one takes
+  a moment, and the rules' expectations hold for it)."""
+  rng = np.random.default_rng(0)
+  out = {}
+  for kind in KINDS:
+    rows, cols, shape = _coo(rng, kind)
+    vals = rng.uniform(-1, 1, rows.size).astype(np.float32)
+    out[kind] = (SparseMatrix.from_coo(rows, cols, vals, shape=shape), (rows, cols, shape))
+  return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype,d", [(jnp.float16, 64), (jnp.bfloat16, 128), (jnp.float32, 17)])
+def test_kernel_plan_features_and_families(matrices, kind, dtype, d):
+  A, coo = matrices[kind]
+  plan = jst.kernel_plan(A, d, dtype)
+  assert isinstance(plan, jst.KernelPlan)
+  assert plan.spmm in FAMILIES and plan.sddmm in FAMILIES
+  assert plan.attention_backward in ("fused", "composed")
+  ref = _features_ref(*coo)
+  assert plan.features[:5] == ref[:5]
+  np.testing.assert_allclose(plan.features[5:], ref[5:], rtol=1e-12)
+  with pytest.raises(AttributeError):
+    plan.spmm = "tensor_core"  # frozen
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_block_fill_rule(matrices, kind):
+  """Today's rule: the tensor-core kernels iff blocks hold more than 16 of their 64 entries."""
+  A, _ = matrices[kind]
+  plan = jst.kernel_plan(A, 64, jnp.float16)
+  f = plan.features
+  want = "tensor_core" if f.nnz > 16 * f.blocks else "cuda_core"
+  assert plan.spmm == plan.sddmm == want
+
+
+def test_block_dense_takes_tensor_cores_and_rmat_the_row_kernels(matrices):
+  dense, rmat = matrices["block_dense"][0], matrices["rmat"][0]
+  assert jst.kernel_plan(dense, 64).features.nnz_per_block == 64
+  for dtype in (jnp.float16, jnp.bfloat16, jnp.float32):
+    for d in (8, 64, 128):
+      plan = jst.kernel_plan(dense, d, dtype)
+      assert (plan.spmm, plan.sddmm) == ("tensor_core", "tensor_core"), (dtype, d)
+      plan = jst.kernel_plan(rmat, d, dtype)
+      assert (plan.spmm, plan.sddmm) == ("cuda_core", "cuda_core"), (dtype, d)
+  assert jst.kernel_plan(rmat, 64).features.nnz_per_block < 16
+
+
+def test_exact_float32_takes_the_row_kernels(matrices):
+  dense = matrices["block_dense"][0]
+  for precision in ("highest", jax.lax.Precision.HIGHEST):
+    plan = jst.kernel_plan(dense, 64, jnp.float32, precision=precision)
+    assert (plan.spmm, plan.sddmm) == ("cuda_core", "cuda_core")
+  plan = jst.kernel_plan(dense, 64, jnp.float32, precision="high")  # tf32
+  assert (plan.spmm, plan.sddmm) == ("tensor_core", "tensor_core")
+
+
+def test_sddmm_row_kernels_need_narrow_rows(matrices):
+  """The SDDMM row kernels hold a row of X in registers: up to 1024 bytes."""
+  rmat = matrices["rmat"][0]
+  assert jst.kernel_plan(rmat, 512, jnp.float16).sddmm == "cuda_core"
+  assert jst.kernel_plan(rmat, 520, jnp.float16).sddmm == "tensor_core"
+  assert jst.kernel_plan(rmat, 520, jnp.float32, precision="highest").sddmm == "tensor_core"
+  with pytest.raises(ValueError, match="1024 bytes"):
+    jst.kernel_plan(rmat, 520, jnp.float16, options=jst.KernelOptions(sddmm="cuda_core"))
+
+
+def test_spmm_row_workspace_cap():
+  """A row cut into many CTA items needs a workspace slot per extra item and head; past the
+  cap (256 MB) auto takes the window kernels and a forced cuda_core fails."""
+  n = 200_000
+  A = SparseMatrix.from_coo(np.zeros(n, np.int64), np.arange(n), shape=(8, n))
+  assert jst.kernel_plan(A, 64, jnp.float16).spmm == "cuda_core"
+  assert jst.kernel_plan(A, 64, jnp.float16, heads=64).spmm == "cuda_core"
+  assert jst.kernel_plan(A, 1024, jnp.float16, heads=512).spmm == "tensor_core"
+  with pytest.raises(ValueError, match="workspace"):
+    jst.kernel_plan(A, 1024, jnp.float16, heads=512, options=jst.KernelOptions(spmm="cuda_core"))
+
+
+def test_attention_backward_rule(matrices):
+  """Fused where its kernels take the operands (16-bit, d in {32, 64, 128}) and d <= 64 or the
+  graph is small; composed otherwise."""
+  rmat, dense = matrices["rmat"][0], matrices["block_dense"][0]
+  assert rmat.nnz >= SMALL_GRAPH_NNZ > dense.nnz
+  for dtype in (jnp.float16, jnp.bfloat16):
+    assert jst.kernel_plan(rmat, 32, dtype).attention_backward == "fused"
+    assert jst.kernel_plan(rmat, 64, dtype).attention_backward == "fused"
+    assert jst.kernel_plan(rmat, 128, dtype).attention_backward == "composed"
+    assert jst.kernel_plan(dense, 128, dtype).attention_backward == "fused"
+    assert jst.kernel_plan(dense, 96, dtype).attention_backward == "composed"
+  assert jst.kernel_plan(dense, 64, jnp.float32).attention_backward == "composed"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_forced_options_are_obeyed(matrices, kind):
+  A, _ = matrices[kind]
+  for family in ("cuda_core", "tensor_core"):
+    opts = jst.KernelOptions(spmm=family, sddmm=family)
+    for dtype, precision in ((jnp.float16, None), (jnp.float32, "highest")):
+      plan = jst.kernel_plan(A, 64, dtype, precision=precision, options=opts)
+      assert (plan.spmm, plan.sddmm) == (family, family)
+  for backward in ("fused", "composed"):
+    opts = jst.KernelOptions(attention_backward=backward)
+    for d in (32, 64, 128):
+      assert jst.kernel_plan(A, d, jnp.float16, options=opts).attention_backward == backward
+    # Where the tensor-core kernels do not take the operands, the composed backward runs.
+    assert jst.kernel_plan(A, 64, jnp.float32, options=opts).attention_backward == "composed"
+    assert jst.kernel_plan(A, 48, jnp.float16, options=opts).attention_backward == "composed"
+  auto = jst.kernel_plan(A, 64, options=jst.KernelOptions())
+  assert auto == jst.kernel_plan(A, 64)
+
+
+def test_kernel_plan_errors(matrices):
+  A = matrices["tiny"][0]
+  with pytest.raises(TypeError, match="SparseMatrix"):
+    jst.kernel_plan(np.eye(3), 8)
+  with pytest.raises(ValueError, match="dtype"):
+    jst.kernel_plan(A, 8, jnp.int32)
+  with pytest.raises(ValueError, match="d must be"):
+    jst.kernel_plan(A, -1)
+  with pytest.raises(TypeError, match="KernelOptions"):
+    jst.kernel_plan(A, 8, options="tensor_core")
+
+
+def test_kernel_plan_of_heads_and_reordered_matrices(rng):
+  rows, cols, shape = _coo(rng, "hub")
+  vals = rng.uniform(-1, 1, (3, rows.size)).astype(np.float32)
+  A = SparseMatrix.from_coo(rows, cols, vals, shape=shape)
+  assert jst.kernel_plan(A, 64).features == jst.kernel_plan(A.with_values(A.values[0]), 64).features
+  B = SparseMatrix.from_scipy(sp.random(200, 200, density=0.05, random_state=rng, format="csr"))
+  R = jst.reorder(B, "degree").wrap(B)
+  assert jst.kernel_plan(R, 32).features.nnz == B.nnz
+
+
+# -- agreement with the CUDA lowering and the attention dispatch (CUDA extension, no GPU) --------
+needs_cuda_build = pytest.mark.skipif(not has_cuda(), reason="CUDA extension not built")
+
+
+def _spmm_workspace(A, x, precision, options):
+  """The workspace result's type of the custom call jst.spmm lowers to on CUDA."""
+  fn = lambda A, x: jst.spmm(A, x, precision=precision, options=options)
+  text = jax.jit(fn).trace(A, x).lower(lowering_platforms=("cuda",)).as_text()
+  (call,) = [line for line in text.splitlines() if "stablehlo.custom_call" in line]
+  return re.findall(r"tensor<([^>]*)>", call.rsplit("->", 1)[1])[1]
+
+
+@needs_cuda_build
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype,precision", [(jnp.float16, None), (jnp.float32, "highest")])
+def test_spmm_lowering_plans_the_selected_family(matrices, kind, dtype, precision):
+  """The handler's plan (through the workspace Python asks it for) is kernel_plan's family: the
+  auto lowering's workspace is that of the forced family, and differs from the other's where
+  the two families' workspaces differ."""
+  A, _ = matrices[kind]
+  A = A.with_values(A.values.astype(dtype))
+  x = jnp.ones((A.shape[1], 64), dtype)
+  family = jst.kernel_plan(A, 64, dtype, precision=precision).spmm
+  other = ({"cuda_core", "tensor_core"} - {family}).pop()
+  ws = lambda spmm: _spmm_workspace(A, x, precision, spmm and jst.KernelOptions(spmm=spmm))
+  auto, chosen, rest = ws(None), ws(family), ws(other)
+  assert auto == chosen
+  if kind in ("block_dense", "rmat"):
+    assert chosen != rest
+
+
+def _has_attention_grads(A, d, dtype):
+  from jaxsparse_tc._src.primitives import attention_grads_p
+
+  m, n = A.shape
+  q = jnp.zeros((m, d), dtype)
+  kv = jnp.zeros((n, d), dtype)
+  loss = lambda q: jnp.sum(jst.sparse_attention(A, q, kv, kv).astype(jnp.float32))
+  jaxpr = jax.make_jaxpr(jax.grad(loss))(q)
+
+  def eqns(j):
+    for e in j.eqns:
+      yield e
+      for p in e.params.values():
+        sub = getattr(p, "jaxpr", p)
+        if hasattr(sub, "eqns"):
+          yield from eqns(sub)
+
+  return any(e.primitive is attention_grads_p for e in eqns(jaxpr.jaxpr))
+
+
+@needs_cuda_build
+@pytest.mark.parametrize("kind", ["tiny", "block_dense", "rmat"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_attention_dispatch_follows_the_selector(matrices, kind, d):
+  A, _ = matrices[kind]
+  plan = jst.kernel_plan(A, d, jnp.float16)
+  assert _has_attention_grads(A, d, jnp.float16) == (plan.attention_backward == "fused")
+  if kind == "rmat":  # the test has teeth: both choices are made
+    assert plan.attention_backward == ("fused" if d == 64 else "composed")
+
+
+# -- the operators on a GPU, default options, against float64 -----------------------------------
+def _has_gpu() -> bool:
+  try:
+    return any(dev.platform == "gpu" for dev in jax.devices())
+  except RuntimeError:
+    return False
+
+
+gpu_only = pytest.mark.skipif(
+  not (jst.has_cuda() and _has_gpu()), reason="needs a CUDA GPU and the CUDA extension"
+)
+
+# (dtype, precision, tolerance on ||out - ref|| / ||ref||), as in test_gpu_spmm_sddmm.py
+DTYPES = {
+  "f32": (jnp.float32, None, 1e-3),
+  "f32-highest": (jnp.float32, "highest", 1e-5),
+  "f16": (jnp.float16, None, 1e-2),
+  "bf16": (jnp.bfloat16, None, 1e-2),
+}
+
+
+def _gpu(tree):
+  return jax.device_put(tree, next(dev for dev in jax.devices() if dev.platform == "gpu"))
+
+
+def _csr64(A, dtype):
+  """A as a float64 scipy matrix after the cast its values get inside the operators."""
+  v = np.asarray(A.values.astype(dtype), np.float64)
+  return sp.csr_matrix((v, (np.asarray(A.rows), np.asarray(A.cols))), shape=A.shape)
+
+
+@pytest.mark.gpu
+@gpu_only
+@pytest.mark.parametrize("d", [32, 128])
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("kind", KINDS)
+def test_gpu_spmm_and_sddmm_default_options(rng, kind, dt, d):
+  dtype, precision, tol = DTYPES[dt]
+  A = _matrix(rng, kind)
+  m, n = A.shape
+  x = jnp.asarray(rng.standard_normal((n, d)), dtype)
+  out = jax.jit(lambda A, x: jst.spmm(A, x, precision=precision))(_gpu(A), _gpu(x))
+  assert list(out.devices())[0].platform == "gpu"
+  out = np.asarray(out, np.float64)
+  assert np.all(np.isfinite(out))
+  ref = _csr64(A, dtype) @ np.asarray(x, np.float64)
+  assert rel_err(out, ref) < tol, f"spmm {kind} {dt} d={d}"
+
+  xs = jnp.asarray(rng.standard_normal((m, d)), dtype)
+  ys = jnp.asarray(rng.standard_normal((n, d)), dtype)
+  f = jax.jit(lambda A, x, y: jst.sddmm(A, x, y, precision=precision).values)
+  got = np.asarray(f(_gpu(A), _gpu(xs), _gpu(ys)), np.float64)
+  r, c = np.asarray(A.rows), np.asarray(A.cols)
+  x64, y64 = np.asarray(xs, np.float64), np.asarray(ys, np.float64)
+  ref = np.einsum("ed,ed->e", x64[r], y64[c])
+  assert rel_err(got, ref) < tol, f"sddmm {kind} {dt} d={d}"
+
+
+def _attention_ref(A, q, k, v, w):
+  """float64 attention and the gradients of sum(out * w), per edge. q [H, m, d], k [H, n, d],
+  v [H, n, dv], w [H, m, dv]."""
+  r, c = np.asarray(A.rows), np.asarray(A.cols)
+  q, k, v, w = (np.asarray(x, np.float64) for x in (q, k, v, w))
+  H, m, d = q.shape
+  scale = 1.0 / np.sqrt(d)
+  out, dq, dk, dv = (np.zeros_like(x) for x in (w, q, k, v))
+  for h in range(H):
+    s = scale * np.einsum("ed,ed->e", q[h][r], k[h][c])
+    mx = np.full(m, -np.inf)
+    np.maximum.at(mx, r, s)
+    e = np.exp(s - mx[r])
+    p = e / np.bincount(r, e, m)[r]
+    np.add.at(out[h], r, p[:, None] * v[h][c])
+    np.add.at(dv[h], c, p[:, None] * w[h][r])
+    dp = np.einsum("ed,ed->e", w[h][r], v[h][c])
+    ds = p * (dp - np.einsum("ed,ed->e", w[h], out[h])[r])
+    np.add.at(dq[h], r, scale * ds[:, None] * k[h][c])
+    np.add.at(dk[h], c, scale * ds[:, None] * q[h][r])
+  return out, (dq, dk, dv)
+
+
+ATT_TOL = {jnp.float32: 1e-5, jnp.float16: 4e-3, jnp.bfloat16: 3e-2}  # test_gpu_attention.py
+GRAD_TOL = {jnp.float32: 1e-4, jnp.float16: 1e-2, jnp.bfloat16: 2e-2}
+
+
+@pytest.mark.gpu
+@gpu_only
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16])
+@pytest.mark.parametrize("kind", KINDS)
+def test_gpu_attention_default_options(rng, kind, dtype, d):
+  """Forward and gradients of sparse_attention, H=2, with whichever backward the selector
+  picks (rmat at d=128: composed; the others fused for 16-bit)."""
+  A = _matrix(rng, kind)
+  m, n = A.shape
+  H = 2
+  mk = lambda *s: jnp.asarray(rng.standard_normal(s), dtype)
+  q, k, v = mk(H, m, d), mk(H, n, d), mk(H, n, d)
+  w = jnp.asarray(rng.standard_normal((H, m, d)), jnp.float32)
+  Ag, wg = _gpu(A), _gpu(w)
+
+  def loss(a, kk, vv):
+    out = jst.sparse_attention(Ag, a, kk, vv)
+    return jnp.sum(out.astype(jnp.float32) * wg), out
+
+  step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+  (_, out), grads = step(*_gpu((q, k, v)))
+  ref_out, ref_grads = _attention_ref(A, q, k, v, w)
+  out = np.asarray(out, np.float64)
+  assert np.all(np.isfinite(out))
+  assert rel_err(out, ref_out) < 2 * ATT_TOL[dtype], "forward"
+  for name, g, r in zip("qkv", grads, ref_grads):
+    assert rel_err(g, r) < GRAD_TOL[dtype], name
