@@ -116,26 +116,77 @@ def test_kernel_plan_features_and_families(matrices, kind, dtype, d):
     plan.spmm = "tensor_core"  # frozen
 
 
+def _rule(f, d, esize):
+  """csrc/common/select.h's rules, restated: (spmm, sddmm) prefer tensor cores."""
+  reuse = f.nnz / f.condensed_cols if f.condensed_cols else 0.0
+  mean_row = f.nnz / f.rows if f.rows else 0.0
+  rb = d * esize
+  if rb <= 64:
+    spmm = False
+  else:
+    spmm = reuse >= 4 or (f.nnz >= 2**19 and mean_row <= 8 and reuse >= 1.5)
+  if reuse >= 4:
+    sddmm = True
+  elif f.nnz < 2**17:
+    sddmm = rb <= (256 if esize == 2 else 128)
+  elif mean_row >= 12:
+    sddmm = rb <= 256 if f.nnz < 2**20 else (esize == 2 and rb <= 128)
+  elif f.nnz >= 2**19 and mean_row <= 8:
+    sddmm = (reuse >= 1.5 and 256 <= rb <= 512) or (reuse >= 2 and rb >= 128)
+  else:
+    sddmm = False
+  return spmm, sddmm
+
+
 @pytest.mark.parametrize("kind", KINDS)
-def test_block_fill_rule(matrices, kind):
-  """Today's rule: the tensor-core kernels iff blocks hold more than 16 of their 64 entries."""
+def test_selector_rule(matrices, kind):
+  """kernel_plan answers with the selector's rules (csrc/common/select.h)."""
   A, _ = matrices[kind]
-  plan = jst.kernel_plan(A, 64, jnp.float16)
-  f = plan.features
-  want = "tensor_core" if f.nnz > 16 * f.blocks else "cuda_core"
-  assert plan.spmm == plan.sddmm == want
+  for dtype, esize in ((jnp.float16, 2), (jnp.float32, 4)):
+    for d in (8, 32, 64, 128, 256):
+      plan = jst.kernel_plan(A, d, dtype)
+      spmm, sddmm = _rule(plan.features, d, esize)
+      want = lambda tc: "tensor_core" if tc else "cuda_core"  # noqa: E731
+      assert (plan.spmm, plan.sddmm) == (want(spmm), want(sddmm)), (kind, dtype, d)
 
 
 def test_block_dense_takes_tensor_cores_and_rmat_the_row_kernels(matrices):
   dense, rmat = matrices["block_dense"][0], matrices["rmat"][0]
   assert jst.kernel_plan(dense, 64).features.nnz_per_block == 64
   for dtype in (jnp.float16, jnp.bfloat16, jnp.float32):
-    for d in (8, 64, 128):
+    for d in (64, 128):
       plan = jst.kernel_plan(dense, d, dtype)
       assert (plan.spmm, plan.sddmm) == ("tensor_core", "tensor_core"), (dtype, d)
-      plan = jst.kernel_plan(rmat, d, dtype)
-      assert (plan.spmm, plan.sddmm) == ("cuda_core", "cuda_core"), (dtype, d)
+    # 64-byte rows: the SpMM row kernels whatever the fill
+    assert jst.kernel_plan(dense, 64 // jnp.dtype(dtype).itemsize, dtype).spmm == "cuda_core"
+  for dtype in (jnp.float16, jnp.float32):
+    for d in (32, 64, 128, 256):
+      assert jst.kernel_plan(rmat, d, dtype).spmm == "cuda_core", (dtype, d)
+  # A small graph's SDDMM: tensor cores for narrow rows, the row kernels for wide ones.
+  assert rmat.nnz < 2**17
+  assert jst.kernel_plan(rmat, 128, jnp.float16).sddmm == "tensor_core"
+  assert jst.kernel_plan(rmat, 256, jnp.float16).sddmm == "cuda_core"
+  assert jst.kernel_plan(rmat, 32, jnp.float32).sddmm == "tensor_core"
+  assert jst.kernel_plan(rmat, 64, jnp.float32).sddmm == "cuda_core"
   assert jst.kernel_plan(rmat, 64).features.nnz_per_block < 16
+
+
+def test_large_short_row_graph_with_reuse_takes_tensor_cores():
+  """The measured DD case: short rows (5 per row), rows of a window sharing columns (reuse 2),
+  2^19 nonzeros or more."""
+  rng = np.random.default_rng(5)
+  m = 2**17  # windows of 8 rows; each window's rows draw 5 of its 20 columns
+  cols_of_window = rng.integers(0, m, size=(m // 8, 20))
+  pick = rng.integers(0, 20, size=(m, 5))
+  rows = np.repeat(np.arange(m), 5)
+  cols = cols_of_window[np.arange(m)[:, None] // 8, pick].ravel()
+  A = SparseMatrix.from_coo(rows, cols, shape=(m, m))
+  f = jst.kernel_plan(A, 128).features
+  assert f.nnz >= 2**19 and f.mean_row_length <= 8 and f.nnz / f.condensed_cols >= 2, f
+  plan = jst.kernel_plan(A, 128, jnp.float16)
+  assert (plan.spmm, plan.sddmm) == ("tensor_core", "tensor_core")
+  plan = jst.kernel_plan(A, 32, jnp.float16)
+  assert (plan.spmm, plan.sddmm) == ("cuda_core", "cuda_core")
 
 
 def test_exact_float32_takes_the_row_kernels(matrices):
@@ -181,6 +232,10 @@ def test_attention_backward_rule(matrices):
     assert jst.kernel_plan(dense, 128, dtype).attention_backward == "fused"
     assert jst.kernel_plan(dense, 96, dtype).attention_backward == "composed"
   assert jst.kernel_plan(dense, 64, jnp.float32).attention_backward == "composed"
+  # d = 128 on a large graph: fused where blocks hold >= 10 of their 64 entries
+  rows, cols = np.divmod(np.arange(2**18), 2**9)  # 2^9 x 2^9 dense: 2^18 nonzeros
+  dense_big = SparseMatrix.from_coo(rows, cols, shape=(2**9, 2**9))
+  assert jst.kernel_plan(dense_big, 128, jnp.float16).attention_backward == "fused"
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -35,34 +35,69 @@ inline DerivedFeatures derived_features(const PatternFeatures& f) {
   return {ratio(f.nnz, f.blocks), ratio(f.condensed_cols, f.windows), ratio(f.nnz, f.rows)};
 }
 
-// The block-fill rule: the tensor-core window kernels where blocks hold more than a quarter of
-// their 64 entries, the CUDA-core row kernels otherwise. The row kernels gather the same dense
-// rows as the window kernels (one per condensed column) but pay only for the nonzeros, with many
-// more warps per SM; the tensor-core kernels pay for all 64 entries of a block. The graphs
-// measured all sit near fill 1/8 (Cora 0.124, R-MAT ~1/8), where the row kernels won on H100
-// (fp16 d=128: SpMM rmat17 141 us against 166 for the tensor-core kernel, rmat20 643 against
-// 773; SDDMM rmat17 123 against 137, rmat20 573 against 723).
-inline bool blocks_fill_tensor_cores(const PatternFeatures& f) {
-  return !(double(f.nnz) <= 0.25 * 64.0 * double(f.blocks));
+// Rows of X that one gathered row serves: nonzeros per condensed column. The tensor-core kernels
+// gather a window's dense rows once per condensed column and pay for whole 8x8 blocks; the
+// CUDA-core row kernels gather once per nonzero, with many more warps per SM.
+inline double row_reuse(const PatternFeatures& f) {
+  return f.condensed_cols > 0 ? double(f.nnz) / double(f.condensed_cols) : 0.0;
 }
 
-// Whether the SpMM prefers the tensor-core window kernels to the CUDA-core row kernels.
-// d: features of X; esize: bytes per element.
-inline bool spmm_prefers_tensor_cores(const PatternFeatures& f, int64_t /*d*/, int /*esize*/) {
-  return blocks_fill_tensor_cores(f);
+// Past this reuse a window's gathered rows serve four or more nonzeros each (block-dense
+// patterns): the tensor cores' side of the design, beyond the graphs measured (their reuse is
+// 1.0 to 2.3), so taken from the cost model rather than a measurement.
+constexpr double kDenseReuse = 4.0;
+
+// The rules below are fit on the H100 grid of docs/DESIGN.md ("The kernel selector": 6 real
+// graphs and R-MAT 17/16, 20/8, each in its own and in affinity order, d 32..256, fp16 and fp32;
+// python -m benchmarks.bench_kernels), where they pick the faster kernel (within 3%) in 108 of
+// 108 SpMM and 101 of 108 SDDMM configurations.
+
+// SpMM: the tensor-core kernels where gathered rows are reused (>= 1.5 nonzeros per condensed
+// column) on short rows (<= 8 per row, where the row kernels' lane groups idle) of a graph large
+// enough to fill the device (>= 2^19 nonzeros): DD, 0.76-0.90x the row kernels' time in both
+// orders. Never for rows of 64 bytes (fp16 d = 32: DD 48 against 38 us), where a slab of the
+// window kernel does little work per gathered row.
+inline bool spmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int esize) {
+  const int64_t row_bytes = d * esize;
+  if (row_bytes <= 64) return false;
+  const double reuse = row_reuse(f);
+  if (reuse >= kDenseReuse) return true;
+  return f.nnz >= (int64_t(1) << 19) && derived_features(f).mean_row_length <= 8.0 && reuse >= 1.5;
 }
 
-// Whether the SDDMM prefers the tensor-core window kernels to the CUDA-core row kernels.
-inline bool sddmm_prefers_tensor_cores(const PatternFeatures& f, int64_t /*d*/, int /*esize*/) {
-  return blocks_fill_tensor_cores(f);
+// SDDMM: the row kernel (a lane group per row, dot products of d features) is slow on narrow
+// rows, the tensor-core one on wide rows of large, unstructured graphs. Measured:
+// - small graphs (< 2^17 nonzeros, pubmed): tensor cores up to 256-byte fp16 rows (0.48-0.92x),
+//   128-byte fp32 rows;
+// - long rows (>= 12 per row): tensor cores up to 256-byte rows below 2^20 nonzeros (facebook,
+//   github: 0.58-0.92x), only up to 128-byte fp16 rows above (R-MAT 17/16: 0.55-0.89x, 1.14-1.9x
+//   past it);
+// - short rows (<= 8) of large graphs with reuse (DD): tensor cores for 256-512-byte rows at
+//   reuse >= 1.5, for rows of 128 bytes and more at reuse >= 2 (0.70-0.94x);
+// - otherwise the row kernels (proteins, R-MAT 20/8: the tensor-core kernel 1.1-1.9x slower).
+inline bool sddmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int esize) {
+  const int64_t row_bytes = d * esize;
+  const double reuse = row_reuse(f);
+  const double mean_row = derived_features(f).mean_row_length;
+  if (reuse >= kDenseReuse) return true;
+  if (f.nnz < (int64_t(1) << 17)) return row_bytes <= (esize == 2 ? 256 : 128);
+  if (mean_row >= 12.0)
+    return f.nnz < (int64_t(1) << 20) ? row_bytes <= 256 : (esize == 2 && row_bytes <= 128);
+  if (f.nnz >= (int64_t(1) << 19) && mean_row <= 8.0)
+    return (reuse >= 1.5 && row_bytes >= 256 && row_bytes <= 512) ||
+           (reuse >= 2.0 && row_bytes >= 128);
+  return false;
 }
 
 // Whether the attention backward prefers the fused tensor-core kernels to the composed one (a
-// per-edge pass and three SpMMs), where both can run (16-bit, d = dv in {32, 64, 128}). At
-// d = 128 on large graphs the composed backward measured faster (H100, H=4, fwd+bwd: rmat17 2759
-// against 3383 us, rmat20 15888 against 19438 us).
+// per-edge pass and three SpMMs), where both can run (16-bit, d = dv in {32, 64, 128}). Measured
+// (H100, H=4, fp16, fwd+bwd, affinity order): d = 64, fused on all six graphs (0.55-0.98x the
+// composed time); d = 128, fused where blocks are fuller (>= 10 nonzeros per block) on graphs of
+// 2^18 nonzeros and more (DD 3402 against 4215 us, facebook 371 / 499, github 812 / 839), composed
+// elsewhere (R-MAT 17/16 at 9.5 per block: 2596 against 2839; proteins 388 / 408).
 inline bool attention_backward_prefers_fused(const PatternFeatures& f, int64_t d, int /*esize*/) {
-  return d <= 64 || f.nnz < kSmallGraphNnz;
+  if (d <= 64 || f.nnz < kSmallGraphNnz) return true;
+  return f.nnz >= (int64_t(1) << 18) && derived_features(f).nnz_per_block >= 10.0;
 }
 
 }  // namespace jaxsparse_tc
