@@ -10,35 +10,15 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import re
-import tempfile
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax
-import torch
 
 from benchmarks import bench_distributed as bd
-
-
-def _activities(fn, args, runs: int) -> list[dict]:
-  for _ in range(2):
-    jax.block_until_ready(fn(*args))
-  with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-    for _ in range(runs):
-      jax.block_until_ready(fn(*args))
-  with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-    path = f.name
-  prof.export_chrome_trace(path)
-  events = json.load(open(path))["traceEvents"]
-  os.unlink(path)
-  return [
-    e
-    for e in events
-    if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")
-  ]
+from scripts.trace_chain import trace
 
 
 def _short(name: str) -> str:
@@ -86,7 +66,7 @@ def main() -> None:
         fn, args = bd.spmm_program(A, 128, jax.numpy.float32)
       else:
         fn, args = bd.gcn_program(A, 128, 128, 16)
-      report(f"{mode}{ndev} {op}", _activities(jax.jit(fn), args, a.runs), a.runs, a.top)
+      report(f"{mode}{ndev} {op}", trace(jax.jit(fn), args, a.runs), a.runs, a.top)
     del A
 
 

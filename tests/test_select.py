@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from conftest import rel_err
+from test_gpu_attention import _edge_attention_ref
 
 import jaxsparse_tc as jst
 from jaxsparse_tc import SparseMatrix
@@ -399,29 +400,6 @@ def test_gpu_spmm_and_sddmm_default_options(rng, kind, dt, d):
   assert rel_err(got, ref) < tol, f"sddmm {kind} {dt} d={d}"
 
 
-def _attention_ref(A, q, k, v, w):
-  """float64 attention and the gradients of sum(out * w), per edge. q [H, m, d], k [H, n, d],
-  v [H, n, dv], w [H, m, dv]."""
-  r, c = np.asarray(A.rows), np.asarray(A.cols)
-  q, k, v, w = (np.asarray(x, np.float64) for x in (q, k, v, w))
-  H, m, d = q.shape
-  scale = 1.0 / np.sqrt(d)
-  out, dq, dk, dv = (np.zeros_like(x) for x in (w, q, k, v))
-  for h in range(H):
-    s = scale * np.einsum("ed,ed->e", q[h][r], k[h][c])
-    mx = np.full(m, -np.inf)
-    np.maximum.at(mx, r, s)
-    e = np.exp(s - mx[r])
-    p = e / np.bincount(r, e, m)[r]
-    np.add.at(out[h], r, p[:, None] * v[h][c])
-    np.add.at(dv[h], c, p[:, None] * w[h][r])
-    dp = np.einsum("ed,ed->e", w[h][r], v[h][c])
-    ds = p * (dp - np.einsum("ed,ed->e", w[h], out[h])[r])
-    np.add.at(dq[h], r, scale * ds[:, None] * k[h][c])
-    np.add.at(dk[h], c, scale * ds[:, None] * q[h][r])
-  return out, (dq, dk, dv)
-
-
 ATT_TOL = {jnp.float32: 1e-5, jnp.float16: 4e-3, jnp.bfloat16: 3e-2}  # test_gpu_attention.py
 GRAD_TOL = {jnp.float32: 1e-4, jnp.float16: 1e-2, jnp.bfloat16: 2e-2}
 
@@ -448,7 +426,7 @@ def test_gpu_attention_default_options(rng, kind, dtype, d):
 
   step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
   (_, out), grads = step(*_gpu((q, k, v)))
-  ref_out, ref_grads = _attention_ref(A, q, k, v, w)
+  ref_out, ref_grads = _edge_attention_ref(A, q, k, v, w)
   out = np.asarray(out, np.float64)
   assert np.all(np.isfinite(out))
   assert rel_err(out, ref_out) < 2 * ATT_TOL[dtype], "forward"
