@@ -19,6 +19,17 @@ pytestmark = pytest.mark.usefixtures("on_cpu")
 SHAPES = [(1, 1), (7, 5), (8, 8), (17, 33), (64, 40), (131, 97)]
 
 
+def _kernel_sources() -> str:
+  """The C++/CUDA sources' text (csrc/), where the kernels keep their copies of the format's
+  constants; skipped only where the checkout has no csrc (an installed package)."""
+  from pathlib import Path
+
+  root = Path(__file__).parents[1] / "csrc"
+  if not root.is_dir():
+    pytest.skip("kernel sources not in this checkout")
+  return "\n".join(p.read_text() for p in sorted(root.rglob("*")) if p.suffix in (".h", ".cuh"))
+
+
 def scipy_of(rows, cols, vals, shape):
   return sp.coo_matrix((vals.astype(np.float64), (rows, cols)), shape=shape).toarray()
 
@@ -188,15 +199,11 @@ def test_group_items_match_the_kernels():
   """The attention forward maps a CTA onto one group of a grouped schedule, and every window
   kernel reads items of kScheduleFields fields (format.h)."""
   import re
-  from pathlib import Path
 
   from jaxsparse_tc._src.pattern import GROUP_ITEMS, SCHEDULE_FIELDS
 
   A_SCHEDULE_WIDTH = SparseMatrix.from_coo([0, 3], [1, 2]).pattern.schedule.shape[1]
-  header = Path(__file__).parents[1] / "cuda/include/jaxsparse_tc/format.h"
-  if not header.exists():
-    pytest.skip("kernel sources not in this checkout")
-  text = header.read_text()
+  text = _kernel_sources()
   found = re.search(r"constexpr int kGroupItems = (\d+);", text)
   assert found and int(found.group(1)) == GROUP_ITEMS
   found = re.search(r"constexpr int kScheduleFields = (\d+);", text)
@@ -258,40 +265,28 @@ def test_row_view_is_csr_of_the_format(rng):
 def test_split_blocks_matches_the_kernels():
   """The CUDA kernels find a piece's first sibling with their own copy of SPLIT_BLOCKS."""
   import re
-  from pathlib import Path
 
-  header = Path(__file__).parents[1] / "cuda/include/jaxsparse_tc/format.h"
-  if not header.exists():
-    pytest.skip("kernel sources not in this checkout")
-  found = re.search(r"constexpr int kSplitBlocks = (\d+);", header.read_text())
+  found = re.search(r"constexpr int kSplitBlocks = (\d+);", _kernel_sources())
   assert found and int(found.group(1)) == SPLIT_BLOCKS
 
 
 def test_row_slots_match_the_kernels():
   """The row kernels tell whole rows from CTA items with their own copies of the slot marks."""
   import re
-  from pathlib import Path
 
   from jaxsparse_tc._src.pattern import CTA_ROW, WHOLE_ROW
 
-  header = Path(__file__).parents[1] / "cuda/include/jaxsparse_tc/row_view.cuh"
-  if not header.exists():
-    pytest.skip("kernel sources not in this checkout")
-  found = re.search(r"constexpr int kWholeRow = (-?\d+), kCtaRow = (-?\d+);", header.read_text())
+  found = re.search(r"constexpr int kWholeRow = (-?\d+), kCtaRow = (-?\d+);", _kernel_sources())
   assert found and (int(found.group(1)), int(found.group(2))) == (WHOLE_ROW, CTA_ROW)
 
 
 def test_small_graph_piece_matches_the_kernels():
   """The SDDMM row kernel shares a small graph's long rows down to its row piece."""
   import re
-  from pathlib import Path
 
   from jaxsparse_tc._src.pattern import SMALL_GRAPH_NNZ, SMALL_GRAPH_PIECE, row_piece
 
-  header = Path(__file__).parents[1] / "cuda/include/jaxsparse_tc/row_view.cuh"
-  if not header.exists():
-    pytest.skip("kernel sources not in this checkout")
-  text = header.read_text()
+  text = _kernel_sources()
   nnz = re.search(r"constexpr int64_t kSmallGraphNnz = int64_t\(1\) << (\d+);", text)
   piece = re.search(r"constexpr int kSmallGraphPiece = (\d+);", text)
   assert nnz and piece
