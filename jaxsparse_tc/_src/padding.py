@@ -93,25 +93,36 @@ def reschedule(
   return p._replace(schedule=schedule, row_schedule=row_schedule)
 
 
-def _pad_rows(a: np.ndarray, length: int, fill) -> np.ndarray:
+def _pad_rows(a: np.ndarray, length: int, fill, out: np.ndarray | None = None) -> np.ndarray:
+  """a padded with `fill` rows to `length` rows, written into `out` where given."""
   a = np.asarray(a)
   extra = length - a.shape[0]
   if extra < 0:
     raise ValueError(f"cannot pad an array of {a.shape[0]} rows to {length}")
-  if extra == 0:
-    return a
-  tail = np.empty((extra,) + a.shape[1:], a.dtype)
-  tail[...] = fill
-  return np.concatenate([a, tail])
+  if out is None:
+    if extra == 0:
+      return a
+    out = np.empty((length,) + a.shape[1:], a.dtype)
+  out[: a.shape[0]] = a
+  out[a.shape[0] :] = fill
+  return out
 
 
 def pad_pattern(
-  p: Pattern, sizes: PadSizes, *, empty_window: int, empty_row: int, fill_col: int
+  p: Pattern,
+  sizes: PadSizes,
+  *,
+  empty_window: int,
+  empty_row: int,
+  fill_col: int,
+  out: Pattern | None = None,
 ) -> Pattern:
   """`p` (numpy arrays) with every variable-length array padded to `sizes` (table above).
 
   `empty_window`: a window without nonzeros whose items the padded schedule repeats;
   `empty_row`: a row without nonzeros (the padded row items'); `fill_col`: any valid column.
+  `out`: a Pattern of arrays of the padded shapes to write into (one shard's rows of stacked
+  arrays: no copy per shard to stack them afterwards).
   """
   wbp, wcp = np.asarray(p.window_block_ptr), np.asarray(p.window_col_ptr)
   num_windows = wbp.shape[0] - 1
@@ -124,32 +135,40 @@ def pad_pattern(
   s = pattern_sizes(p)
   b = int(wbp[empty_window])
   c = int(wcp[empty_window])
-  items = np.zeros((sizes.items - s.items, pattern_lib.SCHEDULE_FIELDS), np.int32)
-  items[:] = (empty_window, b, b, 0, c, c, 0, 1)
-  items[:, 6] = np.arange(s.items, sizes.items)  # `first`: a whole window's item is itself
-  entries = np.empty((sizes.nnz - nnz, 2), np.int32)
-  entries[:, 0] = fill_col
-  entries[:, 1] = np.arange(nnz, sizes.nnz)
+  o = out if out is not None else Pattern(*([None] * len(Pattern._fields)))
+  schedule = _pad_rows(np.asarray(p.schedule, np.int32), sizes.items, 0, o.schedule)
+  schedule[s.items :] = (empty_window, b, b, 0, c, c, 0, 1)
+  schedule[s.items :, 6] = np.arange(s.items, sizes.items)  # `first`: a whole window's item
+  row_entries = _pad_rows(np.asarray(p.row_entries, np.int32), sizes.nnz, 0, o.row_entries)
+  row_entries[nnz:, 0] = fill_col
+  row_entries[nnz:, 1] = np.arange(nnz, sizes.nnz)
   return Pattern(
-    window_col_ptr=wcp,
-    window_cols=_pad_rows(p.window_cols, sizes.cols, fill_col),
-    window_block_ptr=wbp,
-    block_bitmap=_pad_rows(p.block_bitmap, sizes.blocks, 0),
-    block_value_ptr=_pad_rows(p.block_value_ptr, sizes.blocks + 1, nnz),
-    schedule=np.concatenate([np.asarray(p.schedule, np.int32), items]),
-    rows=_pad_rows(rows, sizes.nnz, empty_row),
-    cols=_pad_rows(p.cols, sizes.nnz, fill_col),
-    row_entries=np.concatenate([np.asarray(p.row_entries, np.int32), entries]),
+    window_col_ptr=_pad_rows(wcp, wcp.shape[0], 0, o.window_col_ptr),
+    window_cols=_pad_rows(p.window_cols, sizes.cols, fill_col, o.window_cols),
+    window_block_ptr=_pad_rows(wbp, wbp.shape[0], 0, o.window_block_ptr),
+    block_bitmap=_pad_rows(p.block_bitmap, sizes.blocks, 0, o.block_bitmap),
+    block_value_ptr=_pad_rows(p.block_value_ptr, sizes.blocks + 1, nnz, o.block_value_ptr),
+    schedule=schedule,
+    rows=_pad_rows(rows, sizes.nnz, empty_row, o.rows),
+    cols=_pad_rows(p.cols, sizes.nnz, fill_col, o.cols),
+    row_entries=row_entries,
     row_schedule=_pad_rows(
-      p.row_schedule, sizes.row_items, (empty_row, nnz, nnz, pattern_lib.WHOLE_ROW)
+      p.row_schedule,
+      sizes.row_items,
+      (empty_row, nnz, nnz, pattern_lib.WHOLE_ROW),
+      o.row_schedule,
     ),
   )
 
 
-def pad_permutation(perm: np.ndarray, length: int) -> np.ndarray:
-  """A permutation of range(len(perm)) extended by the identity to range(length)."""
+def pad_permutation(perm: np.ndarray, length: int, out: np.ndarray | None = None) -> np.ndarray:
+  """A permutation of range(len(perm)) extended by the identity to range(length) (written into
+  `out` where given)."""
   perm = np.asarray(perm, np.int32)
-  return np.concatenate([perm, np.arange(perm.shape[0], length, dtype=np.int32)])
+  out = np.empty(length, np.int32) if out is None else out
+  out[: perm.shape[0]] = perm
+  out[perm.shape[0] :] = np.arange(perm.shape[0], length, dtype=np.int32)
+  return out
 
 
 def valid_mask(count, length: int):

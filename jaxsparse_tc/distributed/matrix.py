@@ -517,7 +517,6 @@ def _build_part(kind, shard_entries, M, n_cols, fill_col, split_blocks, empty_co
   such columns (default M // 8 - 1, the columns of shard 0's spare rows).
   Returns (PartLayout, stacked padded numpy PartArrays fields, per-shard input_to_format)."""
   fmt = None if split_blocks is None else FormatOptions(split_blocks=split_blocks)
-  P = len(shard_entries)
   built = [_build_local(lr, pc, M, n_cols, fmt) for lr, pc, _ in shard_entries]
   nnz_pad = max(1, max(bt[0].rows.shape[0] for bt in built))
   grouped_a = split_blocks is None and all(
@@ -537,28 +536,40 @@ def _build_part(kind, shard_entries, M, n_cols, fill_col, split_blocks, empty_co
   spare, empty_window = M - 1, M // 8 - 1
   if empty_col_window is None:
     empty_col_window = lambda p: empty_window  # noqa: E731
-  pats_a = [
-    padding.pad_pattern(
-      pat, size_a, empty_window=empty_window, empty_row=spare, fill_col=fill_col(p)
-    )
-    for p, pat in enumerate(pats_a)
-  ]
-  pats_t = [
-    padding.pad_pattern(
-      pat, size_t, empty_window=empty_col_window(p), empty_row=fill_col(p), fill_col=spare
-    )
-    for p, pat in enumerate(pats_t)
-  ]
-  stack = lambda pats: Pattern(*(np.stack(f) for f in zip(*pats)))  # noqa: E731
+
+  def stacked(pats, sizes, pad_args):
+    """The shards' patterns padded to `sizes`, written straight into [P, ...] arrays: shard 0
+    padded on its own gives the shapes, the others are padded in place."""
+    first = padding.pad_pattern(pats[0], sizes, **pad_args(0))
+    out = Pattern(*(np.empty((len(pats),) + f.shape, f.dtype) for f in first))
+    for field, f in zip(out, first):
+      field[0] = f
+    for p in range(1, len(pats)):
+      padding.pad_pattern(pats[p], sizes, **pad_args(p), out=Pattern(*(f[p] for f in out)))
+    return out
+
+  def permutations(which):
+    out = np.empty((len(built), nnz_pad), np.int32)
+    for p, bt in enumerate(built):
+      padding.pad_permutation(bt[which], nnz_pad, out=out[p])
+    return out
+
   arrays = PartArrays(
-    a=stack(pats_a),
-    t=stack(pats_t),
-    perm_t=np.stack([padding.pad_permutation(bt[2], nnz_pad) for bt in built]),
-    perm_t_inv=np.stack([padding.pad_permutation(bt[3], nnz_pad) for bt in built]),
+    a=stacked(
+      pats_a,
+      size_a,
+      lambda p: dict(empty_window=empty_window, empty_row=spare, fill_col=fill_col(p)),
+    ),
+    t=stacked(
+      pats_t,
+      size_t,
+      lambda p: dict(empty_window=empty_col_window(p), empty_row=fill_col(p), fill_col=spare),
+    ),
+    perm_t=permutations(2),
+    perm_t_inv=permutations(3),
     nnz=np.array([bt[0].rows.shape[0] for bt in built], np.int32),
   )
   layout = PartLayout(kind, nnz_pad, n_cols, (bool(grouped_a), bool(grouped_t)))
-  del P
   return layout, arrays, [bt[4] for bt in built]
 
 
@@ -607,24 +618,30 @@ def shard_coo(
   if M >= ROW_ALIGN_FROM:
     M = ROW_ALIGN * -(-M // ROW_ALIGN)
 
-  owner_of = lambda idx: np.searchsorted(b, idx, side="right") - 1  # noqa: E731
-  row_owner = owner_of(rows)
-  col_owner = owner_of(cols)
+  # Owners by table lookup (a gather per entry, not a binary search), as 16-bit integers so
+  # that the stable argsort below is numpy's radix sort.
+  owner_table = np.repeat(np.arange(P, dtype=np.int16), counts)
+  row_owner = owner_table[rows]
+  col_owner = owner_table[cols]
   order = np.argsort(row_owner, kind="stable")
-  starts = np.searchsorted(row_owner[order], np.arange(P + 1))
+  starts = np.concatenate([[0], np.cumsum(np.bincount(row_owner, minlength=P))])
+  shard_sel = [order[starts[p] : starts[p + 1]] for p in range(P)]
 
-  # Halo lists: recv[p][q] = sorted rows of shard q read by shard p.
+  # Halo lists: recv[p][q] = sorted rows of shard q read by shard p (a mark per node: linear in
+  # the entries and nodes, where a unique per pair sorted or hashed).
   recv = [[None] * P for _ in range(P)]
   c = 0
-  for p in range(P):
-    sel = order[starts[p] : starts[p + 1]]
-    cp, qo = cols[sel], col_owner[sel]
+  read = np.zeros(n, bool)
+  for p, sel in enumerate(shard_sel):
+    read[:] = False
+    read[cols[sel]] = True
     for q in range(P):
       if q == p:
         recv[p][q] = np.zeros(0, np.int64)
         continue
-      recv[p][q] = np.unique(cp[qo == q])
+      recv[p][q] = np.flatnonzero(read[b[q] : b[q + 1]]) + b[q]
       c = max(c, recv[p][q].size)
+  del read
   if c == 0:
     mode = "none"
   elif exchange == "auto":
@@ -639,20 +656,21 @@ def shard_coo(
   def ext_cols(p, cc, qo):
     """Columns cc (owners qo) of shard p's entries in the ext space."""
     if mode == "allgather":
-      return qo * M + (cc - b[qo])
-    ext = np.where(qo == p, cc - b[p], 0)
-    if mode == "halo":
-      for q in range(P):
-        if q != p and recv[p][q].size:
-          at = qo == q
-          ext[at] = M + q * halo + np.searchsorted(recv[p][q], cc[at])
-    return ext
+      return qo.astype(np.int64) * M + (cc - b[qo])
+    if mode == "none":
+      return cc - b[p]
+    # halo: a position per node read (own rows, then each chunk's), looked up per entry
+    where = np.zeros(n, np.int64)
+    where[b[p] : b[p + 1]] = np.arange(counts[p])
+    for q in range(P):
+      if recv[p][q].size:
+        where[recv[p][q]] = M + q * halo + np.arange(recv[p][q].size)
+    return where[cc]
 
   spare = M - 1
   fill_ext = lambda p: p * M + spare if mode == "allgather" else spare  # noqa: E731
   fill_local = lambda p: spare  # noqa: E731
   specs = []  # (kind, entries per shard, columns, fill column)
-  shard_sel = [order[starts[p] : starts[p + 1]] for p in range(P)]
   if overlap and mode != "none":
     own, remote = [], []
     for p, sel in enumerate(shard_sel):
