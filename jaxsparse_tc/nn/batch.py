@@ -52,6 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsparse_tc._src import padding
 from jaxsparse_tc._src import pattern as pattern_lib
 from jaxsparse_tc._src.pattern import Pattern
 from jaxsparse_tc.options import FormatOptions
@@ -322,45 +323,21 @@ def _dummy_entries(
 
 
 def _pad_pattern(p: Pattern, sizes: dict, n: int) -> Pattern:
-  """Pads one orientation's arrays to the budget (see the module docstring)."""
-  c, b, s, r = (sizes[k] for k in ("window_cols", "blocks", "schedule", "row_schedule"))
-  have = {
-    "window_cols": p.window_cols.shape[0],
-    "blocks": p.block_bitmap.shape[0],
-    "schedule": p.schedule.shape[0],
-    "row_schedule": p.row_schedule.shape[0],
-  }
-  over = {k: (v, sizes[k]) for k, v in have.items() if v > sizes[k]}
+  """Pads one orientation's arrays to the budget (see the module docstring): its last window and
+  last row are empty, and padded items repeat them (_src/padding.py)."""
+  budget = padding.PadSizes(
+    nnz=int(p.rows.shape[0]),
+    cols=sizes["window_cols"],
+    blocks=sizes["blocks"],
+    items=sizes["schedule"],
+    row_items=sizes["row_schedule"],
+  )
+  have = padding.pattern_sizes(p)
+  over = {k: (h, w) for k, h, w in zip(budget._fields, have, budget) if h > w}
   if over:
     raise ValueError(f"internal: the batch's format exceeds its budget: {over}")
-  nnz = p.rows.shape[0]
   windows = p.window_block_ptr.shape[0] - 1
-  last_w = np.nonzero(p.schedule[:, 0] == windows - 1)[0]
-  last_r = np.nonzero(p.row_schedule[:, 0] == n - 1)[0]
-  if (
-    last_w.size != 1
-    or p.schedule[last_w[0], 1] != p.schedule[last_w[0], 2]
-    or last_r.size != 1
-    or p.row_schedule[last_r[0], 1] != p.row_schedule[last_r[0], 2]
-  ):
-    raise ValueError("internal: the last window and row of a padded batch must be empty")
-  extra_items = np.repeat(p.schedule[last_w], s - have["schedule"], axis=0)
-  # a whole window's item names itself as its first piece (docs/FORMAT.md)
-  extra_items[:, 6] = np.arange(have["schedule"], s)
-  return Pattern(
-    window_col_ptr=p.window_col_ptr,
-    window_cols=np.concatenate([p.window_cols, np.full(c - have["window_cols"], n - 1, np.int32)]),
-    window_block_ptr=p.window_block_ptr,
-    block_bitmap=np.concatenate([p.block_bitmap, np.zeros((b - have["blocks"], 2), np.uint32)]),
-    block_value_ptr=np.concatenate([p.block_value_ptr, np.full(b - have["blocks"], nnz, np.int32)]),
-    schedule=np.concatenate([p.schedule, extra_items]).astype(np.int32),
-    rows=p.rows,
-    cols=p.cols,
-    row_entries=p.row_entries,
-    row_schedule=np.concatenate(
-      [p.row_schedule, np.repeat(p.row_schedule[last_r], r - have["row_schedule"], axis=0)]
-    ),
-  )
+  return padding.pad_pattern(p, budget, empty_window=windows - 1, empty_row=n - 1, fill_col=n - 1)
 
 
 def padded_matrix(
