@@ -55,8 +55,6 @@ import os
 import sys
 import time
 
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch and cupy share the GPU
-
 import numpy as np
 
 from benchmarks import common

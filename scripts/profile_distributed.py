@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import re
-
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax
 
