@@ -206,12 +206,7 @@ def run(
       )
       add("spmm", "xla-segment_sum-fp32", _time_jax(_chain(seg, k), (vals_n, x32), k))
       if has_torch:
-        tA = torch.sparse_csr_tensor(
-          torch.as_tensor(norm.indptr.astype(np.int64)),
-          torch.as_tensor(norm.indices.astype(np.int64)),
-          torch.as_tensor(norm.data.astype(np.float32)),
-          size=(m, n),
-        ).cuda()
+        tA = common.torch_csr(norm.astype(np.float32))
         tx = torch.as_tensor(np.asarray(x32)).cuda()
         for name, tdt in (("fp32", torch.float32), ("fp16", torch.float16)):
           tAd, txd = tA.to(tdt), tx.to(tdt)

@@ -363,12 +363,7 @@ def _one(a, rows, base, csr, order, k, dims, dtypes, ops, xla_dims, att_dims, ha
       import torch
 
       try:
-        tA = torch.sparse_csr_tensor(
-          torch.as_tensor(norm.indptr.astype(np.int64)),
-          torch.as_tensor(norm.indices.astype(np.int64)),
-          torch.as_tensor(norm.data.astype(np.float32)),
-          size=(m, n),
-        ).cuda()
+        tA = common.torch_csr(norm.astype(np.float32))
       except Exception as e:  # noqa: BLE001 - no cuSPARSE rows then, the rest goes on
         rows.append({**base, "op": "spmm", "impl": "cusparse", "error": _first_line(e)})
     for name in dtypes:

@@ -149,6 +149,20 @@ def benchmark_graphs(quick: bool = False, names=None) -> dict[str, sp.csr_matrix
   return {nm: makers[nm]() if nm in makers else package_graph(nm) for nm in names}
 
 
+def torch_csr(csr, dtype=None):
+  """A scipy CSR matrix as a torch CSR tensor on the GPU (cuSPARSE's operand), in `dtype`
+  (a torch dtype; default: the data's)."""
+  import torch
+
+  t = torch.sparse_csr_tensor(
+    torch.as_tensor(csr.indptr.astype(np.int64)),
+    torch.as_tensor(csr.indices.astype(np.int64)),
+    torch.as_tensor(csr.data),
+    size=csr.shape,
+  ).cuda()
+  return t if dtype is None else t.to(dtype)
+
+
 def time_fn(fn, *args, warmup: int = 5, repeat: int = 50) -> float:
   """Median milliseconds of fn(*args) after warm-up, synchronised with block_until_ready."""
   import jax

@@ -508,16 +508,7 @@ class ReorderedMatrix(SparseMatrix):
   @property
   def inner(self) -> SparseMatrix:
     """The stored matrix P A P^T, a plain SparseMatrix in the reordered node order."""
-    return SparseMatrix(
-      self.values,
-      self.pattern,
-      self.pattern_t,
-      self.perm_t,
-      self.perm_t_inv,
-      self.input_to_format,
-      self.shape,
-      self.grouped,
-    )
+    return SparseMatrix.with_values(self, self.values)
 
   @property
   def rows(self):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -79,6 +80,34 @@ def _sum_into(v: np.ndarray, index: np.ndarray, size: int) -> np.ndarray:
   return out.reshape(heads + (size,)).astype(v.dtype)
 
 
+class BuiltOrientations(NamedTuple):
+  """Both orientations of a pattern, on the host (build_orientations)."""
+
+  pattern: Pattern
+  pattern_t: Pattern
+  perm_t: np.ndarray  # int32: A^T's position of each of A's values
+  perm_t_inv: np.ndarray  # int32: A's position of each of A^T's values
+  to_format: np.ndarray  # int64: the format position of each input entry (A)
+  grouped: tuple  # (A's schedule grouped, A^T's)
+
+
+def build_orientations(rows, cols, m: int, n: int, format_options=None) -> BuiltOrientations:
+  """A's and A^T's patterns (numpy) and the permutations between their value orders. The
+  builder releases the GIL: both orientations are built on two cores at once."""
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    job_t = pool.submit(pattern_lib.build, cols, rows, n, m, format_options)
+    pattern, to_format, grouped = pattern_lib.build(rows, cols, m, n, format_options)
+    pattern_t, to_format_t, grouped_t = job_t.result()
+  nnz = pattern.rows.shape[0]
+  perm_t = np.empty(nnz, np.int32)
+  perm_t[to_format_t] = to_format
+  perm_t_inv = np.empty(nnz, np.int32)
+  perm_t_inv[to_format] = to_format_t
+  return BuiltOrientations(
+    pattern, pattern_t, perm_t, perm_t_inv, np.asarray(to_format, np.int64), (grouped, grouped_t)
+  )
+
+
 @jax.tree_util.register_pytree_node_class
 class SparseMatrix:
   """A sparse m x n matrix in the 8-row-window, 8x8-bitmap-block format.
@@ -147,28 +176,18 @@ class SparseMatrix:
     shape = _check_shape(shape, rows, cols)
     _check_indices(rows, cols, shape)
     v = _input_values(values, rows.size)
-    m, n = shape
-    # The builder releases the GIL: build A and A^T on two cores at once.
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-      job_t = pool.submit(pattern_lib.build, cols, rows, n, m, format_options)
-      pattern, to_format, grouped = pattern_lib.build(rows, cols, m, n, format_options)
-      pattern_t, to_format_t, grouped_t = job_t.result()
-    nnz = pattern.rows.shape[0]
-    perm_t = np.empty(nnz, np.int32)
-    perm_t[to_format_t] = to_format
-    perm_t_inv = np.empty(nnz, np.int32)
-    perm_t_inv[to_format] = to_format_t
-    values_f = _sum_into(v, to_format, nnz)
+    b = build_orientations(rows, cols, *shape, format_options)
+    values_f = _sum_into(v, b.to_format, b.pattern.rows.shape[0])
     put = jax.device_put
     return cls(
       put(values_f),
-      Pattern(*map(put, pattern)),
-      Pattern(*map(put, pattern_t)),
-      put(perm_t),
-      put(perm_t_inv),
-      put(to_format.astype(np.int32)),
+      Pattern(*map(put, b.pattern)),
+      Pattern(*map(put, b.pattern_t)),
+      put(b.perm_t),
+      put(b.perm_t_inv),
+      put(b.to_format.astype(np.int32)),
       shape,
-      (grouped, grouped_t),
+      b.grouped,
     )
 
   @classmethod

@@ -25,16 +25,7 @@ if len(sys.argv) > 3 and sys.argv[3] == "torch":
   tdt = {jnp.float16: torch.float16, jnp.bfloat16: torch.bfloat16, jnp.float32: torch.float32}[
     dtype
   ]
-  tA = (
-    torch.sparse_csr_tensor(
-      torch.as_tensor(g.indptr.astype(np.int64)),
-      torch.as_tensor(g.indices.astype(np.int64)),
-      torch.as_tensor(g.data),
-      size=g.shape,
-    )
-    .to(tdt)
-    .cuda()
-  )
+  tA = common.torch_csr(g, tdt)
   tx = torch.randn(g.shape[1], d, dtype=tdt, device="cuda")
   for _ in range(3):
     torch.sparse.mm(tA, tx)

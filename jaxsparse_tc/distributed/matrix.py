@@ -37,7 +37,6 @@ row's entries in one pattern, so they take single-part matrices only.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 from typing import Any, NamedTuple
 
@@ -487,18 +486,9 @@ class ShardedMatrix(sm.SparseMatrix):
 
 # -- building -----------------------------------------------------------------------------------
 def _build_local(rows: np.ndarray, cols: np.ndarray, m: int, n: int, format_options):
-  """Both orientations of one shard's pattern (numpy; SparseMatrix.from_coo without device
-  arrays): (pattern, pattern_t, perm_t, perm_t_inv, input_to_format)."""
-  with concurrent.futures.ThreadPoolExecutor(2) as pool:
-    job_t = pool.submit(pattern_lib.build, cols, rows, n, m, format_options)
-    pattern, to_format, _ = pattern_lib.build(rows, cols, m, n, format_options)
-    pattern_t, to_format_t, _ = job_t.result()
-  nnz = pattern.rows.shape[0]
-  perm_t = np.empty(nnz, np.int32)
-  perm_t[to_format_t] = to_format
-  perm_t_inv = np.empty(nnz, np.int32)
-  perm_t_inv[to_format] = to_format_t
-  return pattern, pattern_t, perm_t, perm_t_inv, np.asarray(to_format, np.int64)
+  """Both orientations of one shard's pattern (numpy, as SparseMatrix.from_coo builds them):
+  (pattern, pattern_t, perm_t, perm_t_inv, input_to_format)."""
+  return sm.build_orientations(rows, cols, m, n, format_options)[:5]
 
 
 def _check_bounds(bounds, n: int, P: int) -> np.ndarray:

@@ -251,6 +251,12 @@ def gat_conv(
     e = _edge_embedding(A, edge_attr, edge_kernel, heads, fill_value if add_self_loops else None)
     logits = logits + jnp.einsum("hec,hc->he", e, att_edge)
   logits = jax.nn.leaky_relu(logits, negative_slope)
+  return _attend(A, logits, h_src, bias, concat, attn_dropout, return_attention_weights)
+
+
+def _attend(A, logits, h_src, bias, concat, attn_dropout, return_attention_weights):
+  """GAT's and GATv2's shared end: row softmax of the per-edge logits [H, nnz], dropout on the
+  coefficients, messages h_src [H, n_src, C] summed, heads merged, bias."""
   S = _edge_softmax(A.with_values(logits))
   alpha = S
   if attn_dropout is not None:
@@ -300,13 +306,7 @@ def gatv2_conv(
       A, edge_attr, edge_kernel, heads, fill_value if add_self_loops else None
     )
   logits = jnp.einsum("hec,hc->he", jax.nn.leaky_relu(z, negative_slope), att)
-  S = _edge_softmax(A.with_values(logits))
-  alpha = S
-  if attn_dropout is not None:
-    S = S.with_values(attn_dropout(S.values))
-  out = _merge_heads(jst.spmm(S, h_src.astype(S.dtype)), concat)
-  out = out if bias is None else out + bias
-  return (out, alpha) if return_attention_weights else out
+  return _attend(A, logits, h_src, bias, concat, attn_dropout, return_attention_weights)
 
 
 def agnn_conv(A: SparseMatrix, x, beta):
