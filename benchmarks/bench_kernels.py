@@ -219,17 +219,18 @@ def _load(name: str, quick: bool):
 
 
 def _features(csr, A) -> dict:
+  import jaxsparse_tc as jst
   from jaxsparse_tc.reorder import block_stats
 
   lens = np.diff(csr.indptr)
-  p = A.pattern
+  f = jst.kernel_plan(A, 128).features  # the selector's own features
   st = block_stats(csr)
   k = np.arange(st.block_nnz_hist.size)
   return {
     "rows": int(csr.shape[0]),
     "nnz": int(A.nnz),
-    "nnz_per_block": A.nnz / max(1, p.num_blocks),
-    "cols_per_window": p.window_cols.shape[0] / max(1, p.window_col_ptr.shape[0] - 1),
+    "nnz_per_block": f.nnz_per_block,
+    "cols_per_window": f.cols_per_window,
     # share of the nonzeros in blocks of more than 16 (the fill where tensor cores pay)
     "dense_block_nnz": float((k[17:] * st.block_nnz_hist[17:]).sum() / max(1, st.nnz)),
     "row_cv": float(lens.std() / max(lens.mean(), 1e-30)),
