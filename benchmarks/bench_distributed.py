@@ -28,7 +28,9 @@ A run that does not fit prints OOM in ms (the memory error is shown below the ta
 Ops: `spmm` (A @ X, d = --dims, --dtype), `exchange` (the sharded SpMM's data movement alone:
 `distributed.exchange`, the rows every shard's matrix reads, X at d = --dims) and `gcn` (one
 training step: 2-layer GCN in -> hidden -> classes, ReLU, softmax cross-entropy over the real
-nodes, Adam; float32; features generated on the devices, so the host never holds them). R-MAT
+nodes, Adam; float32; features generated on the devices, so the host never holds them) and
+`gcn-pre` (the same step with the input features exchanged once, before it: they are constant,
+so `distributed.exchange` runs outside the step and layer 1 exchanges nothing). R-MAT
 node ids are random, so halos cover nearly every row; --order (affinity, rcm, ...) renumbers the
 graph first to give the halo exchange a chance.
 `--oom-demo` sets features 1024 (or --features), hidden 64 (a feature matrix of n x 1024
@@ -222,8 +224,11 @@ def _matrices(g, mode, devices, exchange, overlap=False):
   return A, time.perf_counter() - t0
 
 
-def _dense(A, shape_tail, dtype, key):
-  """Random dense node data [n or P*M, ...] generated on the devices, sharded like A's rows."""
+def _dense(A, shape_tail, dtype, seed):
+  """Pseudo-random dense node data [n or P*M, ...] made on the devices, sharded like A's rows:
+  an integer hash of each element's indices, computed in one fused elementwise kernel (no
+  random-bit temporaries as large as the result, which alone ran a 2-GPU feature matrix of
+  34 GB out of memory). Floats are uniform in [-1, 1); integers in [0, 16)."""
   import jax
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec
@@ -236,11 +241,19 @@ def _dense(A, shape_tail, dtype, key):
   else:
     rows, out = A.shape[0], None
   shape = (rows,) + tuple(shape_tail)
-  if jnp.issubdtype(dtype, jnp.integer):
-    f = lambda k: jax.random.randint(k, shape, 0, 16, dtype)  # noqa: E731
-  else:
-    f = lambda k: jax.random.normal(k, shape, dtype)  # noqa: E731
-  return jax.jit(f, out_shardings=out)(key)
+
+  def f():
+    h = jnp.uint32(0x9E3779B1 * (seed + 1) & 0xFFFFFFFF)
+    for axis in range(len(shape)):
+      i = jax.lax.broadcasted_iota(jnp.uint32, shape, axis)
+      h = (h ^ i) * jnp.uint32(0x85EBCA77)
+      h = h ^ (h >> 13)
+    h = (h * jnp.uint32(0xC2B2AE3D)) ^ (h >> 16)
+    if jnp.issubdtype(dtype, jnp.integer):
+      return (h >> 28).astype(dtype)
+    return ((h >> 8).astype(jnp.float32) * (2.0 / (1 << 24)) - 1.0).astype(dtype)
+
+  return jax.jit(f, out_shardings=out)()
 
 
 def _xbytes(A, widths, itemsize) -> float:
@@ -257,7 +270,7 @@ def spmm_program(A, d, dtype):
 
   import jaxsparse_tc as jst
 
-  X = _dense(A, (d,), dtype, jax.random.key(1))
+  X = _dense(A, (d,), dtype, 1)
   v = A.values.astype(dtype)
   return (lambda A, v, X: jst.spmm(A.with_values(v), X)), (A, v, X)
 
@@ -276,13 +289,15 @@ def run_exchange(A, d, dtype, repeat, compiler_options=None):
 
   from jaxsparse_tc import distributed as dist
 
-  X = _dense(A, (d,), dtype, jax.random.key(1))
+  X = _dense(A, (d,), dtype, 1)
   ms, compiled = _timed(lambda A, X: dist.exchange(A, X), (A, X), repeat, compiler_options)
   return ms, compiled, _xbytes(A, [d], jnp.dtype(dtype).itemsize)
 
 
-def gcn_program(A, features, hidden, classes):
-  """(fn, args) of one GCN training step (module docstring)."""
+def gcn_program(A, features, hidden, classes, pre_exchange=False):
+  """(fn, args) of one GCN training step (module docstring). pre_exchange: the input features
+  are exchanged once, before the step (they are constant; `distributed.exchange`), so that the
+  step exchanges only the hidden layer's rows."""
   import jax
   import jax.numpy as jnp
   import optax
@@ -290,8 +305,12 @@ def gcn_program(A, features, hidden, classes):
   from jaxsparse_tc.distributed import ShardedMatrix
   from jaxsparse_tc.nn import functional as F
 
-  x = _dense(A, (features,), jnp.float32, jax.random.key(2))
-  labels = _dense(A, (), jnp.int32, jax.random.key(3)) % classes
+  x = _dense(A, (features,), jnp.float32, 2)
+  if pre_exchange and isinstance(A, ShardedMatrix):
+    from jaxsparse_tc import distributed as dist
+
+    x = jax.block_until_ready(jax.jit(dist.exchange)(A, x))  # [P*n_ext, features]
+  labels = _dense(A, (), jnp.int32, 3) % classes
   mask = A.row_mask() if isinstance(A, ShardedMatrix) else jnp.ones((A.shape[0],), bool)
   k1, k2 = jax.random.split(jax.random.key(4))
   glorot = jax.nn.initializers.glorot_uniform()
@@ -322,12 +341,15 @@ def gcn_program(A, features, hidden, classes):
   return step, (A, params, opt, x, labels, mask)
 
 
-def run_gcn(A, features, hidden, classes, repeat, compiler_options=None):
-  ms, compiled = _timed(*gcn_program(A, features, hidden, classes), repeat, compiler_options)
+def run_gcn(A, features, hidden, classes, repeat, compiler_options=None, pre_exchange=False):
+  fn, args = gcn_program(A, features, hidden, classes, pre_exchange)
+  ms, compiled = _timed(fn, args, repeat, compiler_options)
   # Exchanges: layer 1 propagates min(features, hidden) columns (no backward SpMM when x is
-  # propagated first), layer 2 min(hidden, classes) forward and again in its transpose.
+  # propagated first; none at all when x was exchanged before the step), layer 2
+  # min(hidden, classes) forward and again in its transpose.
   w1 = min(features, hidden)
-  widths = [w1] + ([] if features <= hidden else [w1]) + [min(hidden, classes)] * 2
+  widths = [] if pre_exchange else [w1] + ([] if features <= hidden else [w1])
+  widths += [min(hidden, classes)] * 2
   return ms, compiled, _xbytes(A, widths, 4)
 
 
@@ -348,6 +370,8 @@ def bench_graph(name, g, devices, ops, exchanges, args, rows, errors):
         modes.append((f"shard{count}", count, ex, True))
   if args.no_shard1:
     modes = [m for m in modes if m[0] != "shard1"]
+  if args.no_plain:
+    modes = [m for m in modes if m[0] != "plain"]
   base = {}
   for mode, ndev, ex, overlap in modes:
     if overlap and set(ops) - {"spmm", "gcn", "exchange"}:
@@ -398,9 +422,18 @@ def bench_graph(name, g, devices, ops, exchanges, args, rows, errors):
           ms, compiled, xb = run_spmm(A, args.dims, dtype, args.repeat, copts)
         elif op == "exchange":
           ms, compiled, xb = run_exchange(A, args.dims, dtype, args.repeat, copts)
-        elif op == "gcn":
+        elif op in ("gcn", "gcn-pre"):
+          if op == "gcn-pre" and mode == "plain" and "gcn" in base:
+            base[op] = base["gcn"]  # one device: the same program
+            continue
           ms, compiled, xb = run_gcn(
-            A, args.features, args.hidden, args.classes, args.repeat, copts
+            A,
+            args.features,
+            args.hidden,
+            args.classes,
+            args.repeat,
+            copts,
+            pre_exchange=op == "gcn-pre",
           )
         else:  # gcn-F: the big-feature step
           f = int(op.split("-")[1])
@@ -478,6 +511,9 @@ def parse(argv=None):
   p.add_argument("--classes", type=int, default=16)
   p.add_argument("--repeat", type=int, default=10)
   p.add_argument("--no-shard1", action="store_true", help="skip the 1-device sharded run")
+  p.add_argument(
+    "--no-plain", action="store_true", help="skip the unsharded run (no speedups then)"
+  )
   p.add_argument(
     "--overlap",
     action="store_true",

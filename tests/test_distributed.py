@@ -213,6 +213,82 @@ def case_overlap_parts():
         raise AssertionError("expected NotImplementedError")
 
 
+def case_pre_exchanged_operands():
+  """spmm(SA, exchange(SA, X)) and sddmm(SA, X, exchange(SA, Y)) equal the operators on X and
+  Y, with gradients through the exchange, for every layout (allgather, halo, uneven halo with
+  an empty shard, both with own/remote parts); gcn_conv takes exchanged features; a wrongly
+  shaped operand is refused naming both layouts; integer rows are exchanged by a gather."""
+  import jax
+  import jax.numpy as jnp
+
+  import jaxsparse_tc as jst
+  from jaxsparse_tc import distributed as dist
+  from jaxsparse_tc._src import checks
+  from jaxsparse_tc.nn import functional as F
+
+  if DEVICES == 1:
+    return
+  rng = np.random.default_rng(11)
+  A = _matrix(_graph())
+  x, y = (rng.standard_normal((150, 8)).astype(np.float32) for _ in range(2))
+  w = rng.standard_normal((8, 5)).astype(np.float32)
+  uneven = _bounds("uneven_empty") if DEVICES > 2 else [0, 40, 150]
+  mesh = dist.make_mesh(DEVICES)
+  for exchange, bounds, overlap in (
+    ("allgather", None, False),
+    ("halo", None, False),
+    ("halo", uneven, False),
+    ("allgather", None, True),
+    ("halo", uneven, True),
+  ):
+    SA = dist.shard_matrix(A, mesh, exchange=exchange, bounds=bounds, overlap=overlap)
+    tag = f"{exchange} bounds={bounds} overlap={overlap}"
+    assert SA.exchanged_rows == DEVICES * SA.layout.ext_cols != SA.layout.padded_rows, tag
+    X, Y = SA.shard_rows(x), SA.shard_rows(y)
+
+    def loss(X, Y, pre):
+      Xe = dist.exchange(SA, X) if pre else X
+      Ye = dist.exchange(SA, Y) if pre else Y
+      out = jst.spmm(SA, Xe, precision=HIGHEST)
+      s = jst.sddmm(SA, X, Ye, precision=HIGHEST).values
+      return jnp.sum(out**2) + jnp.sum(jnp.sin(s)), (out, s)
+
+    g = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True), static_argnums=2)
+    (l0, (o0, s0)), d0 = g(X, Y, False)
+    (l1, (o1, s1)), d1 = g(X, Y, True)
+    _close(f"{tag} loss", l1, l0)
+    _close(f"{tag} spmm", SA.unshard_rows(o1), SA.unshard_rows(o0))
+    _close(f"{tag} sddmm", SA.values_to_input(s1), SA.values_to_input(s0))
+    for name, a, b in zip(("dX", "dY"), d1, d0):
+      _close(f"{tag} {name}", SA.unshard_rows(a), SA.unshard_rows(b))
+    # against one device, too
+    _close(f"{tag} spmm vs A", SA.unshard_rows(o1), jst.spmm(A, x, precision=HIGHEST))
+    # gcn_conv on exchanged features: both propagation orders (out wider, then narrower)
+    for k in (np.concatenate([w, w], axis=1), w[:, :3]):
+      ref = F.gcn_conv(A, jnp.asarray(x), jnp.asarray(k))
+      got = jax.jit(lambda X: F.gcn_conv(SA, dist.exchange(SA, X), jnp.asarray(k)))(X)
+      _close(f"{tag} gcn_conv {k.shape}", SA.unshard_rows(got), ref, tol=1e-4)
+    if exchange == "halo" and not overlap:
+      S_halo = SA
+  try:
+    jst.spmm(SA, jnp.zeros((SA.exchanged_rows + DEVICES, 8)))
+  except checks.OperandError as e:
+    assert str(SA.exchanged_rows) in str(e) and str(SA.layout.padded_rows) in str(e), str(e)
+  else:
+    raise AssertionError("expected OperandError")
+  # Integer rows (no SpMM): gathered; every ext slot a column reads holds its node's row.
+  SA = S_halo
+  ids = SA.shard_rows(np.arange(150, dtype=np.int32)[:, None] * np.ones((1, 3), np.int32))
+  got = np.asarray(dist.exchange(SA, ids)).reshape(DEVICES, -1, 3)
+  e2g = np.asarray(SA.arrays.ext_to_global)
+  src, _ = SA._row_source()
+  cols = np.asarray(SA.arrays.parts[0].a.cols)
+  for p in range(DEVICES):
+    c = cols[p, : int(np.asarray(SA.arrays.parts[0].nnz)[p])]
+    assert np.array_equal(got[p][c, 0], src[e2g[p][c]]), p
+    assert np.array_equal(got[p][c, 2], src[e2g[p][c]]), p
+
+
 def case_train_gcn_overlap():
   from jaxsparse_tc.examples import train_sharded
 

@@ -37,6 +37,7 @@ row's entries in one pattern, so they take single-part matrices only.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from typing import Any, NamedTuple
 
@@ -136,6 +137,7 @@ class ShardLayout:
   ext_cols: int  # n_ext: columns of the exchanged (ext) space
   parts: tuple  # PartLayout per part: ("all",) or ("own", "remote")
   max_real_halo: int = 0  # largest real halo count (pairs), for byte estimates
+  send_part: Any = None  # PartLayout of the halo's selection matrix (ShardArrays.send_select)
   # Host-side map from the builder's input entries to flat sharded value positions (excluded
   # from hashing and equality).
   input_positions: Any = dataclasses.field(default=None, compare=False, hash=False, repr=False)
@@ -198,6 +200,10 @@ class ShardArrays(NamedTuple):
   parts: tuple  # PartArrays per part (ShardLayout.parts)
   send: Any  # int32 [P, P * c]: rows shard q sends to each destination (halo), else None
   ext_to_global: Any  # int32 [P, n_ext]: padded global position of each ext column (halo)
+  # The halo's send lists as a 0/1 matrix S [M, P * c] per shard (S[send[j], j] = 1): the rows
+  # to send are S^T X and the transpose's sum of returned rows S G, both SpMMs (XLA's
+  # scatter-add of G took 1.5 ms of a 2-GPU GCN step on R-MAT 2^22; halo only, else None).
+  send_select: Any = None
 
 
 def _edge_spec(ndim: int, axis: str) -> PartitionSpec:
@@ -458,6 +464,11 @@ class ShardedMatrix(sm.SparseMatrix):
       return np.take(y, pos, axis=_node_axis(ndim))
     return jnp.take(jnp.asarray(y), jnp.asarray(pos), axis=_node_axis(ndim))
 
+  @property
+  def exchanged_rows(self) -> int:
+    """Rows of an exchanged dense operand (`distributed.exchange`'s result): P * n_ext."""
+    return self.num_shards * self.layout.ext_cols
+
   def exchange_bytes(self, features: int, itemsize: int = 4, exchange: str | None = None) -> int:
     """Bytes one shard receives per exchange of a [*, features] operand."""
     return self.layout.exchange_rows(exchange) * int(features) * int(itemsize)
@@ -507,7 +518,9 @@ def _build_part(kind, shard_entries, M, n_cols, fill_col, split_blocks, empty_co
   such columns (default M // 8 - 1, the columns of shard 0's spare rows).
   Returns (PartLayout, stacked padded numpy PartArrays fields, per-shard input_to_format)."""
   fmt = None if split_blocks is None else FormatOptions(split_blocks=split_blocks)
-  built = [_build_local(lr, pc, M, n_cols, fmt) for lr, pc, _ in shard_entries]
+  # The builder releases the GIL (and builds each shard's two orientations on two threads).
+  with concurrent.futures.ThreadPoolExecutor(max(1, min(len(shard_entries), 8))) as pool:
+    built = list(pool.map(lambda e: _build_local(e[0], e[1], M, n_cols, fmt), shard_entries))
   nnz_pad = max(1, max(bt[0].rows.shape[0] for bt in built))
   grouped_a = split_blocks is None and all(
     pattern_lib.grouped_schedule_fits(bt[0].window_block_ptr, nnz_pad) for bt in built
@@ -710,7 +723,7 @@ def shard_coo(
   vals = value_blocks[0] if len(value_blocks) == 1 else np.concatenate(value_blocks, axis=-1)
   vals = vals.reshape(heads + (P * nnz_total,))
 
-  send = ext_to_global = None
+  send = ext_to_global = send_layout = send_arrays = None
   if mode == "halo":
     send = np.zeros((P, P * halo), np.int32)  # send[q, p*halo + j]: local row of q for p
     ext_to_global = np.zeros((P, n_ext), np.int32)
@@ -722,6 +735,23 @@ def shard_coo(
         if r.size:
           send[q, p * halo : p * halo + r.size] = r - b[q]
           ext_to_global[p, M + q * halo : M + q * halo + r.size] = q * M + r - b[q]
+    # S per shard q: an entry (sent row, slot) per real slot; the slots of q's own chunk (never
+    # filled) are S's empty columns, its spare rows S's empty rows, as for the remote part.
+    select = []
+    for q in range(P):
+      slots = np.concatenate(
+        [p * halo + np.arange(recv[p][q].size, dtype=np.int64) for p in range(P)]
+      )
+      select.append((send[q, slots].astype(np.int64), slots, None))
+    send_layout, send_arrays, _ = _build_part(
+      "send",
+      select,
+      M,
+      P * halo,
+      lambda q: q * halo + halo - 1,
+      None,
+      lambda q: (q * halo + halo) // 8 - 1,
+    )
   layout = ShardLayout(
     mesh=mesh,
     axis_name=axis,
@@ -734,25 +764,25 @@ def shard_coo(
     ext_cols=n_ext,
     parts=tuple(part_layouts),
     max_real_halo=int(c),
+    send_part=send_layout,
     input_positions=(
       input_positions.astype(np.int32) if P * nnz_total < 2**31 else input_positions
     ),
   )
   sharded = NamedSharding(mesh, PartitionSpec(axis))
   put = lambda a: None if a is None else jax.device_put(a, sharded)  # noqa: E731
+  put_part = lambda pa: PartArrays(  # noqa: E731
+    a=Pattern(*map(put, pa.a)),
+    t=Pattern(*map(put, pa.t)),
+    perm_t=put(pa.perm_t),
+    perm_t_inv=put(pa.perm_t_inv),
+    nnz=put(pa.nnz),
+  )
   arrays = ShardArrays(
-    parts=tuple(
-      PartArrays(
-        a=Pattern(*map(put, pa.a)),
-        t=Pattern(*map(put, pa.t)),
-        perm_t=put(pa.perm_t),
-        perm_t_inv=put(pa.perm_t_inv),
-        nnz=put(pa.nnz),
-      )
-      for pa in part_arrays
-    ),
+    parts=tuple(put_part(pa) for pa in part_arrays),
     send=put(send),
     ext_to_global=put(ext_to_global),
+    send_select=None if send_arrays is None else put_part(send_arrays),
   )
   values_dev = jax.device_put(vals, NamedSharding(mesh, _edge_spec(vals.ndim, axis)))
   return ShardedMatrix(values_dev, arrays, layout)

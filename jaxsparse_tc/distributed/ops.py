@@ -111,8 +111,31 @@ def _receive(layout, arrays, x):
   node = x.ndim - 2
   if layout.exchange == "allgather":
     return jax.lax.all_gather(x, axis, axis=node, tiled=True)
-  send = jnp.take(x, arrays.send, axis=node)  # [.., P*c, d]: chunk p goes to shard p
-  return jax.lax.all_to_all(send, axis, node, node, tiled=True)
+  return jax.lax.all_to_all(_send_rows(layout, arrays, x), axis, node, node, tiled=True)
+
+
+def _send_rows(layout, arrays, x):
+  """The rows a shard sends, [.., P*c, d] (chunk p for shard p): S^T X, S the selection matrix
+  of its send lists, so that the transpose, which adds up the rows' returned cotangents, is
+  the SpMM S G rather than XLA's scatter-add. Exact: one product by 1 per output row (float32
+  asks for exact math). Dtypes the SpMM does not take are gathered."""
+  sel = arrays.send_select
+  if sel is None or not checks.is_supported_float(x.dtype) or x.dtype == jnp.float64:
+    return jnp.take(x, arrays.send, axis=x.ndim - 2)
+  pl = layout.send_part
+  ones = valid_mask(sel.nnz, pl.nnz).astype(x.dtype)
+  # S^T: the part's two orientations swapped (real values first in both, so the mask serves).
+  S_t = SparseMatrix(
+    ones,
+    sel.t,
+    sel.a,
+    sel.perm_t_inv,
+    sel.perm_t,
+    sel.perm_t_inv,
+    (pl.cols, layout.rows_per_shard),
+    pl.grouped[::-1],
+  )
+  return _spmm(S_t, x, precision=jax.lax.Precision.HIGHEST)
 
 
 def _exchange(layout, arrays, x):
@@ -125,24 +148,46 @@ def _exchange(layout, arrays, x):
   return jnp.concatenate([x, recv], axis=x.ndim - 2)
 
 
-def _part_operand(layout, arrays, part_layout, x):
+def _part_operand(layout, arrays, part_layout, x, exchanged=False):
   """The rows a part's columns index: the shard's own (own), the exchange's result as it is
-  (remote), or both joined (all)."""
-  if part_layout.kind == "own":
+  (remote), or both joined (all). `exchanged`: x is already a shard's ext rows
+  ([.., n_ext, d], `exchange`'s result), sliced here instead of exchanged."""
+  if not exchanged:
+    if part_layout.kind == "own":
+      return x
+    if part_layout.kind == "remote":
+      return _receive(layout, arrays, x)
+    return _exchange(layout, arrays, x)
+  node, M = x.ndim - 2, layout.rows_per_shard
+  if part_layout.kind == "all" or (
+    part_layout.kind == "remote" and layout.exchange == "allgather"
+  ):
     return x
-  if part_layout.kind == "remote":
-    return _receive(layout, arrays, x)
-  return _exchange(layout, arrays, x)
+  if layout.exchange == "allgather":  # own rows: this shard's block of the gathered rows
+    start = jax.lax.axis_index(layout.axis_name) * M
+    return jax.lax.dynamic_slice_in_dim(x, start, M, axis=node)
+  rows = slice(0, M) if part_layout.kind == "own" else slice(M, None)
+  return x[(slice(None),) * node + (rows,)]
 
 
-def _check_dense(op: str, name: str, SA: ShardedMatrix, x):
+def _check_dense(op: str, name: str, SA: ShardedMatrix, x, exchanged_ok: bool = False) -> bool:
+  """Checks a dense operand's layout; True where it is already exchanged (exchanged_ok: the
+  operand is one whose rows the local matrices' columns index, and has SA.exchanged_rows)."""
   rows = SA.layout.padded_rows
-  if x.ndim not in (2, 3) or x.shape[-2] != rows:
-    raise checks.OperandError(
-      f"{op}: a ShardedMatrix of {SA.num_nodes} nodes on {SA.num_shards} shards takes dense "
-      f"operands in its padded layout, [{rows}, d] or [H, {rows}, d] (ShardedMatrix."
-      f"shard_rows); got {name} with shape {x.shape}"
-    )
+  if x.ndim in (2, 3) and x.shape[-2] == rows:
+    return False
+  if exchanged_ok and x.ndim in (2, 3) and x.shape[-2] == SA.exchanged_rows:
+    return True
+  also = (
+    f", or already exchanged, [{SA.exchanged_rows}, d] (distributed.exchange)"
+    if exchanged_ok and SA.exchanged_rows != rows
+    else ""
+  )
+  raise checks.OperandError(
+    f"{op}: a ShardedMatrix of {SA.num_nodes} nodes on {SA.num_shards} shards takes dense "
+    f"operands in its padded layout, [{rows}, d] or [H, {rows}, d] (ShardedMatrix."
+    f"shard_rows){also}; got {name} with shape {x.shape}"
+  )
 
 
 def _run(SA: ShardedMatrix, body, edge_args, node_args, out_specs):
@@ -159,7 +204,9 @@ def _run(SA: ShardedMatrix, body, edge_args, node_args, out_specs):
 
 def exchange(SA: ShardedMatrix, x):
   """The rows each shard's local matrix reads: [P*M, d] -> [P*n_ext, d] (shard p's block holds
-  its ext rows: its own, then its halo or every shard's rows). For custom per-edge gathers."""
+  its ext rows: its own, then its halo or every shard's rows; n_ext = M where no shard reads
+  another's rows). `spmm` takes the result in place of X (and `sddmm` in place of Y) and then
+  exchanges nothing: exchange a step's constant operands (input features) once, outside it."""
   x = jnp.asarray(x)
   _check_dense("exchange", "X", SA, x)
   lay = SA.layout
@@ -171,9 +218,10 @@ def exchange(SA: ShardedMatrix, x):
 
 
 def spmm(SA: ShardedMatrix, x, *, precision=None, options=None):
-  """SA @ X over the shards: X [P*M, d] or [H, P*M, d] (padded layout) -> the same layout."""
+  """SA @ X over the shards: X [P*M, d] or [H, P*M, d] (padded layout) -> the same layout. X may
+  also be `exchange(SA, X)` ([P*n_ext, d]): then nothing is exchanged."""
   x = jnp.asarray(x)
-  _check_dense("spmm", "X", SA, x)
+  exchanged = _check_dense("spmm", "X", SA, x, exchanged_ok=True)
   values = SA.values.astype(x.dtype)
   lay = SA.layout
 
@@ -185,7 +233,7 @@ def spmm(SA: ShardedMatrix, x, *, precision=None, options=None):
       A = _local_matrix(lay, pl, part, _mask_cotangent(v, part.nnz))
       y = _spmm(
         A,
-        _part_operand(lay, arrays, pl, x),
+        _part_operand(lay, arrays, pl, x, exchanged),
         precision=precision,
         options=options,
       )
@@ -206,10 +254,11 @@ def sddmm(
   preferred_element_type=None,
   options=None,
 ) -> ShardedMatrix:
-  """(X @ Y.T) at SA's nonzeros, as a ShardedMatrix: X, Y [P*M, d] or [H, P*M, d]."""
+  """(X @ Y.T) at SA's nonzeros, as a ShardedMatrix: X, Y [P*M, d] or [H, P*M, d]. Y (the
+  columns' side) may also be `exchange(SA, Y)`: then nothing is exchanged."""
   x, y = jnp.asarray(x), jnp.asarray(y)
   _check_dense("sddmm", "X", SA, x)
-  _check_dense("sddmm", "Y", SA, y)
+  y_exchanged = _check_dense("sddmm", "Y", SA, y, exchanged_ok=True)
   lay = SA.layout
 
   def body(arrays, x, y):
@@ -220,7 +269,7 @@ def sddmm(
       S = _sddmm(
         A,
         x,
-        _part_operand(lay, arrays, pl, y),
+        _part_operand(lay, arrays, pl, y, y_exchanged),
         precision=precision,
         preferred_element_type=preferred_element_type,
         options=options,

@@ -105,6 +105,19 @@ def check_inputs(op: str, A, x, *, bipartite: bool = False):
   return x, x
 
 
+def _exchanged_features(A, x) -> bool:
+  """x is a ShardedMatrix's already exchanged operand (`distributed.exchange`), which the
+  SpMM-only layers take as they are."""
+  rows = getattr(A, "exchanged_rows", None)
+  return (
+    rows is not None
+    and rows != A.shape[1]
+    and not isinstance(x, (tuple, list, SparseMatrix))
+    and jnp.ndim(x) == 2
+    and jnp.shape(x)[0] == rows
+  )
+
+
 def _features(op: str, name: str, x):
   if isinstance(x, SparseMatrix):
     raise TypeError(
@@ -191,9 +204,12 @@ def gcn_conv(A: SparseMatrix, x, kernel, bias=None):
 
   The smaller of the two feature widths is the one propagated (same result, cheaper SpMM); at
   equal widths x is propagated first, so that where x needs no gradient (input features) the
-  backward needs no SpMM at all: the gradient of `kernel` is (A x)^T g.
+  backward needs no SpMM at all: the gradient of `kernel` is (A x)^T g. With a ShardedMatrix, x
+  may be already exchanged (`distributed.exchange(A, x)`, e.g. input features exchanged once
+  before training): the layer then exchanges nothing.
   """
-  x, _ = check_inputs("GCNConv", A, x)
+  if not _exchanged_features(A, x):
+    x, _ = check_inputs("GCNConv", A, x)
   if kernel.shape[0] <= kernel.shape[1]:
     out = jst.spmm(A, x) @ kernel
   else:
