@@ -266,7 +266,6 @@ def _xbytes(A, widths, itemsize) -> float:
 
 def spmm_program(A, d, dtype):
   """(fn, args) of one SpMM A @ X, X [n, d] random on the devices."""
-  import jax
 
   import jaxsparse_tc as jst
 
@@ -284,7 +283,6 @@ def run_spmm(A, d, dtype, repeat, compiler_options=None):
 
 def run_exchange(A, d, dtype, repeat, compiler_options=None):
   """The sharded SpMM's exchange alone (all-gather, or halo gather + all_to_all + join)."""
-  import jax
   import jax.numpy as jnp
 
   from jaxsparse_tc import distributed as dist

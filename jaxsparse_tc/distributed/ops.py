@@ -159,9 +159,7 @@ def _part_operand(layout, arrays, part_layout, x, exchanged=False):
       return _receive(layout, arrays, x)
     return _exchange(layout, arrays, x)
   node, M = x.ndim - 2, layout.rows_per_shard
-  if part_layout.kind == "all" or (
-    part_layout.kind == "remote" and layout.exchange == "allgather"
-  ):
+  if part_layout.kind == "all" or (part_layout.kind == "remote" and layout.exchange == "allgather"):
     return x
   if layout.exchange == "allgather":  # own rows: this shard's block of the gathered rows
     start = jax.lax.axis_index(layout.axis_name) * M
