@@ -568,7 +568,7 @@ def run(quick: bool = False, argv=None) -> list[dict]:
       f"{time.perf_counter() - t0:.1f} s",
       flush=True,
     )
-    ops = args.ops.split(",")
+    ops = [op for op in args.ops.split(",") if op]
     if "gcn" in ops:
       gn = gcn_normalized(g)
       bench_graph(name, gn, devices, ops, args.exchange.split(","), args, rows, errors)
