@@ -569,7 +569,7 @@ def run(quick: bool = False, argv=None) -> list[dict]:
       flush=True,
     )
     ops = [op for op in args.ops.split(",") if op]
-    if "gcn" in ops:
+    if any(op.startswith("gcn") for op in ops) or args.big_features:
       gn = gcn_normalized(g)
       bench_graph(name, gn, devices, ops, args.exchange.split(","), args, rows, errors)
     else:
