@@ -136,12 +136,11 @@ def _gather_rows(static, send, sel, x):
 
 
 def _gather_fwd(static, send, sel, x):
-  return _gather_rows(static, send, sel, x), (send, sel)
+  return _gather_rows(static, send, sel, x), sel
 
 
-def _gather_bwd(static, res, ct):
+def _gather_bwd(static, sel, ct):
   M, pl = static
-  send, sel = res
   S = SparseMatrix(
     valid_mask(sel.nnz, pl.nnz).astype(ct.dtype),
     sel.a,
