@@ -16,6 +16,8 @@ build, overridable), with gradients through the exchanges.
     X = SA.shard_rows(x)                         # [n, d] -> [P*M, d], sharded
     Y = jst.spmm(SA, X)                          # = SA.shard_rows(A @ x)
     y = SA.unshard_rows(Y)                       # back to [n, d]
+    Xe = dist.exchange(SA, X)                    # the rows each shard reads, once:
+    Y = jst.spmm(SA, Xe)                         # then the SpMM exchanges nothing
 
 Plain `jax.jit` with sharded dense operands and an ordinary SparseMatrix is covered by
 `jaxsparse_tc.distributed.spmd` (sharding rules for the primitives).
