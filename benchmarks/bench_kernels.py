@@ -36,7 +36,9 @@ kernel options are ignored (forced rows equal auto) and times are wall times.
 
 Raw rows (JSON "rows"): graph, order, op (spmm | sddmm | attention fwd | attention fwd+bwd),
 d, dtype, H, impl (ours-auto | ours-cuda_core | ours-tensor_core | ours-fused | ours-composed |
-cusparse | xla | floor-bytes | floor-gather), us_per_call (device us per call), wall_us, how, K,
+cusparse | xla | floor-bytes | floor-gather; SDDMM also xla-serial and ours-auto-serial, the fans
+with each call ordered after the previous one, so XLA cannot fuse the K calls into one kernel),
+us_per_call (device us per call), wall_us, how, K,
 error (first line, where the config raised), and the features of the (graph, order): rows, nnz,
 nnz_per_block (nnz / 8x8 blocks of the built format), cols_per_window (distinct columns per
 8-row window), dense_block_nnz (share of nonzeros in blocks of > 16), row_cv (std / mean of row
@@ -465,6 +467,35 @@ def _one(a, rows, base, csr, order, k, dims, dtypes, ops, xla_dims, att_dims, ha
             "jit fan",
             ks,
           )
+
+          # The same fans with each call ordered after the previous one's output (bench_chained's
+          # serial fans): XLA can no longer fuse the K calls, which share their index operands,
+          # into one kernel; each call stands alone, as in a model.
+          def serial_xla(G, q, y):
+            r_, c_ = G
+            return gather(r_, c_, (q,), (y,))[0]
+
+          def serial_ours(G, q, y):
+            return jst.sddmm(G, q, y).values
+
+          add(
+            "sddmm",
+            d,
+            name,
+            "xla-serial",
+            lambda: _time(jax.jit(bench_chained._serial(serial_xla)), ((coo_r, coo_c), qs, ys), ks),
+            "jit serial fan",
+            ks,
+          )
+          add(
+            "sddmm",
+            d,
+            name,
+            "ours-auto-serial",
+            lambda: _time(jax.jit(bench_chained._serial(serial_ours)), (A, qs, ys), ks),
+            "jit serial fan",
+            ks,
+          )
         del qs, ys
     del coo_r, coo_c
 
@@ -715,6 +746,14 @@ def summarize(rows: list[dict], device: str | None = None) -> dict:
       (f"SpMM fp32 ours[{o}] vs XLA segment_sum", pairs("spmm", "fp32", o, "xla")),
       (f"SDDMM fp16 ours[{o}] vs XLA gather", pairs("sddmm", "fp16", o, "xla")),
       (f"SDDMM fp32 ours[{o}] vs XLA gather", pairs("sddmm", "fp32", o, "xla")),
+      (
+        f"SDDMM fp16 ours[{o}] vs XLA gather, serial fans",
+        pairs("sddmm", "fp16", o, "xla-serial", ours="ours-auto-serial"),
+      ),
+      (
+        f"SDDMM fp32 ours[{o}] vs XLA gather, serial fans",
+        pairs("sddmm", "fp32", o, "xla-serial", ours="ours-auto-serial"),
+      ),
       (
         f"attention fwd ours[{o}] vs XLA",
         pairs("attention fwd", "fp16", o, "xla", ours="ours-fused"),
