@@ -216,7 +216,8 @@ def case_overlap_parts():
 def case_pre_exchanged_operands():
   """spmm(SA, exchange(SA, X)) and sddmm(SA, X, exchange(SA, Y)) equal the operators on X and
   Y, with gradients through the exchange, for every layout (allgather, halo, uneven halo with
-  an empty shard, both with own/remote parts); gcn_conv takes exchanged features; a wrongly
+  an empty shard, both with own/remote parts); gcn_conv takes exchanged features; the halo
+  send's transpose is an SpMM (no scatter-add in the gradient); a wrongly
   shaped operand is refused naming both layouts; integer rows are exchanged by a gather."""
   import jax
   import jax.numpy as jnp
@@ -276,6 +277,11 @@ def case_pre_exchanged_operands():
     assert str(SA.exchanged_rows) in str(e) and str(SA.layout.padded_rows) in str(e), str(e)
   else:
     raise AssertionError("expected OperandError")
+  # The halo send's transpose is an SpMM with the selection matrix, not XLA's scatter-add.
+  jaxpr = str(
+    jax.make_jaxpr(jax.grad(lambda X: jnp.sum(jst.spmm(S_halo, X) ** 2)))(S_halo.shard_rows(x))
+  )
+  assert "scatter-add" not in jaxpr and "scatter_add" not in jaxpr, "halo transpose scatters"
   # Integer rows (no SpMM): gathered; every ext slot a column reads holds its node's row.
   SA = S_halo
   ids = SA.shard_rows(np.arange(150, dtype=np.int32)[:, None] * np.ones((1, 3), np.int32))
