@@ -200,9 +200,10 @@ class ShardArrays(NamedTuple):
   parts: tuple  # PartArrays per part (ShardLayout.parts)
   send: Any  # int32 [P, P * c]: rows shard q sends to each destination (halo), else None
   ext_to_global: Any  # int32 [P, n_ext]: padded global position of each ext column (halo)
-  # The halo's send lists as a 0/1 matrix S [M, P * c] per shard (S[send[j], j] = 1): the rows
-  # to send are S^T X and the transpose's sum of returned rows S G, both SpMMs (XLA's
-  # scatter-add of G took 1.5 ms of a 2-GPU GCN step on R-MAT 2^22; halo only, else None).
+  # The halo's send lists as a 0/1 matrix S [M, P * c] per shard (S[send[j], j] = 1): the send's
+  # transpose, which adds up the returned cotangents G of rows sent to several shards, is the
+  # SpMM S G (XLA's scatter-add of G took 1.5 ms of a 2-GPU GCN step on R-MAT 2^22; halo only,
+  # else None).
   send_select: Any = None
 
 
