@@ -143,32 +143,6 @@ def _normal_fn(shape, dtype):
 
 
 # -- floors -----------------------------------------------------------------------------------
-_COPY = {}
-
-
-def copy_bandwidth() -> float:
-  """Bytes per second (read + written) of a device copy x + 1 of 512 MiB (32 MiB on the CPU
-  backend), measured once per process as the kernels are."""
-  if "bw" not in _COPY:
-    import jax
-    import jax.numpy as jnp
-
-    n = (8 if _cpu() else 128) << 20  # float32 elements
-    x = jnp.ones((n,), jnp.float32)
-    us, _ = _time(jax.jit(lambda x: x + 1.0), (x,), 1)
-    _COPY["bw"] = 2 * 4 * n / (us * 1e-6)
-    del x
-  return _COPY["bw"]
-
-
-def min_bytes(csr, d: int, itemsize: int) -> int:
-  """The SpMM's bytes floor (docs/notes/NOTES.md): A's column indices (4 B) and row pointers
-  (4 B) and values once, each touched row of X once, the output once."""
-  m = csr.shape[0]
-  touched = int(np.count_nonzero(np.bincount(csr.indices, minlength=csr.shape[1])))
-  return csr.nnz * (4 + itemsize) + (m + 1) * 4 + (touched + m) * d * itemsize
-
-
 _GATHER = {}
 
 
@@ -410,15 +384,15 @@ def _one(a, rows, base, csr, order, k, dims, dtypes, ops, xla_dims, att_dims, ha
             "xla",
             lambda: _time(bench_chained._chain(seg, k), (r_idx, c_idx, vals, x0), k),
           )
-        nbytes = min_bytes(csr, d, isz)
+        nbytes = common.min_bytes(csr, d, isz)
         add(
           "spmm",
           d,
           name,
           "floor-bytes",
           lambda: {
-            "us_per_call": nbytes / copy_bandwidth() * 1e6,
-            "how": f"{nbytes / 1e6:.1f} MB at {copy_bandwidth() / 1e9:.0f} GB/s",
+            "us_per_call": nbytes / common.copy_bandwidth() * 1e6,
+            "how": f"{nbytes / 1e6:.1f} MB at {common.copy_bandwidth() / 1e9:.0f} GB/s",
           },
           kk=1,
         )
@@ -452,11 +426,13 @@ def _one(a, rows, base, csr, order, k, dims, dtypes, ops, xla_dims, att_dims, ha
           add("sddmm", d, name, f"ours-{kind}", lambda: _time(prog, (A, qs, ys), ks), "jit fan", ks)
         if d in xla_dims:
 
-          def gather(r_, c_, qs, ys):
-            return tuple(
-              jnp.sum(q[r_].astype(jnp.float32) * y[c_].astype(jnp.float32), -1).astype(q.dtype)
-              for q, y in zip(qs, ys)
+          def gather_one(r_, c_, q, y):
+            return jnp.sum(q[r_].astype(jnp.float32) * y[c_].astype(jnp.float32), -1).astype(
+              q.dtype
             )
+
+          def gather(r_, c_, qs, ys):
+            return tuple(gather_one(r_, c_, q, y) for q, y in zip(qs, ys))
 
           add(
             "sddmm",
@@ -467,23 +443,17 @@ def _one(a, rows, base, csr, order, k, dims, dtypes, ops, xla_dims, att_dims, ha
             "jit fan",
             ks,
           )
-
           # The same fans with each call ordered after the previous one's output (bench_chained's
           # serial fans): XLA can no longer fuse the K calls, which share their index operands,
           # into one kernel; each call stands alone, as in a model.
-          def serial_xla(G, q, y):
-            r_, c_ = G
-            return gather(r_, c_, (q,), (y,))[0]
-
-          def serial_ours(G, q, y):
-            return jst.sddmm(G, q, y).values
-
+          serial_xla = bench_chained._serial(lambda G, q, y: gather_one(*G, q, y))
+          serial_ours = bench_chained._serial(lambda G, q, y: jst.sddmm(G, q, y).values)
           add(
             "sddmm",
             d,
             name,
             "xla-serial",
-            lambda: _time(jax.jit(bench_chained._serial(serial_xla)), ((coo_r, coo_c), qs, ys), ks),
+            lambda: _time(jax.jit(serial_xla), ((coo_r, coo_c), qs, ys), ks),
             "jit serial fan",
             ks,
           )
@@ -492,7 +462,7 @@ def _one(a, rows, base, csr, order, k, dims, dtypes, ops, xla_dims, att_dims, ha
             d,
             name,
             "ours-auto-serial",
-            lambda: _time(jax.jit(bench_chained._serial(serial_ours)), (A, qs, ys), ks),
+            lambda: _time(jax.jit(serial_ours), (A, qs, ys), ks),
             "jit serial fan",
             ks,
           )
@@ -884,7 +854,7 @@ def main() -> None:
           {
             "device": device,
             "argv": sys.argv[1:],
-            "copy_GBps": _COPY["bw"] / 1e9 if "bw" in _COPY else None,
+            "copy_GBps": common.copy_bandwidth() / 1e9 if "bw" in common._COPY else None,
             "rows": rows,
             "derived": derive(rows),
           },

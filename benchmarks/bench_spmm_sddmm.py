@@ -51,28 +51,6 @@ def _time(call, sync, budget_s: float = 0.04) -> float:
   return float(np.median(samples) * 1e3)
 
 
-def copy_bandwidth() -> float:
-  """Device-to-device copy GB/s (bytes read + written) of a 1 GiB float32 array."""
-  import jax
-  import jax.numpy as jnp
-
-  a = jnp.ones((1 << 28,), jnp.float32)
-  f = jax.jit(lambda a: a + 1.0)
-  ms = _time(lambda: f(a), _sync_jax)
-  del a
-  return 2 * (1 << 30) / (ms * 1e-3) / 1e9
-
-
-def _floor_bytes(csr, d: int, itemsize: int, op: str) -> float:
-  nnz = csr.nnz
-  structure = nnz * 4 + (csr.shape[0] + 1) * 4
-  touched_cols = np.unique(csr.indices).size
-  touched_rows = np.count_nonzero(np.diff(csr.indptr))
-  if op == "spmm":
-    return structure + nnz * itemsize + touched_cols * d * itemsize + csr.shape[0] * d * itemsize
-  return structure + (touched_rows + touched_cols) * d * itemsize + nnz * itemsize
-
-
 def _rel(a, b) -> float:
   a = np.asarray(a, np.float64)
   b = np.asarray(b, np.float64)
@@ -94,7 +72,7 @@ def run(quick: bool = False) -> list[dict]:
     has_torch = False
 
   rows_out: list[dict] = []
-  bw = copy_bandwidth()
+  bw = common.copy_bandwidth() / 1e9
   rows_out.append({"graph": "-", "op": "copy", "d": 0, "impl": "device copy", "GB/s": bw})
   print(f"device copy bandwidth: {bw:.0f} GB/s")
   ds = [128] if quick else [32, 64, 128, 256]
@@ -143,7 +121,7 @@ def run(quick: bool = False) -> list[dict]:
             "d": d,
             "impl": impl,
             "ms": ms,
-            "GB/s": _floor_bytes(csr, d, isz, op) / (ms * 1e-3) / 1e9,
+            "GB/s": common.min_bytes(csr, d, isz, op) / (ms * 1e-3) / 1e9,
             "GFLOP/s": flops_spmm / (ms * 1e-3) / 1e9,
             "err": None if err is None else f"{err:.1e}",
           }

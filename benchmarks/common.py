@@ -257,6 +257,40 @@ def time_jax_device(prog, args, k: int, repeat: int | None = None) -> tuple[floa
   return float(device), float(np.median(wall) / k * 1e6)
 
 
+_COPY = {}
+
+
+def copy_bandwidth() -> float:
+  """The device's copy bandwidth, bytes per second read + written, of x + 1 over 512 MiB of
+  float32 (32 MiB on the CPU backend), measured once per process: device time on a GPU
+  (time_jax_device), wall time on the CPU."""
+  if "bw" not in _COPY:
+    import jax
+    import jax.numpy as jnp
+
+    cpu = jax.default_backend() == "cpu"
+    n = (8 if cpu else 128) << 20  # float32 elements
+    x = jnp.ones((n,), jnp.float32)
+    prog = jax.jit(lambda x: x + 1.0)
+    us = time_fn(prog, x, warmup=1, repeat=5) * 1e3 if cpu else time_jax_device(prog, (x,), 1)[0]
+    _COPY["bw"] = 2 * 4 * n / (us * 1e-6)
+    del x
+  return _COPY["bw"]
+
+
+def min_bytes(csr, d: int, itemsize: int, op: str = "spmm") -> int:
+  """The bytes floor of one call (docs/notes/NOTES.md, "Bytes floor"): A's column indices (4 B),
+  row pointers (4 B) and values once; SpMM: each touched row of X once and the output once;
+  SDDMM: each touched row of both operands once."""
+  m = csr.shape[0]
+  structure = csr.nnz * (4 + itemsize) + (m + 1) * 4
+  touched_cols = int(np.count_nonzero(np.bincount(csr.indices, minlength=csr.shape[1])))
+  if op == "spmm":
+    return structure + (touched_cols + m) * d * itemsize
+  touched_rows = int(np.count_nonzero(np.diff(csr.indptr)))
+  return structure + (touched_rows + touched_cols) * d * itemsize
+
+
 def time_cupy(call, warmup: int = 3, repeat: int = 20) -> float:
   """Microseconds per call of `call(i)` (i: the call's index), `repeat` launches back to back
   between two CUDA events on cupy's current stream, after `warmup` calls."""
