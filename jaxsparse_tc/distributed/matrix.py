@@ -470,6 +470,13 @@ class ShardedMatrix(sm.SparseMatrix):
     """Rows of an exchanged dense operand (`distributed.exchange`'s result): P * n_ext."""
     return self.num_shards * self.layout.ext_cols
 
+  def is_exchanged(self, x) -> bool:
+    """Whether dense operand x ([rows, d] or [H, rows, d]) is already exchanged: it has
+    exchanged_rows rows, and those differ from the padded layout's (no exchange: the same)."""
+    shape = np.shape(x)
+    rows = self.exchanged_rows
+    return len(shape) in (2, 3) and shape[-2] == rows != self.layout.padded_rows
+
   def exchange_bytes(self, features: int, itemsize: int = 4, exchange: str | None = None) -> int:
     """Bytes one shard receives per exchange of a [*, features] operand."""
     return self.layout.exchange_rows(exchange) * int(features) * int(itemsize)

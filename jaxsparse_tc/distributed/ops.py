@@ -193,7 +193,7 @@ def _check_dense(op: str, name: str, SA: ShardedMatrix, x, exchanged_ok: bool = 
   rows = SA.layout.padded_rows
   if x.ndim in (2, 3) and x.shape[-2] == rows:
     return False
-  if exchanged_ok and x.ndim in (2, 3) and x.shape[-2] == SA.exchanged_rows:
+  if exchanged_ok and SA.is_exchanged(x):
     return True
   also = (
     f", or already exchanged, [{SA.exchanged_rows}, d] (distributed.exchange)"

@@ -108,13 +108,12 @@ def check_inputs(op: str, A, x, *, bipartite: bool = False):
 def _exchanged_features(A, x) -> bool:
   """x is a ShardedMatrix's already exchanged operand (`distributed.exchange`), which the
   SpMM-only layers take as they are."""
-  rows = getattr(A, "exchanged_rows", None)
+  is_exchanged = getattr(A, "is_exchanged", None)
   return (
-    rows is not None
-    and rows != A.shape[1]
+    is_exchanged is not None
     and not isinstance(x, (tuple, list, SparseMatrix))
     and jnp.ndim(x) == 2
-    and jnp.shape(x)[0] == rows
+    and is_exchanged(x)
   )
 
 
