@@ -24,6 +24,9 @@ the compiled program's collectives move, parsed from its HLO: all-gather, all-to
 reduce-scatter, all-reduce (x2, ring)), mem_GB (the compiled program's argument + output +
 temporary bytes per device, memory_analysis), halo (rows received per pair / rows per shard).
 A run that does not fit prints OOM in ms (the memory error is shown below the table).
+--check adds rel_err: each sharded result against the plain run's, in global node order (the
+inputs are hashes of node ids, so every layout gets the same numbers): the SpMM output, or the
+GCN step's loss and Adam state after the step (its moments are the gradients').
 
 Ops: `spmm` (A @ X, d = --dims, --dtype), `exchange` (the sharded SpMM's data movement alone:
 `distributed.exchange`, the rows every shard's matrix reads, X at d = --dims) and `gcn` (one
@@ -67,6 +70,7 @@ COLUMNS = [
   "hlo_MB",
   "mem_GB",
   "halo",
+  "rel_err",
 ]
 
 
@@ -231,9 +235,11 @@ def _matrices(g, mode, devices, exchange, overlap=False):
 
 def _dense(A, shape_tail, dtype, seed):
   """Pseudo-random dense node data [n or P*M, ...] made on the devices, sharded like A's rows:
-  an integer hash of each element's indices, computed in one fused elementwise kernel (no
-  random-bit temporaries as large as the result, which alone ran a 2-GPU feature matrix of
-  34 GB out of memory). Floats are uniform in [-1, 1); integers in [0, 16)."""
+  an integer hash of each element's node id and other indices, computed in one fused
+  elementwise kernel (no random-bit temporaries as large as the result, which alone ran a 2-GPU
+  feature matrix of 34 GB out of memory). A node's row is the same in every layout (padded rows
+  are 0), so sharded results compare with the plain ones (--check). Floats are uniform in
+  [-1, 1); integers in [0, 16)."""
   import jax
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec
@@ -241,24 +247,58 @@ def _dense(A, shape_tail, dtype, seed):
   from jaxsparse_tc.distributed import ShardedMatrix
 
   if isinstance(A, ShardedMatrix):
-    rows = A.layout.padded_rows
+    src, valid = A._row_source()
+    node = NamedSharding(A.mesh, PartitionSpec(A.axis_name))
+    ids = jax.device_put(np.where(valid, src, -1).astype(np.int32), node)
     out = NamedSharding(A.mesh, PartitionSpec(A.axis_name, *([None] * len(shape_tail))))
   else:
-    rows, out = A.shape[0], None
-  shape = (rows,) + tuple(shape_tail)
+    ids = jnp.arange(A.shape[0], dtype=jnp.int32)
+    out = None
+  shape = (ids.shape[0],) + tuple(shape_tail)
 
-  def f():
+  def f(ids):
+    node = jax.lax.broadcast_in_dim(ids, shape, (0,))
     h = jnp.uint32(0x9E3779B1 * (seed + 1) & 0xFFFFFFFF)
     for axis in range(len(shape)):
-      i = jax.lax.broadcasted_iota(jnp.uint32, shape, axis)
+      i = (
+        node.astype(jnp.uint32) if axis == 0 else jax.lax.broadcasted_iota(jnp.uint32, shape, axis)
+      )
       h = (h ^ i) * jnp.uint32(0x85EBCA77)
       h = h ^ (h >> 13)
     h = (h * jnp.uint32(0xC2B2AE3D)) ^ (h >> 16)
     if jnp.issubdtype(dtype, jnp.integer):
-      return (h >> 28).astype(dtype)
-    return ((h >> 8).astype(jnp.float32) * (2.0 / (1 << 24)) - 1.0).astype(dtype)
+      v = (h >> 28).astype(dtype)
+    else:
+      v = ((h >> 8).astype(jnp.float32) * (2.0 / (1 << 24)) - 1.0).astype(dtype)
+    return jnp.where(node >= 0, v, jnp.zeros((), dtype))
 
-  return jax.jit(f, out_shardings=out)()
+  return jax.jit(f, out_shardings=out)(ids)
+
+
+def _host_result(A, out):
+  """A program's result on the host in global node order (a sharded layout unpadded)."""
+  import jax
+
+  from jaxsparse_tc.distributed import ShardedMatrix
+
+  out = jax.tree.map(np.asarray, out)
+  if isinstance(A, ShardedMatrix) and isinstance(out, np.ndarray):
+    return A.unshard_rows(out)  # [P*M, d] -> [n, d]
+  return out
+
+
+def relative_error(got, ref) -> float:
+  """Largest over the leaves of max |got - ref| / max |ref| (float leaves)."""
+  import jax
+
+  worst = 0.0
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
+    if not np.issubdtype(b.dtype, np.floating):
+      continue
+    scale = float(np.max(np.abs(b))) if b.size else 0.0
+    diff = float(np.max(np.abs(a.astype(np.float64) - b))) if b.size else 0.0
+    worst = max(worst, diff / scale if scale else diff)
+  return worst
 
 
 def _xbytes(A, widths, itemsize) -> float:
@@ -282,8 +322,9 @@ def spmm_program(A, d, dtype):
 def run_spmm(A, d, dtype, repeat, compiler_options=None):
   import jax.numpy as jnp
 
-  ms, compiled = _timed(*spmm_program(A, d, dtype), repeat, compiler_options)
-  return ms, compiled, _xbytes(A, [d], jnp.dtype(dtype).itemsize)
+  fn, fargs = spmm_program(A, d, dtype)
+  ms, compiled = _timed(fn, fargs, repeat, compiler_options)
+  return ms, compiled, _xbytes(A, [d], jnp.dtype(dtype).itemsize), lambda: compiled(*fargs)
 
 
 def run_exchange(A, d, dtype, repeat, compiler_options=None):
@@ -294,7 +335,7 @@ def run_exchange(A, d, dtype, repeat, compiler_options=None):
 
   X = _dense(A, (d,), dtype, 1)
   ms, compiled = _timed(lambda A, X: dist.exchange(A, X), (A, X), repeat, compiler_options)
-  return ms, compiled, _xbytes(A, [d], jnp.dtype(dtype).itemsize)
+  return ms, compiled, _xbytes(A, [d], jnp.dtype(dtype).itemsize), None
 
 
 def gcn_program(A, features, hidden, classes, pre_exchange=False):
@@ -345,15 +386,15 @@ def gcn_program(A, features, hidden, classes, pre_exchange=False):
 
 
 def run_gcn(A, features, hidden, classes, repeat, compiler_options=None, pre_exchange=False):
-  fn, args = gcn_program(A, features, hidden, classes, pre_exchange)
-  ms, compiled = _timed(fn, args, repeat, compiler_options)
+  fn, fargs = gcn_program(A, features, hidden, classes, pre_exchange)
+  ms, compiled = _timed(fn, fargs, repeat, compiler_options)
   # Exchanges: layer 1 propagates min(features, hidden) columns (no backward SpMM when x is
   # propagated first; none at all when x was exchanged before the step), layer 2
   # min(hidden, classes) forward and again in its transpose.
   w1 = min(features, hidden)
   widths = [] if pre_exchange else [w1] + ([] if features <= hidden else [w1])
   widths += [min(hidden, classes)] * 2
-  return ms, compiled, _xbytes(A, widths, 4)
+  return ms, compiled, _xbytes(A, widths, 4), lambda: compiled(*fargs)
 
 
 def bench_graph(name, g, devices, ops, exchanges, args, rows, errors):
@@ -375,7 +416,7 @@ def bench_graph(name, g, devices, ops, exchanges, args, rows, errors):
     modes = [m for m in modes if m[0] != "shard1"]
   if args.no_plain:
     modes = [m for m in modes if m[0] != "plain"]
-  base = {}
+  base, reference = {}, {}
   for mode, ndev, ex, overlap in modes:
     if overlap and set(ops) - {"spmm", "gcn", "exchange"}:
       continue
@@ -422,14 +463,14 @@ def bench_graph(name, g, devices, ops, exchanges, args, rows, errors):
       )
       try:
         if op == "spmm":
-          ms, compiled, xb = run_spmm(A, args.dims, dtype, args.repeat, copts)
+          ms, compiled, xb, result = run_spmm(A, args.dims, dtype, args.repeat, copts)
         elif op == "exchange":
-          ms, compiled, xb = run_exchange(A, args.dims, dtype, args.repeat, copts)
+          ms, compiled, xb, result = run_exchange(A, args.dims, dtype, args.repeat, copts)
         elif op in ("gcn", "gcn-pre"):
           if op == "gcn-pre" and mode == "plain" and "gcn" in base:
             base[op] = base["gcn"]  # one device: the same program
             continue
-          ms, compiled, xb = run_gcn(
+          ms, compiled, xb, result = run_gcn(
             A,
             args.features,
             args.hidden,
@@ -440,7 +481,7 @@ def bench_graph(name, g, devices, ops, exchanges, args, rows, errors):
           )
         else:  # gcn-F: the big-feature step
           f = int(op.split("-")[1])
-          ms, compiled, xb = run_gcn(A, f, 64, args.classes, args.repeat, copts)
+          ms, compiled, xb, result = run_gcn(A, f, 64, args.classes, args.repeat, copts)
         row.update(
           ms=ms,
           xbytes_MB=xb / 1e6,
@@ -449,6 +490,15 @@ def bench_graph(name, g, devices, ops, exchanges, args, rows, errors):
         )
         if mode == "plain":
           base[op] = ms
+        if args.check and result is not None and op in ("spmm", "gcn", "gcn-pre"):
+          got = _host_result(A, result())
+          if op != "spmm":
+            got = (got[0], got[2])  # loss, Adam state (the updated params amplify ~0 gradients)
+          if mode == "plain":
+            reference[op] = reference["gcn-pre" if op == "gcn" else op] = got
+          elif op in reference:
+            row["rel_err"] = f"{relative_error(got, reference[op]):.1e}"
+          del got
         if base.get(op) and op != "exchange":
           row["speedup"] = base[op] / ms
       except Exception as e:  # noqa: BLE001
@@ -528,6 +578,12 @@ def parse(argv=None):
     help="only the big-feature step at --features (default 1024): a feature matrix one "
     "device cannot hold",
   )
+  p.add_argument(
+    "--check",
+    action="store_true",
+    help="compare every sharded result with the plain run's (rel_err: max |diff| / max |plain| "
+    "of the SpMM output, or of the GCN step's loss and optimizer state, i.e. its gradients)",
+  )
   p.add_argument("--quick", action="store_true", help="repeat 3 (smoke runs)")
   args = p.parse_args(argv)
   if args.oom_demo:
@@ -598,10 +654,19 @@ def summary(rows):
           "exchange": r["exchange"],
           "ms": r["ms"],
           "speedup_vs_1": r["speedup"],
+          "rel_err": r.get("rel_err"),
         }
       )
   return out or [
-    {"graph": "-", "op": "-", "mode": "-", "exchange": "-", "ms": None, "speedup_vs_1": None}
+    {
+      "graph": "-",
+      "op": "-",
+      "mode": "-",
+      "exchange": "-",
+      "ms": None,
+      "speedup_vs_1": None,
+      "rel_err": None,
+    }
   ]
 
 
