@@ -26,7 +26,9 @@ temporary bytes per device, memory_analysis), halo (rows received per pair / row
 A run that does not fit prints OOM in ms (the memory error is shown below the table).
 --check adds rel_err: each sharded result against the plain run's, in global node order (the
 inputs are hashes of node ids, so every layout gets the same numbers): the SpMM output, or the
-GCN step's loss and Adam state after the step (its moments are the gradients').
+GCN step's loss and Adam state after the step (its moments are the gradients'); rel_err_exact
+the same with both programs compiled under jax.default_matmul_precision("highest") (no tf32
+in XLA's matmuls or our kernels: what remains is the order of float32 sums).
 
 Ops: `spmm` (A @ X, d = --dims, --dtype), `exchange` (the sharded SpMM's data movement alone:
 `distributed.exchange`, the rows every shard's matrix reads, X at d = --dims) and `gcn` (one
@@ -71,6 +73,7 @@ COLUMNS = [
   "mem_GB",
   "halo",
   "rel_err",
+  "rel_err_exact",
 ]
 
 
@@ -287,6 +290,19 @@ def _host_result(A, out):
   return out
 
 
+def _check_results(A, op, compiled, fn, fargs):
+  """Host results of a program for --check: the timed one's, and the program recompiled with
+  jax.default_matmul_precision("highest") (exact float32 in XLA's matmuls and in our kernels,
+  so that what remains is the layout's summation order). For a GCN step: (loss, Adam state);
+  the updated parameters are left out, as Adam's first step turns ~0 gradients into +-lr."""
+  import jax
+
+  with jax.default_matmul_precision("highest"):
+    exact = jax.jit(fn)(*fargs)
+  outs = [_host_result(A, compiled(*fargs)), _host_result(A, exact)]
+  return [o if op == "spmm" else (o[0], o[2]) for o in outs]
+
+
 def relative_error(got, ref) -> float:
   """Largest over the leaves of max |got - ref| / max |ref| (float leaves)."""
   import jax
@@ -324,7 +340,7 @@ def run_spmm(A, d, dtype, repeat, compiler_options=None):
 
   fn, fargs = spmm_program(A, d, dtype)
   ms, compiled = _timed(fn, fargs, repeat, compiler_options)
-  return ms, compiled, _xbytes(A, [d], jnp.dtype(dtype).itemsize), lambda: compiled(*fargs)
+  return ms, compiled, _xbytes(A, [d], jnp.dtype(dtype).itemsize), (compiled, fn, fargs)
 
 
 def run_exchange(A, d, dtype, repeat, compiler_options=None):
@@ -394,7 +410,7 @@ def run_gcn(A, features, hidden, classes, repeat, compiler_options=None, pre_exc
   w1 = min(features, hidden)
   widths = [] if pre_exchange else [w1] + ([] if features <= hidden else [w1])
   widths += [min(hidden, classes)] * 2
-  return ms, compiled, _xbytes(A, widths, 4), lambda: compiled(*fargs)
+  return ms, compiled, _xbytes(A, widths, 4), (compiled, fn, fargs)
 
 
 def bench_graph(name, g, devices, ops, exchanges, args, rows, errors):
@@ -491,13 +507,12 @@ def bench_graph(name, g, devices, ops, exchanges, args, rows, errors):
         if mode == "plain":
           base[op] = ms
         if args.check and result is not None and op in ("spmm", "gcn", "gcn-pre"):
-          got = _host_result(A, result())
-          if op != "spmm":
-            got = (got[0], got[2])  # loss, Adam state (the updated params amplify ~0 gradients)
+          got = _check_results(A, op, *result)
           if mode == "plain":
             reference[op] = reference["gcn-pre" if op == "gcn" else op] = got
           elif op in reference:
-            row["rel_err"] = f"{relative_error(got, reference[op]):.1e}"
+            errs = [relative_error(a, b) for a, b in zip(got, reference[op], strict=True)]
+            row["rel_err"], row["rel_err_exact"] = (f"{e:.1e}" for e in errs)
           del got
         if base.get(op) and op != "exchange":
           row["speedup"] = base[op] / ms
@@ -655,6 +670,7 @@ def summary(rows):
           "ms": r["ms"],
           "speedup_vs_1": r["speedup"],
           "rel_err": r.get("rel_err"),
+          "rel_err_exact": r.get("rel_err_exact"),
         }
       )
   return out or [
@@ -666,6 +682,7 @@ def summary(rows):
       "ms": None,
       "speedup_vs_1": None,
       "rel_err": None,
+      "rel_err_exact": None,
     }
   ]
 

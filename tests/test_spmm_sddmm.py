@@ -272,6 +272,33 @@ def test_precision_values_accepted(rng, precision):
   jst.sddmm(A, x, x, precision=precision)
 
 
+def _traced_precisions(fn, *args):
+  eqns = jax.make_jaxpr(fn)(*args).eqns
+  return [e.params["precision"] for e in eqns if "precision" in e.params]
+
+
+def test_precision_none_follows_jax_default_matmul_precision(rng):
+  """precision=None reads jax.default_matmul_precision at trace time, as jnp.matmul does; an
+  explicit argument wins over it."""
+  from jaxsparse_tc._src import precision as precision_lib
+
+  A = make(rng, 9, 9)
+  x = rng.standard_normal((9, 3)).astype(np.float32)
+  ops = [lambda x: jst.spmm(A, x), lambda x: jst.sddmm(A, x, x)]
+  for op in ops:
+    assert _traced_precisions(op, x) == [precision_lib.DEFAULT]
+    with jax.default_matmul_precision("highest"):
+      assert _traced_precisions(op, x) == [precision_lib.HIGHEST]
+      got = jst.spmm(A, x)
+    with jax.default_matmul_precision("tensorfloat32"):
+      assert _traced_precisions(op, x) == [precision_lib.DEFAULT]
+  with jax.default_matmul_precision("highest"):
+    assert _traced_precisions(lambda x: jst.spmm(A, x, precision="default"), x) == [
+      precision_lib.DEFAULT
+    ]
+  assert rel_err(got, dense64(A) @ x) < 1e-5
+
+
 def test_bad_precision_raises(rng):
   A = make(rng, 9, 9)
   with pytest.raises(ValueError, match="precision"):

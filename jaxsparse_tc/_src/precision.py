@@ -21,6 +21,13 @@ _NAMES = {
 
 
 def canonicalize(precision) -> int:
+  """FFI value of a precision argument. None follows JAX's own default for float32 matmuls
+  (`jax.default_matmul_precision(...)` / the jax_default_matmul_precision option), read at
+  trace time as jnp.matmul reads it; names JAX knows that are not listed here (algorithm
+  names) count as 'default'."""
+  if precision is None:
+    configured = jax.config.jax_default_matmul_precision
+    return _NAMES.get(configured.lower() if isinstance(configured, str) else None, DEFAULT)
   if isinstance(precision, jax.lax.Precision):
     return HIGHEST if precision == jax.lax.Precision.HIGHEST else DEFAULT
   if isinstance(precision, str) or precision is None:

@@ -30,8 +30,9 @@ def sddmm(
 
   X [m, d] or [H, m, d], Y [n, d] or [H, n, d], one float dtype. With `scale_by_values`, the
   result is multiplied by A's values. Values come out in X's dtype (float32 accumulation), or
-  unrounded as float32 with `preferred_element_type=jnp.float32`. `options`: a KernelOptions
-  forcing the GPU kernel family (None: the launch plan's choice).
+  unrounded as float32 with `preferred_element_type=jnp.float32`. `precision` as in spmm
+  (None follows `jax.default_matmul_precision`). `options`: a KernelOptions forcing the GPU
+  kernel family (None: the launch plan's choice).
   """
   if hasattr(A, "__jaxsparse_tc_op__"):  # a container of matrices (distributed.ShardedMatrix)
     return A.__jaxsparse_tc_op__(

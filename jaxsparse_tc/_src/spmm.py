@@ -24,6 +24,7 @@ def spmm(A, x, *, precision=None, options=None):
   to it); accumulation is float32. On GPU, float32 inputs are exact where the CUDA-core
   kernels run (sparse blocks: docs/FORMAT.md) and use tf32 tensor cores otherwise, unless
   `precision="highest"` (or jax.lax.Precision.HIGHEST) asks for exact float32 everywhere.
+  precision=None follows `jax.default_matmul_precision` (read at trace time, as jnp.matmul).
   `options`: a KernelOptions forcing the GPU kernel family (None: the launch plan's choice).
   """
   if hasattr(A, "__jaxsparse_tc_op__"):  # a container of matrices (distributed.ShardedMatrix)
