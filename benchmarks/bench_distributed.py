@@ -28,7 +28,9 @@ A run that does not fit prints OOM in ms (the memory error is shown below the ta
 inputs are hashes of node ids, so every layout gets the same numbers): the SpMM output, or the
 GCN step's loss and Adam state after the step (its moments are the gradients'); rel_err_exact
 the same with both programs compiled under jax.default_matmul_precision("highest") (no tf32
-in XLA's matmuls or our kernels: what remains is the order of float32 sums).
+in XLA's matmuls or our kernels: what remains is the order of float32 sums); f64_err that
+exact program's (plain runs too) against float64 on the host (scipy, from the same inputs and
+initial parameters): the sharded error should be the size of the one-device one.
 
 Ops: `spmm` (A @ X, d = --dims, --dtype), `exchange` (the sharded SpMM's data movement alone:
 `distributed.exchange`, the rows every shard's matrix reads, X at d = --dims) and `gcn` (one
@@ -74,6 +76,7 @@ COLUMNS = [
   "halo",
   "rel_err",
   "rel_err_exact",
+  "f64_err",
 ]
 
 
@@ -293,14 +296,51 @@ def _host_result(A, out):
 def _check_results(A, op, compiled, fn, fargs):
   """Host results of a program for --check: the timed one's, and the program recompiled with
   jax.default_matmul_precision("highest") (exact float32 in XLA's matmuls and in our kernels,
-  so that what remains is the layout's summation order). For a GCN step: (loss, Adam state);
-  the updated parameters are left out, as Adam's first step turns ~0 gradients into +-lr."""
+  so that what remains is the order of float32 sums). For a GCN step: (loss, Adam's first
+  moment, i.e. 0.1 x the gradients); the updated parameters are left out, as Adam's first
+  step turns ~0 gradients into +-lr."""
   import jax
 
   with jax.default_matmul_precision("highest"):
     exact = jax.jit(fn)(*fargs)
   outs = [_host_result(A, compiled(*fargs)), _host_result(A, exact)]
-  return [o if op == "spmm" else (o[0], o[2]) for o in outs]
+  return [o if op == "spmm" else (o[0], o[2][0].mu) for o in outs]
+
+
+def float64_reference(g, op, fargs):
+  """The plain program's result computed on the host in float64 (scipy), in _check_results'
+  form: A @ X, or the GCN step's (loss, 0.1 x gradients) from its initial parameters."""
+  import jax
+
+  a = g.astype(np.float64)
+  if op == "spmm":
+    return a @ np.asarray(fargs[2], np.float64)
+  _, params, _, x, labels, mask = jax.tree.map(np.asarray, fargs)
+  p = {k: v.astype(np.float64) for k, v in params.items()}
+  x = x.astype(np.float64)
+  at = a.T.tocsr()
+  ax = a @ x  # gcn_conv propagates x first at equal widths
+  z1 = ax @ p["w1"] + p["b1"]
+  h = np.maximum(z1, 0.0)
+  hw = h @ p["w2"]
+  logits = a @ hw + p["b2"]
+  logits -= logits.max(axis=1, keepdims=True)
+  logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+  rows = np.arange(labels.shape[0])
+  w = mask.astype(np.float64) / max(mask.sum(), 1)
+  loss = -(w * logp[rows, labels]).sum()
+  dlogits = np.exp(logp)
+  dlogits[rows, labels] -= 1.0
+  dlogits *= w[:, None]
+  dhw = at @ dlogits
+  dz1 = (dhw @ p["w2"].T) * (z1 > 0)
+  grads = {
+    "w1": ax.T @ dz1,
+    "b1": dz1.sum(axis=0),
+    "w2": h.T @ dhw,
+    "b2": dlogits.sum(axis=0),
+  }
+  return loss, {k: 0.1 * v for k, v in grads.items()}  # Adam's b1 = 0.9
 
 
 def relative_error(got, ref) -> float:
@@ -509,10 +549,13 @@ def bench_graph(name, g, devices, ops, exchanges, args, rows, errors):
         if args.check and result is not None and op in ("spmm", "gcn", "gcn-pre"):
           got = _check_results(A, op, *result)
           if mode == "plain":
-            reference[op] = reference["gcn-pre" if op == "gcn" else op] = got
+            f64 = float64_reference(g, op, result[2])
+            reference[op] = reference["gcn-pre" if op == "gcn" else op] = (*got, f64)
           elif op in reference:
-            errs = [relative_error(a, b) for a, b in zip(got, reference[op], strict=True)]
+            errs = [relative_error(a, b) for a, b in zip(got, reference[op][:2], strict=True)]
             row["rel_err"], row["rel_err_exact"] = (f"{e:.1e}" for e in errs)
+          if op in reference:
+            row["f64_err"] = f"{relative_error(got[1], reference[op][2]):.1e}"
           del got
         if base.get(op) and op != "exchange":
           row["speedup"] = base[op] / ms
@@ -671,6 +714,7 @@ def summary(rows):
           "speedup_vs_1": r["speedup"],
           "rel_err": r.get("rel_err"),
           "rel_err_exact": r.get("rel_err_exact"),
+          "f64_err": r.get("f64_err"),
         }
       )
   return out or [
@@ -683,6 +727,7 @@ def summary(rows):
       "speedup_vs_1": None,
       "rel_err": None,
       "rel_err_exact": None,
+      "f64_err": None,
     }
   ]
 
