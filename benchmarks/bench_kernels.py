@@ -22,7 +22,9 @@ Floors (SpMM): `floor-bytes` = A's column indices (4 B) + row pointers (4 B) + v
 touched X row once, the output once (docs/notes/NOTES.md, "Bytes floor") at the measured
 device-copy bandwidth (read + written bytes of a 512 MiB x + 1); `floor-gather` = the CSR column
 list's rows of d * itemsize bytes gathered by benchmarks/gather_floor.py's kernel (16-byte
-lanes, 4 rows in flight, as its --rmat mode; needs cupy).
+lanes, 4 rows in flight, as its --rmat mode; needs cupy). SDDMM (at --xla-dims):
+`floor-gather` = the same kernel on X's rows once each plus Y's row per nonzero;
+`floor-gather-windows` = X's rows once plus each 8-row window's distinct columns of Y once.
 
 For docs/PERFORMANCE.md (one H100; split the grid across calls with --graphs / --orders / --ops /
 --dims, one --json per call, then summarize them together):
@@ -36,8 +38,9 @@ kernel options are ignored (forced rows equal auto) and times are wall times.
 
 Raw rows (JSON "rows"): graph, order, op (spmm | sddmm | attention fwd | attention fwd+bwd),
 d, dtype, H, impl (ours-auto | ours-cuda_core | ours-tensor_core | ours-fused | ours-composed |
-cusparse | xla | floor-bytes | floor-gather; SDDMM also xla-serial and ours-auto-serial, the fans
-with each call ordered after the previous one, so XLA cannot fuse the K calls into one kernel),
+cusparse | xla | floor-bytes | floor-gather; SDDMM also floor-gather-windows, and xla-serial
+and ours-auto-serial, the fans with each call ordered after the previous one, so XLA cannot
+fuse the K calls into one kernel),
 us_per_call (device us per call), wall_us, how, K,
 error (first line, where the config raised), and the features of the (graph, order): rows, nnz,
 nnz_per_block (nnz / 8x8 blocks of the built format), cols_per_window (distinct columns per
@@ -466,6 +469,26 @@ def _one(a, rows, base, csr, order, k, dims, dtypes, ops, xla_dims, att_dims, ha
             "jit serial fan",
             ks,
           )
+          # Gather floors of an SDDMM: X's rows once each plus, per nonzero, Y's row (what a
+          # row-wise SDDMM and XLA's gather read), or per 8-row window each distinct column's
+          # Y row once (what a window kernel that reuses rows reads at least).
+          rb = d * isz
+          for impl, y_rows in (
+            ("floor-gather", csr.indices),
+            ("floor-gather-windows", np.asarray(A.pattern.window_cols)),
+          ):
+            idx = np.concatenate([y_rows, np.arange(m)]).astype(np.int32)
+            add(
+              "sddmm",
+              d,
+              name,
+              impl,
+              lambda idx=idx, rb=rb: {
+                "us_per_call": gather_floor_us(idx, max(m, n), rb),
+                "how": f"gather_floor {idx.size} rows of {rb} B",
+              },
+              kk=1,
+            )
         del qs, ys
     del coo_r, coo_c
 
@@ -723,6 +746,14 @@ def summarize(rows: list[dict], device: str | None = None) -> dict:
       (
         f"SDDMM fp32 ours[{o}] vs XLA gather, serial fans",
         pairs("sddmm", "fp32", o, "xla-serial", ours="ours-auto-serial"),
+      ),
+      (
+        f"SDDMM fp16 XLA gather vs the window gather floor [{o}] (the most a kernel could gain)",
+        pairs("sddmm", "fp16", o, "xla", ours="floor-gather-windows"),
+      ),
+      (
+        f"SDDMM fp16 XLA gather, serial fans, vs the window gather floor [{o}]",
+        pairs("sddmm", "fp16", o, "xla-serial", ours="floor-gather-windows"),
       ),
       (
         f"attention fwd ours[{o}] vs XLA",
