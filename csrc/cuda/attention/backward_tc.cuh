@@ -209,17 +209,23 @@ __device__ __forceinline__ void window_deltas(const uint32_t (&dw)[D / 8],
   for (int r = 0; r < 2; ++r) dl[r] = __shfl_sync(0xffffffffu, c[r], (2 * t + r) * 4 + t);
 }
 
+// The warp's unit of a CTA's windows (head-major, as the forward): its schedule item, head and
+// the item's fields; false where the warp has none.
+__device__ __forceinline__ bool warp_window_item(const KernelPattern& a, int64_t heads,
+                                                 const GradSplit& sp, int64_t cta, int64_t& item,
+                                                 int64_t& h, AttnItem& it) {
+  return unit_item(cta * kAttnWarps + threadIdx.x / 32, a.num_items, heads, sp.grouped, item, h) &&
+         read_item(a.sched, a.wbp, item, sp.grouped, sp.cap, it);
+}
+
 // dQ (and dbias) of one CTA's windows of A. PF: the next pair's columns load a pair ahead
 // (plan.h: large graphs, as the forward).
 template <class T, int D, bool PF>
 __device__ __forceinline__ void dq_windows(const GradOperands<T>& p, const KernelPattern& a,
                                            const GradSplit& sp, int64_t cta) {
   int64_t item, h;
-  if (!unit_item(cta * kAttnWarps + threadIdx.x / 32, a.num_items, p.heads, sp.grouped, item,
-                 h))  // head-major, as the forward
-    return;
   AttnItem it;
-  if (!read_item(a.sched, a.wbp, item, sp.grouped, sp.cap, it)) return;
+  if (!warp_window_item(a, p.heads, sp, cta, item, h, it)) return;
   const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   constexpr int W = D / 8;
   const T* kh = p.k + h * p.k_hs;
@@ -292,11 +298,8 @@ template <class T, int D, bool PF>
 __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const KernelPattern& at,
                                             const GradSplit& sp, int64_t cta) {
   int64_t item, h;
-  if (!unit_item(cta * kAttnWarps + threadIdx.x / 32, at.num_items, p.heads, sp.grouped, item,
-                 h))  // head-major, as the forward
-    return;
   AttnItem it;
-  if (!read_item(at.sched, at.wbp, item, sp.grouped, sp.cap, it)) return;
+  if (!warp_window_item(at, p.heads, sp, cta, item, h, it)) return;
   const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   constexpr int W = D / 8;
   const T* qh = p.q + h * p.q_hs;

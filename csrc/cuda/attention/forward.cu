@@ -24,6 +24,13 @@ unsigned grid_for(int64_t units) {
   return unsigned((units + kAttnWarps - 1) / kAttnWarps);
 }
 
+// The scalar kernels hold a row of d (and dv) features in registers, kMaxPerLane per lane.
+ffi::Error check_shape(const AttnShape& s) {
+  if (s.d > 32 * kMaxPerLane || s.dv > 32 * kMaxPerLane)
+    return ffi::Error::InvalidArgument("sparse_attention (CUDA): d and dv must be <= 256");
+  return ffi::Error::Success();
+}
+
 // A dependent launch (its launch hides behind the previous kernel's tail) unless the counters'
 // memset comes between.
 template <class T, int D>
@@ -43,16 +50,12 @@ ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer 
                               ffi::Result<ffi::Buffer<ffi::F32>> lse,
                               ffi::Result<ffi::AnyBuffer> workspace, float scale, int32_t has_bias,
                               int32_t grouped, int32_t merge_split_windows) {
-  const KernelPattern a = kernel_pattern(wcp, wc, wbp, bitmap, bvp, schedule);
-  const int64_t heads = o->dimensions()[0], m = o->dimensions()[1], dv = o->dimensions()[2];
-  const int64_t n = k.dimensions()[1], d = q.dimensions()[2], nnz = bias.dimensions()[1];
-  const Heads hc{q.dimensions()[0], k.dimensions()[0], v.dimensions()[0], bias.dimensions()[0]};
-  if (d > 32 * kMaxPerLane || dv > 32 * kMaxPerLane)
-    return ffi::Error::InvalidArgument("sparse_attention (CUDA): d and dv must be <= 256");
-  if (heads == 0 || m == 0) return ffi::Error::Success();
+  const AttnShape s = attn_shape(kernel_pattern(wcp, wc, wbp, bitmap, bvp, schedule), q, k, v, bias,
+                                 o->dimensions(), scale, has_bias);
+  if (auto err = check_shape(s); err.failure() || s.heads == 0 || s.m == 0) return err;
   const int esize = q.element_type() == ffi::DataType::F32 ? 4 : 2;
-  const AttentionFwdPlan plan =
-      plan_attention_fwd(esize, d, dv, heads, a.num_items, grouped != 0, merge_split_windows != 0);
+  const AttentionFwdPlan plan = plan_attention_fwd(esize, s.d, s.dv, s.heads, s.a.num_items,
+                                                   grouped != 0, merge_split_windows != 0);
   if (workspace->size_bytes() < plan.total_bytes)
     return workspace_mismatch("sparse_attention", workspace->size_bytes(), plan.total_bytes);
   SplitWorkspace sw{nullptr, nullptr, nullptr, plan.cap};
@@ -68,33 +71,20 @@ ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer 
   ffi::Error e = dispatch_device_float(q.element_type(), "sparse_attention", [&](auto tag) {
     using T = decltype(tag);
     AttnFwdParams<T> p{};
-    p.q = static_cast<const T*>(q.untyped_data());
-    p.k = static_cast<const T*>(k.untyped_data());
-    p.v = static_cast<const T*>(v.untyped_data());
-    p.bias = static_cast<const T*>(bias.untyped_data());
+    p.set(s, q, k, v, bias);
     p.out = static_cast<T*>(o->untyped_data());
     p.lse = lse->typed_data();
-    p.a = a;
-    p.heads = heads;
-    p.m = m;
-    p.n = n;
-    p.d = d;
-    p.dv = dv;
-    p.nnz = nnz;
-    p.hc = hc;
-    p.scale = scale;
-    p.has_bias = has_bias;
     p.split = sw;
     p.grouped = int(plan.grouped);
     if constexpr (sizeof(T) == 2) {
       if (plan.tc) {
-        if (d == 32) launch_fwd_tc<T, 32>(st, p, pf);
-        if (d == 64) launch_fwd_tc<T, 64>(st, p, pf);
-        if (d == 128) launch_fwd_tc<T, 128>(st, p, pf);
+        if (s.d == 32) launch_fwd_tc<T, 32>(st, p, pf);
+        if (s.d == 64) launch_fwd_tc<T, 64>(st, p, pf);
+        if (s.d == 128) launch_fwd_tc<T, 128>(st, p, pf);
         return;
       }
     }
-    attn_fwd_scalar<T><<<grid_for(m * heads), 32 * kAttnWarps, 0, st>>>(p);
+    attn_fwd_scalar<T><<<grid_for(s.m * s.heads), 32 * kAttnWarps, 0, st>>>(p);
   });
   if (e.failure()) return e;
   return launch_status("sparse_attention forward");
@@ -106,42 +96,23 @@ ffi::Error attention_jvp_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer 
                               ffi::AnyBuffer dbias, I32 wcp, I32 wc, I32 wbp, U32 bitmap, I32 bvp,
                               I32 schedule, ffi::Result<ffi::AnyBuffer> dout, float scale,
                               int32_t has_bias) {
-  const KernelPattern a = kernel_pattern(wcp, wc, wbp, bitmap, bvp, schedule);
-  const int64_t heads = dout->dimensions()[0], m = dout->dimensions()[1];
-  const int64_t dv = dout->dimensions()[2], n = k.dimensions()[1], d = q.dimensions()[2];
-  const int64_t nnz = bias.dimensions()[1];
-  const Heads hc{q.dimensions()[0], k.dimensions()[0], v.dimensions()[0], bias.dimensions()[0]};
-  const Heads hd{dq.dimensions()[0], dk.dimensions()[0], dvv.dimensions()[0],
-                 dbias.dimensions()[0]};
-  if (d > 32 * kMaxPerLane || dv > 32 * kMaxPerLane)
-    return ffi::Error::InvalidArgument("sparse_attention (CUDA): d and dv must be <= 256");
-  if (heads == 0 || m == 0) return ffi::Error::Success();
+  const AttnShape s = attn_shape(kernel_pattern(wcp, wc, wbp, bitmap, bvp, schedule), q, k, v, bias,
+                                 dout->dimensions(), scale, has_bias);
+  if (auto err = check_shape(s); err.failure() || s.heads == 0 || s.m == 0) return err;
   ffi::Error e = dispatch_device_float(q.element_type(), "sparse_attention", [&](auto tag) {
     using T = decltype(tag);
     AttnJvpParams<T> p{};
-    p.q = static_cast<const T*>(q.untyped_data());
-    p.k = static_cast<const T*>(k.untyped_data());
-    p.v = static_cast<const T*>(v.untyped_data());
-    p.bias = static_cast<const T*>(bias.untyped_data());
+    p.set(s, q, k, v, bias);
     p.lse = lse.typed_data();
     p.dq = static_cast<const T*>(dq.untyped_data());
     p.dk = static_cast<const T*>(dk.untyped_data());
     p.dvv = static_cast<const T*>(dvv.untyped_data());
     p.dbias = static_cast<const T*>(dbias.untyped_data());
     p.dout = static_cast<T*>(dout->untyped_data());
-    p.a = a;
-    p.heads = heads;
-    p.m = m;
-    p.n = n;
-    p.d = d;
-    p.dv = dv;
-    p.nnz = nnz;
-    p.hc = hc;
-    p.hd = hd;
+    p.hd =
+        Heads{dq.dimensions()[0], dk.dimensions()[0], dvv.dimensions()[0], dbias.dimensions()[0]};
     p.hl = lse.dimensions()[0];
-    p.scale = scale;
-    p.has_bias = has_bias;
-    attn_jvp_scalar<T><<<grid_for(m * heads), 32 * kAttnWarps, 0, st>>>(p);
+    attn_jvp_scalar<T><<<grid_for(s.m * s.heads), 32 * kAttnWarps, 0, st>>>(p);
   });
   if (e.failure()) return e;
   return launch_status("sparse_attention jvp");

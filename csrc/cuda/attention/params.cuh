@@ -27,17 +27,53 @@ struct SplitWorkspace {
   int64_t cap;
 };
 
-// The forward: attn_fwd_scalar, and attn_fwd_tc's launch (which passes the fields).
-template <class T>
-struct AttnFwdParams {
-  const T *q, *k, *v, *bias;
-  T* out;
-  float* lse;       // [H, m] row log-sum-exp
-  KernelPattern a;  // A's window arrays
+// What the forward and the jvp share: A's window arrays and the shapes, q [Hq, m, d],
+// k [Hk, n, d], v [Hv, n, dv], bias [Hb, nnz] (a dummy unless has_bias); H output heads.
+struct AttnShape {
+  KernelPattern a;
   int64_t heads, m, n, d, dv, nnz;
   Heads hc;
   float scale;
   int has_bias;
+};
+
+// The shapes of a handler's operands, `out` being its [H, m, dv] result.
+inline AttnShape attn_shape(const KernelPattern& a, const ffi::AnyBuffer& q,
+                            const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
+                            const ffi::AnyBuffer& bias, ffi::Span<const int64_t> out, float scale,
+                            int has_bias) {
+  return AttnShape{
+      a,
+      out[0],
+      out[1],
+      k.dimensions()[1],
+      q.dimensions()[2],
+      out[2],
+      bias.dimensions()[1],
+      Heads{q.dimensions()[0], k.dimensions()[0], v.dimensions()[0], bias.dimensions()[0]},
+      scale,
+      has_bias};
+}
+
+template <class T>
+struct AttnOperands : AttnShape {
+  const T *q, *k, *v, *bias;
+
+  void set(const AttnShape& s, const ffi::AnyBuffer& q_, const ffi::AnyBuffer& k_,
+           const ffi::AnyBuffer& v_, const ffi::AnyBuffer& bias_) {
+    static_cast<AttnShape&>(*this) = s;
+    q = static_cast<const T*>(q_.untyped_data());
+    k = static_cast<const T*>(k_.untyped_data());
+    v = static_cast<const T*>(v_.untyped_data());
+    bias = static_cast<const T*>(bias_.untyped_data());
+  }
+};
+
+// The forward: attn_fwd_scalar, and attn_fwd_tc's launch (which passes the fields).
+template <class T>
+struct AttnFwdParams : AttnOperands<T> {
+  T* out;
+  float* lse;            // [H, m] row log-sum-exp
   SplitWorkspace split;  // attn_fwd_tc: split windows' partials merged across CTAs
   int grouped;           // attn_fwd_tc: the schedule is grouped (pieces merge inside a CTA)
 };
@@ -45,17 +81,12 @@ struct AttnFwdParams {
 // The jvp (attn_jvp_scalar): the primal operands, their tangents (dq, dk, dvv, dbias) and the
 // output's tangent.
 template <class T>
-struct AttnJvpParams {
-  const T *q, *k, *v, *bias;
+struct AttnJvpParams : AttnOperands<T> {
   const float* lse;
   const T *dq, *dk, *dvv, *dbias;
   T* dout;
-  KernelPattern a;
-  int64_t heads, m, n, d, dv, nnz;
-  Heads hc, hd;  // head counts of the operands and of their tangents
-  int64_t hl;    // head count of lse
-  float scale;
-  int has_bias;
+  Heads hd;    // head counts of the tangents
+  int64_t hl;  // head count of lse
 };
 
 }  // namespace attention
