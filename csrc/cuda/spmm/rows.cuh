@@ -65,83 +65,6 @@ __device__ __forceinline__ void add_products(const uint32_t (&xw)[U][Words<T, E>
   }
 }
 
-// acc += value * row for the gathered entries u in [lo, hi) of a batch (predicated: the others,
-// another row's, are not touched even where their rows hold infinities).
-template <class T, int E, int U>
-__device__ __forceinline__ void add_products_range(const uint32_t (&xw)[U][Words<T, E>::N],
-                                                   const uint32_t (&vr)[U], int lo, int hi,
-                                                   float (&acc)[E]) {
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    if (u >= lo && u < hi) {
-      const float a = raw_to_f32<T>(vr[u]);
-      float x[E];
-      unpack_words<T, E>(xw[u], x);
-#pragma unroll
-      for (int k = 0; k < E; ++k) acc[k] = fmaf(a, x[k], acc[k]);
-    }
-  }
-}
-
-// Schedule item `item` as (row, begin, end); row -1 past the schedule.
-__device__ __forceinline__ int3 stream_item(const RowView& rv, int item, int items) {
-  if (item >= items) return make_int3(-1, 0, 0);
-  const int4 it = rv.sched[item];
-  return make_int3(it.x, it.y, it.z);
-}
-
-// A batch of a group's stream: the first `first` entries belong to `row` (ending it where
-// first_done), the rest to `row2` (ending it where second_done).
-struct StreamBatch {
-  int row, row2, bits;  // bits: first | second count << 4 | first_done << 8 | second_done << 9
-  __device__ __forceinline__ int first() const { return bits & 15; }
-  __device__ __forceinline__ int count() const { return (bits & 15) + ((bits >> 4) & 15); }
-  __device__ __forceinline__ bool first_done() const { return bits & 256; }
-  __device__ __forceinline__ bool second_done() const { return bits & 512; }
-};
-
-// A lane group's walk over its whole-row items (item, item + stride, ...): the current row and
-// its next entry k, and the next item (nxt, schedule index nitem). row -1: the stream is done.
-struct RowStream {
-  int row, k, end, nitem;
-  int3 nxt;
-
-  // The next batch: loads its entries into en and advances the stream past them, loading the
-  // schedule entries it will need next.
-  template <int U>
-  __device__ __forceinline__ StreamBatch next_batch(const RowView& rv, int items, int stride,
-                                                    int2 (&en)[U]) {
-    const int rem = end - k;
-    const int n1 = min(rem, U);
-    const bool done1 = rem <= U;
-    const int len2 = nxt.z - nxt.y;
-    const int n2 = rem < U && nxt.x >= 0 ? min(U - rem, len2) : 0;
-    const bool done2 = rem < U && nxt.x >= 0 && n2 == len2;
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      en[u] = ldg8_if(u < n1 + n2, rv.entries + (u < n1 ? k + u : nxt.y + (u - n1)));
-    const StreamBatch b{row, nxt.x, n1 | n2 << 4 | int(done1) << 8 | int(done2) << 9};
-    if (!done1) {
-      k += U;
-    } else if (!done2) {  // the next item becomes the current one, n2 entries in
-      row = nxt.x;
-      k = nxt.y + n2;
-      end = nxt.z;
-      nitem += stride;
-      nxt = stream_item(rv, nitem, items);
-    } else {  // both ended: the two items after
-      nitem += stride;
-      const int3 c = stream_item(rv, nitem, items);
-      row = c.x;
-      k = c.y;
-      end = c.z;
-      nitem += stride;
-      nxt = stream_item(rv, nitem, items);
-    }
-    return b;
-  }
-};
-
 // U = 4 gathers in flight per lane under a 64-register cap: 32 warps/SM. (8 in flight took ~105
 // registers, 16 warps/SM, and was slower everywhere: measured on H100, fp16 d=128, rmat17 173.2
 // us against 142.7, rmat20 805.4 against 596.2.) VEC: rows are 16-byte aligned (SpmmParams::vec).
@@ -206,11 +129,10 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   }
 
   // Whole rows: groups stride over the items after the prefix (persistent where the grid is
-  // capped). A group walks its items as one stream of batches of U entries, and a batch that
-  // ends a row fills its free slots from the next item (up to its end), so short rows do not
-  // leave gather slots idle (rows of ~5 entries took two half-empty batches each). While a
-  // batch's gathers are in flight the group loads the next batch's entries and its next
-  // schedule entries, so no batch waits on a metadata round trip.
+  // capped). A group walks its items as one stream of batches of U entries: while a batch's
+  // gathers are in flight it loads the next batch's entries, from the same row or the first of
+  // its next item (whose schedule entry was loaded when the current item began), so no batch
+  // waits on a metadata round trip, not even an item's first.
   // Item indices fit in int: a row's entries are addressed by int (format.h).
   const int items = int(rv.num_items), stride = int(gridDim.x) * NG;
   int item = int(blockIdx.x) * NG + g;
@@ -220,37 +142,40 @@ __global__ void __launch_bounds__(kRowThreads, 4)
     if (item < items) it = rv.sched[item];
   }
   if (item >= items) return;
-  RowStream st{it.x, it.y, it.z, item + stride, stream_item(rv, item + stride, items)};
+  int row = it.x, end = it.z;      // the current item
+  int3 next = make_int3(0, 0, 0);  // the next item's row, begin, end (empty past the last)
+  if (item + stride < items) {
+    const int4 n = rv.sched[item + stride];
+    next = make_int3(n.x, n.y, n.z);
+  }
   float acc[E];
 #pragma unroll
   for (int k = 0; k < E; ++k) acc[k] = 0.f;
+  int k = it.y;
   int2 en[U];
-  StreamBatch b = st.next_batch<U>(rv, items, stride, en);
+  int n = load_entries<U>(rv.entries, k, end, en);
   while (true) {
     uint32_t xw[U][NW], vr[U];
-    gather_entries<T, E, VEC, U>(x, vh, en, active ? b.count() : 0, xw, vr);
-    const StreamBatch cur = b;  // the batch in flight
-    const bool more = st.row >= 0;
-    if (more) b = st.next_batch<U>(rv, items, stride, en);
-    add_products_range<T, E, U>(xw, vr, 0, cur.first(), acc);
-    if (cur.first_done()) {
+    gather_entries<T, E, VEC, U>(x, vh, en, active ? n : 0, xw, vr);
+    const bool row_done = k + U >= end;
+    k = row_done ? next.y : k + U;
+    n = load_entries<U>(rv.entries, k, row_done ? next.z : end, en);
+    add_products<T, E, U>(xw, vr, acc);
+    if (row_done) {
       if (active)
-        store_row<T, E>(static_cast<T*>(p.out) + (int64_t(h) * p.m + cur.row) * p.d, f, p.d, VEC,
-                        acc);
+        store_row<T, E>(static_cast<T*>(p.out) + (int64_t(h) * p.m + row) * p.d, f, p.d, VEC, acc);
 #pragma unroll
       for (int q = 0; q < E; ++q) acc[q] = 0.f;
-    }
-    if (cur.first() < U) {
-      add_products_range<T, E, U>(xw, vr, cur.first(), U, acc);
-      if (cur.second_done()) {
-        if (active)
-          store_row<T, E>(static_cast<T*>(p.out) + (int64_t(h) * p.m + cur.row2) * p.d, f, p.d, VEC,
-                          acc);
-#pragma unroll
-        for (int q = 0; q < E; ++q) acc[q] = 0.f;
+      item += stride;
+      if (item >= items) break;
+      row = next.x;
+      end = next.z;
+      next = make_int3(0, 0, 0);
+      if (item + stride < items) {
+        const int4 n = rv.sched[item + stride];
+        next = make_int3(n.x, n.y, n.z);
       }
     }
-    if (!more) break;
   }
 }
 
