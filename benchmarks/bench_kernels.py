@@ -506,29 +506,17 @@ def _one(a, rows, base, csr, order, k, dims, dtypes, ops, xla_dims, att_dims, ha
         opts = jst.KernelOptions(attention_backward=kind)
         return lambda G, q, k_, v: jst.sparse_attention(G, q, k_, v, scale=scale, options=opts)
 
-      fused = ours("auto")
-      add(
-        "attention fwd",
-        d,
-        "fp16",
-        "ours-fused",
-        lambda: _time(
-          bench_chained._chain(lambda G, k_, v, q: fused(G, q, k_, v), ka), (A, kv, vv, qa), ka
-        ),
-        kk=ka,
-        h=h,
-      )
-      add(
-        "attention fwd",
-        d,
-        "fp16",
-        "xla",
-        lambda: _time(
-          bench_chained._chain(lambda e, k_, v, q: xla(e, q, k_, v), ka), (edges, kv, vv, qa), ka
-        ),
-        kk=ka,
-        h=h,
-      )
+      for impl, f, graph in (("ours-fused", ours("auto"), A), ("xla", xla, edges)):
+        fwd = bench_chained._chain(lambda G, k_, v, q: f(G, q, k_, v), ka)
+        add(
+          "attention fwd",
+          d,
+          "fp16",
+          impl,
+          lambda: _time(fwd, (graph, kv, vv, qa), ka),
+          kk=ka,
+          h=h,
+        )
       if m == n:
         w = _normal(20, (h, m, d), "float32")
         for impl, f, graph in (
