@@ -65,7 +65,6 @@ import numpy as np
 from benchmarks import common
 
 MIN_EDGES = 80_000  # default graphs: more stored edges than this (not Cora)
-RMAT = ("rmat17-d16", "rmat20-d8")
 DTYPES = {"fp16": ("float16", 2), "fp32": ("float32", 4)}
 HIT = 1.03  # auto "hits" when within 3% of the fastest forced kernel
 H_ATT = 4
@@ -190,7 +189,7 @@ def graph_names(quick: bool, names=None) -> list[str]:
   """--graphs as given, else common.benchmark_graphs' list (sizes are checked when loaded)."""
   if names:
     return list(names)
-  return [*common.real_graph_names(), "rmat17-d16", *([] if quick else ["rmat20-d8"])]
+  return [*common.real_graph_names(), *common.SYNTHETIC[: 1 if quick else 2]]
 
 
 def _load(name: str, quick: bool):
@@ -244,7 +243,7 @@ def run(a, on_order=None) -> list[dict]:
       rows.append({"graph": gname, "op": "load", "error": _first_line(e)})
       print(f"{gname}: {_first_line(e)}", flush=True)
       continue
-    if named is None and gname not in RMAT and csr.nnz <= MIN_EDGES:
+    if named is None and not common.is_synthetic(gname) and csr.nnz <= MIN_EDGES:
       continue
     csr.sort_indices()
     for order in a.orders.split(","):
@@ -810,10 +809,7 @@ def summarize(rows: list[dict], device: str | None = None) -> dict:
   real = [
     r
     for r in alld
-    if r["graph"] not in RMAT
-    and not r["graph"].startswith("rmat")
-    and r["order"] != "none"
-    and r["op"] in ("spmm", "sddmm")
+    if not common.is_synthetic(r["graph"]) and r["order"] != "none" and r["op"] in ("spmm", "sddmm")
   ]
   tc_fast = [r for r in real if r["best"] == "tensor_core"]
   tc_sel = [r for r in tc_fast if r["auto_hit"]]

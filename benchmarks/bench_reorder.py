@@ -67,13 +67,7 @@ OVERHEAD_COLUMNS = [
   "gcn_extra_%",
 ]
 METHODS = ("affinity", "rabbit", "rcm", "degree")
-RMAT = {"rmat17-d16": (17, 16), "rmat20-d8": (20, 8), "rmat20-d10": (20, 10)}
-
-
-def _graph(name: str):
-  if name in RMAT:
-    return common.rmat(*RMAT[name])
-  return common.package_graph(name)
+RMAT = ("rmat17-d16", "rmat20-d8", "rmat20-d10")
 
 
 def graph_names(quick: bool) -> list[str]:
@@ -117,7 +111,7 @@ def run(quick: bool = False, graphs=None, methods=METHODS, dist_rows=None) -> li
 
   rows_out = []
   for name in graphs or graph_names(quick):
-    g = _graph(name).tocoo()
+    g = common.load_graph(name).tocoo()
     r, c = g.row.astype(np.int64), g.col.astype(np.int64)
     big = r.size > 4_000_000
     build = _build_seconds(r, c, g.shape, 1 if big else 3)
@@ -179,7 +173,7 @@ def overhead(graphs, dims) -> list[dict]:
 
   out = []
   for name in graphs:
-    g = _graph(name).tocoo()
+    g = common.load_graph(name).tocoo()
     A = jst.SparseMatrix.from_coo(g.row, g.col, np.ones(g.nnz, np.float32), shape=g.shape)
     re = jst.reorder(A, "affinity")
     R = re.wrap(A)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -112,6 +113,54 @@ def rmat_csr(
   return sp.csr_matrix((np.ones(nnz, np.float32), cols, indptr), shape=(n, n))
 
 
+def communities(scale: int, size: int, degree: int, out_degree: int = 1, seed: int = 0):
+  """A graph of dense communities, the block-dense case of the tensor-core kernels: 2**scale
+  nodes in communities of `size` consecutive ids, each node joined to `degree` members of its
+  own community drawn at random (self loops dropped) and to `out_degree` nodes anywhere,
+  symmetrized, duplicates removed, then node ids randomly permuted (so only a reordering finds
+  the blocks again). Values uniform in [0.5, 1.5). Deterministic for (scale, size, degree,
+  out_degree, seed)."""
+  if not 1 <= scale <= 26 or size < 2 or (1 << scale) % size:
+    raise ValueError(f"communities: need 2**scale nodes divisible by size; got {scale}, {size}")
+  rng = np.random.default_rng(seed)
+  n = 1 << scale
+  src = np.repeat(np.arange(n, dtype=np.int64), degree)
+  dst = (src // size) * size + rng.integers(0, size, src.size)
+  far_src = np.repeat(np.arange(n, dtype=np.int64), out_degree)
+  far_dst = rng.integers(0, n, far_src.size)
+  r = np.concatenate([src, dst, far_src, far_dst])
+  c = np.concatenate([dst, src, far_dst, far_src])
+  keep = r != c
+  perm = rng.permutation(n)
+  m = sp.coo_matrix(
+    (np.ones(int(keep.sum()), np.float32), (perm[r[keep]], perm[c[keep]])), shape=(n, n)
+  ).tocsr()
+  m.sum_duplicates()
+  m.sort_indices()
+  m.data = rng.uniform(0.5, 1.5, m.nnz).astype(np.float32)
+  return m
+
+
+_COMMUNITIES = re.compile(r"comm(\d+)-c(\d+)-d(\d+)")
+SYNTHETIC = ("rmat17-d16", "rmat20-d8")  # the generated graphs of the default suite
+
+
+def is_synthetic(name: str) -> bool:
+  """Whether `name` is a generated graph (R-MAT or communities), not one of ../shared/data."""
+  return name.startswith("rmat") or _COMMUNITIES.fullmatch(name) is not None
+
+
+def synthetic_graph(name: str):
+  """A generated graph by name: rmat{scale}-d{edges per node} (`rmat`; the suite's rmat17-d16
+  and rmat20-d8 are BASELINES.md's) or comm{scale}-c{size}-d{degree} (`communities`); None for
+  any other name."""
+  hit = re.fullmatch(r"rmat(\d+)-d(\d+)", name)
+  if hit:
+    return rmat(*(int(x) for x in hit.groups()))
+  hit = _COMMUNITIES.fullmatch(name)
+  return communities(*(int(x) for x in hit.groups())) if hit else None
+
+
 def package_graph(name: str) -> sp.csr_matrix:
   """A real graph: the package's Cora (CSR npz) or an edge list of ../shared/data (row/col npz,
   symmetrized: the GNN view of graphs stored "listed once"), with unit values."""
@@ -143,10 +192,15 @@ def real_graph_names() -> list[str]:
 def benchmark_graphs(quick: bool = False, names=None) -> dict[str, sp.csr_matrix]:
   """Real graphs plus the two R-MAT graphs of BASELINES.md (`names`: those only), loaded one at a
   time (a generator's dict view: large graphs are made when reached)."""
-  default = [*real_graph_names(), "rmat17-d16", *([] if quick else ["rmat20-d8"])]
+  default = [*real_graph_names(), *SYNTHETIC[: 1 if quick else 2]]
   names = default if names is None else list(names)
-  makers = {"rmat17-d16": lambda: rmat(17, 16), "rmat20-d8": lambda: rmat(20, 8)}
-  return {nm: makers[nm]() if nm in makers else package_graph(nm) for nm in names}
+  return {nm: load_graph(nm) for nm in names}
+
+
+def load_graph(name: str) -> sp.csr_matrix:
+  """A graph by name: a generated one (`synthetic_graph`) or a real one (`package_graph`)."""
+  g = synthetic_graph(name)
+  return package_graph(name) if g is None else g
 
 
 def torch_csr(csr, dtype=None):
