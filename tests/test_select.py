@@ -122,18 +122,16 @@ def _rule(f, d, esize):
   reuse = f.nnz / f.condensed_cols if f.condensed_cols else 0.0
   mean_row = f.nnz / f.rows if f.rows else 0.0
   rb = d * esize
-  if rb <= 64:
-    spmm = False
-  else:
-    spmm = reuse >= 4 or (f.nnz >= 2**19 and mean_row <= 8 and reuse >= 1.5)
+  large = f.nnz >= 2**19
+  spmm = rb > 64 and (reuse >= 4 or (large and reuse >= 1.5))
   if reuse >= 4:
     sddmm = True
   elif f.nnz < 2**17:
     sddmm = rb <= (256 if esize == 2 else 128)
+  elif large and ((reuse >= 1.5 and 256 <= rb <= 512) or (reuse >= 2 and rb >= 128)):
+    sddmm = True
   elif mean_row >= 12:
     sddmm = rb <= 256 if f.nnz < 2**20 else (esize == 2 and rb <= 128)
-  elif f.nnz >= 2**19 and mean_row <= 8:
-    sddmm = (reuse >= 1.5 and 256 <= rb <= 512) or (reuse >= 2 and rb >= 128)
   else:
     sddmm = False
   return spmm, sddmm
@@ -188,6 +186,30 @@ def test_large_short_row_graph_with_reuse_takes_tensor_cores():
   assert (plan.spmm, plan.sddmm) == ("tensor_core", "tensor_core")
   plan = jst.kernel_plan(A, 32, jnp.float16)
   assert (plan.spmm, plan.sddmm) == ("cuda_core", "cuda_core")
+
+
+def test_large_graph_of_dense_communities_takes_tensor_cores():
+  """The measured dense-community case (benchmarks.common.communities, affinity order): long
+  rows (16 per row) whose windows share their community's 64 columns (reuse ~2) on a graph of
+  2^19 nonzeros or more; the same graph with its node ids permuted (no reuse) keeps the SpMM
+  row kernels."""
+  rng = np.random.default_rng(7)
+  m, size, degree = 2**16, 64, 8
+  src = np.repeat(np.arange(m), degree)
+  dst = (src // size) * size + rng.integers(0, size, src.size)
+  rows, cols = np.concatenate([src, dst]), np.concatenate([dst, src])
+  A = SparseMatrix.from_coo(rows, cols, shape=(m, m))
+  f = jst.kernel_plan(A, 128).features
+  assert f.nnz >= 2**19 and f.mean_row_length >= 12 and 1.5 <= f.nnz / f.condensed_cols < 4, f
+  for dtype in (jnp.float16, jnp.float32):
+    plan = jst.kernel_plan(A, 128, dtype)
+    assert (plan.spmm, plan.sddmm) == ("tensor_core", "tensor_core"), dtype
+  perm = rng.permutation(m)
+  B = SparseMatrix.from_coo(perm[rows], perm[cols], shape=(m, m))
+  g = jst.kernel_plan(B, 128).features
+  assert g.nnz == f.nnz and g.nnz / g.condensed_cols < 1.1, g
+  for dtype in (jnp.float16, jnp.float32):
+    assert jst.kernel_plan(B, 128, dtype).spmm == "cuda_core", dtype
 
 
 def test_exact_float32_takes_the_row_kernels(matrices):

@@ -42,50 +42,57 @@ inline double row_reuse(const PatternFeatures& f) {
   return f.condensed_cols > 0 ? double(f.nnz) / double(f.condensed_cols) : 0.0;
 }
 
-// Past this reuse a window's gathered rows serve four or more nonzeros each (block-dense
-// patterns): the tensor cores' side of the design, beyond the graphs measured (their reuse is
-// 1.0 to 2.3), so taken from the cost model rather than a measurement.
+// Past this reuse a window's gathered rows serve four or more nonzeros each: tensor cores on any
+// graph size (the measured dense-community graphs, 1-2^21 nodes in communities of 64, reached
+// 4.2 and ran the tensor-core kernels 2.5-2.7x faster than the row kernels; below 2^19
+// nonzeros this is the cost model's, not a measurement).
 constexpr double kDenseReuse = 4.0;
 
-// The rules below are fit on the H100 grid of docs/DESIGN.md ("The kernel selector": 6 real
-// graphs and R-MAT 17/16, 20/8, each in its own and in affinity order, d 32..256, fp16 and fp32;
-// python -m benchmarks.bench_kernels), where they pick the faster kernel (within 3%) in 108 of
-// 108 SpMM and 101 of 108 SDDMM configurations.
+// The rules below are fit on the H100 grid of docs/DESIGN.md ("The kernel selector": 5 real
+// graphs, R-MAT 17/16 and 20/8, each in its own and in affinity order, d 32..256, fp16 and fp32,
+// plus four graphs of dense communities in affinity order at d = 128; python -m
+// benchmarks.bench_kernels), where they pick the faster kernel (within 3%) in 116 of 116 SpMM and
+// 109 of 116 SDDMM configurations.
 
-// SpMM: the tensor-core kernels where gathered rows are reused (>= 1.5 nonzeros per condensed
-// column) on short rows (<= 8 per row, where the row kernels' lane groups idle) of a graph large
-// enough to fill the device (>= 2^19 nonzeros): DD, 0.76-0.90x the row kernels' time in both
-// orders. Never for rows of 64 bytes (fp16 d = 32: DD 48 against 38 us), where a slab of the
-// window kernel does little work per gathered row.
+// Large graphs whose gathered rows are reused: a window's condensed column serves >= `reuse`
+// nonzeros on average, on a graph of >= 2^19 nonzeros (enough to fill the device; smaller ones
+// keep X in L2, where the row kernels' repeated gathers cost little: facebook-page-page at reuse
+// 2.0 and 342k nonzeros ran them 1.2-1.3x faster).
+inline bool large_with_reuse(const PatternFeatures& f, double reuse) {
+  return f.nnz >= (int64_t(1) << 19) && row_reuse(f) >= reuse;
+}
+
+// SpMM: the tensor-core kernels on large graphs at reuse >= 1.5: DD (0.76-0.90x the row
+// kernels' time in both orders) and the dense-community graphs (reuse 1.9-4.2, 0.35-0.65x);
+// the row kernels below it (R-MAT 17/16 at reuse 1.2: 1.14-1.9x; github-musae at 1.3). Never
+// for rows of 64 bytes (fp16 d = 32: DD 48 against 38 us), where a slab of the window kernel
+// does little work per gathered row.
 inline bool spmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int esize) {
   const int64_t row_bytes = d * esize;
   if (row_bytes <= 64) return false;
-  const double reuse = row_reuse(f);
-  if (reuse >= kDenseReuse) return true;
-  return f.nnz >= (int64_t(1) << 19) && derived_features(f).mean_row_length <= 8.0 && reuse >= 1.5;
+  return row_reuse(f) >= kDenseReuse || large_with_reuse(f, 1.5);
 }
 
 // SDDMM: the row kernel (a lane group per row, dot products of d features) is slow on narrow
 // rows, the tensor-core one on wide rows of large, unstructured graphs. Measured:
 // - small graphs (< 2^17 nonzeros, pubmed): tensor cores up to 256-byte fp16 rows (0.48-0.92x),
 //   128-byte fp32 rows;
-// - long rows (>= 12 per row): tensor cores up to 256-byte rows below 2^20 nonzeros (facebook,
-//   github: 0.58-0.92x), only up to 128-byte fp16 rows above (R-MAT 17/16: 0.55-0.89x, 1.14-1.9x
-//   past it);
-// - short rows (<= 8) of large graphs with reuse (DD): tensor cores for 256-512-byte rows at
-//   reuse >= 1.5, for rows of 128 bytes and more at reuse >= 2 (0.70-0.94x);
+// - large graphs with reuse (DD, dense communities): tensor cores for 256-512-byte rows at reuse
+//   >= 1.5, for rows of 128 bytes and more at reuse >= 2 (DD 0.70-0.94x; communities 0.41-0.82x
+//   at 256 and 512 bytes);
+// - long rows (>= 12 per row) otherwise: tensor cores up to 256-byte rows below 2^20 nonzeros
+//   (facebook, github: 0.58-0.92x), only up to 128-byte fp16 rows above (R-MAT 17/16:
+//   0.55-0.89x, 1.14-1.9x past it);
 // - otherwise the row kernels (proteins, R-MAT 20/8: the tensor-core kernel 1.1-1.9x slower).
 inline bool sddmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int esize) {
   const int64_t row_bytes = d * esize;
-  const double reuse = row_reuse(f);
-  const double mean_row = derived_features(f).mean_row_length;
-  if (reuse >= kDenseReuse) return true;
+  if (row_reuse(f) >= kDenseReuse) return true;
   if (f.nnz < (int64_t(1) << 17)) return row_bytes <= (esize == 2 ? 256 : 128);
-  if (mean_row >= 12.0)
+  if ((large_with_reuse(f, 1.5) && row_bytes >= 256 && row_bytes <= 512) ||
+      (large_with_reuse(f, 2.0) && row_bytes >= 128))
+    return true;
+  if (derived_features(f).mean_row_length >= 12.0)
     return f.nnz < (int64_t(1) << 20) ? row_bytes <= 256 : (esize == 2 && row_bytes <= 128);
-  if (f.nnz >= (int64_t(1) << 19) && mean_row <= 8.0)
-    return (reuse >= 1.5 && row_bytes >= 256 && row_bytes <= 512) ||
-           (reuse >= 2.0 && row_bytes >= 128);
   return false;
 }
 
