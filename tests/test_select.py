@@ -123,12 +123,12 @@ def _rule(f, d, esize):
   mean_row = f.nnz / f.rows if f.rows else 0.0
   rb = d * esize
   large = f.nnz >= 2**19
-  spmm = rb > 64 and (reuse >= 4 or (large and reuse >= 1.5))
+  spmm = (large and reuse >= 2.5) if rb <= 64 else (reuse >= 4 or (large and reuse >= 1.5))
   if reuse >= 4:
     sddmm = True
   elif f.nnz < 2**17:
     sddmm = rb <= (256 if esize == 2 else 128)
-  elif large and ((reuse >= 1.5 and 256 <= rb <= 512) or (reuse >= 2 and rb >= 128)):
+  elif large and ((reuse >= 1.5 and 256 <= rb <= 512) or (reuse >= 1.8 and rb >= 128)):
     sddmm = True
   elif mean_row >= 12:
     sddmm = rb <= 256 if f.nnz < 2**20 else (esize == 2 and rb <= 128)
@@ -156,7 +156,7 @@ def test_block_dense_takes_tensor_cores_and_rmat_the_row_kernels(matrices):
     for d in (64, 128):
       plan = jst.kernel_plan(dense, d, dtype)
       assert (plan.spmm, plan.sddmm) == ("tensor_core", "tensor_core"), (dtype, d)
-    # 64-byte rows: the SpMM row kernels whatever the fill
+    # 64-byte rows of a small graph: the SpMM row kernels whatever the fill
     assert jst.kernel_plan(dense, 64 // jnp.dtype(dtype).itemsize, dtype).spmm == "cuda_core"
   for dtype in (jnp.float16, jnp.float32):
     for d in (32, 64, 128, 256):
@@ -204,6 +204,8 @@ def test_large_graph_of_dense_communities_takes_tensor_cores():
   for dtype in (jnp.float16, jnp.float32):
     plan = jst.kernel_plan(A, 128, dtype)
     assert (plan.spmm, plan.sddmm) == ("tensor_core", "tensor_core"), dtype
+  # 64-byte rows take the SpMM's tensor cores only from reuse 2.5
+  assert f.nnz / f.condensed_cols < 2.5 and jst.kernel_plan(A, 32, jnp.float16).spmm == "cuda_core"
   perm = rng.permutation(m)
   B = SparseMatrix.from_coo(perm[rows], perm[cols], shape=(m, m))
   g = jst.kernel_plan(B, 128).features

@@ -50,9 +50,9 @@ constexpr double kDenseReuse = 4.0;
 
 // The rules below are fit on the H100 grid of docs/DESIGN.md ("The kernel selector": 5 real
 // graphs, R-MAT 17/16 and 20/8, each in its own and in affinity order, d 32..256, fp16 and fp32,
-// plus four graphs of dense communities in affinity order at d = 128; python -m
-// benchmarks.bench_kernels), where they pick the faster kernel (within 3%) in 116 of 116 SpMM and
-// 109 of 116 SDDMM configurations.
+// plus three graphs of dense communities in affinity order at every d and a fourth at d = 128;
+// python -m benchmarks.bench_kernels), where they pick the faster kernel (within 3%) in 134 of
+// 134 SpMM and 126 of 134 SDDMM configurations.
 
 // Large graphs whose gathered rows are reused: a window's condensed column serves >= `reuse`
 // nonzeros on average, on a graph of >= 2^19 nonzeros (enough to fill the device; smaller ones
@@ -64,12 +64,12 @@ inline bool large_with_reuse(const PatternFeatures& f, double reuse) {
 
 // SpMM: the tensor-core kernels on large graphs at reuse >= 1.5: DD (0.76-0.90x the row
 // kernels' time in both orders) and the dense-community graphs (reuse 1.9-4.2, 0.35-0.65x);
-// the row kernels below it (R-MAT 17/16 at reuse 1.2: 1.14-1.9x; github-musae at 1.3). Never
-// for rows of 64 bytes (fp16 d = 32: DD 48 against 38 us), where a slab of the window kernel
-// does little work per gathered row.
+// the row kernels below it (R-MAT 17/16 at reuse 1.2: 1.14-1.9x; github-musae at 1.3). Rows of
+// 64 bytes (fp16 d = 32) need reuse >= 2.5, since a slab of the window kernel does little work
+// per gathered row there: DD at 2.3 ran 48 against the row kernels' 38 us, communities at 2.8
+// and 4.2 ran 78-79 against 104-152.
 inline bool spmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int esize) {
-  const int64_t row_bytes = d * esize;
-  if (row_bytes <= 64) return false;
+  if (d * esize <= 64) return large_with_reuse(f, 2.5);
   return row_reuse(f) >= kDenseReuse || large_with_reuse(f, 1.5);
 }
 
@@ -78,8 +78,8 @@ inline bool spmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int e
 // - small graphs (< 2^17 nonzeros, pubmed): tensor cores up to 256-byte fp16 rows (0.48-0.92x),
 //   128-byte fp32 rows;
 // - large graphs with reuse (DD, dense communities): tensor cores for 256-512-byte rows at reuse
-//   >= 1.5, for rows of 128 bytes and more at reuse >= 2 (DD 0.70-0.94x; communities 0.41-0.82x
-//   at 256 and 512 bytes);
+//   >= 1.5, for rows of 128 bytes and more at reuse >= 1.8 (DD 0.70-0.94x; communities
+//   0.41-0.97x, one miss: 1024-byte rows at reuse 1.9, 1.05x);
 // - long rows (>= 12 per row) otherwise: tensor cores up to 256-byte rows below 2^20 nonzeros
 //   (facebook, github: 0.58-0.92x), only up to 128-byte fp16 rows above (R-MAT 17/16:
 //   0.55-0.89x, 1.14-1.9x past it);
@@ -89,7 +89,7 @@ inline bool sddmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int 
   if (row_reuse(f) >= kDenseReuse) return true;
   if (f.nnz < (int64_t(1) << 17)) return row_bytes <= (esize == 2 ? 256 : 128);
   if ((large_with_reuse(f, 1.5) && row_bytes >= 256 && row_bytes <= 512) ||
-      (large_with_reuse(f, 2.0) && row_bytes >= 128))
+      (large_with_reuse(f, 1.8) && row_bytes >= 128))
     return true;
   if (derived_features(f).mean_row_length >= 12.0)
     return f.nnz < (int64_t(1) << 20) ? row_bytes <= 256 : (esize == 2 && row_bytes <= 128);
