@@ -3,7 +3,7 @@
 # optionally the memory checker, then the benchmark suite; a short table last. Usage:
 #   bash scripts/gpu_check.sh [--tests-only | --bench-only] [--quick] [--sanitize]
 #                             [--tests="PYTEST_ARGS"] [--bench="BENCH_CHAINED_ARGS"]
-#                             [--profile="spmm:DTYPE:D attn:GRAPH:D attnbwd:GRAPH:D"]
+#                             [--profile="spmm:DTYPE:D[:KERNEL:GRAPH:ORDER] attn:GRAPH:D attnbwd:GRAPH:D"]
 #   --tests="tests/test_gpu_spmm_sddmm.py --maxfail=20" runs those tests instead of all (-x);
 #   --bench="--graphs cora,rmat17-d16 --ops spmm" passes arguments to benchmarks/bench_chained.py;
 #   --profile runs ncu on one kernel per entry and prints its key counters.
@@ -54,9 +54,10 @@ ${stall}_mio_throttle_per_issue_active.ratio,${stall}_lg_throttle_per_issue_acti
 ${stall}_barrier_per_issue_active.ratio,${stall}_math_pipe_throttle_per_issue_active.ratio"
 for v in $profile; do
   echo "== ncu: $v"
-  IFS=: read -r kind a b <<< "$v"
+  IFS=: read -r kind a b c e f <<< "$v"
   case $kind in
-    spmm) kre="regex:spmm_"; cmd=(python3 -m scripts.profile_spmm "${a:-fp16}" "${b:-128}") ;;
+    spmm) kre="regex:spmm_"
+      cmd=(python3 -m scripts.profile_spmm "${a:-fp16}" "${b:-128}" "${c:-auto}" "${e:-rmat17-d16}" "${f:-none}") ;;
     attn) kre="regex:attn_fwd"; cmd=(python3 -m scripts.profile_attention "$a" "$b") ;;
     attnbwd) kre="regex:grads_windows"; cmd=(python3 -m scripts.profile_attention "$a" "$b" 4 bwd) ;;
     *) echo "unknown profile entry $v"; continue ;;

@@ -1,6 +1,9 @@
-"""One SpMM on rmat17-d16 (d=128 by default), for `ncu` (scripts/gpu_check.sh --profile).
+"""One SpMM on a benchmark graph (rmat17-d16, d=128 by default), for `ncu`
+(scripts/gpu_check.sh --profile).
 
-Usage: python3 -m scripts.profile_spmm [dtype] [d] [torch|cuda_core|tensor_core]
+Usage: python3 -m scripts.profile_spmm [dtype] [d] [auto|torch|cuda_core|tensor_core] [graph]
+    [none|affinity]
+(graph: a name of benchmarks.common.load_graph; affinity: jst.reorder's order first)
 The SpMM runs 3 times (compile + 2); profile the last launch with `--launch-skip 2`.
 With `torch` the same product runs through torch.sparse.mm on a CSR tensor (cuSPARSE).
 """
@@ -18,7 +21,10 @@ dtype = {"fp16": jnp.float16, "bf16": jnp.bfloat16, "fp32": jnp.float32}[
   sys.argv[1] if len(sys.argv) > 1 else "fp16"
 ]
 d = int(sys.argv[2]) if len(sys.argv) > 2 else 128
-g = common.rmat(17, 16)
+g = common.load_graph(sys.argv[4] if len(sys.argv) > 4 else "rmat17-d16").tocsr()
+if len(sys.argv) > 5 and sys.argv[5] != "none":
+  r = jst.reorder(g, sys.argv[5], seed=0)
+  g = g[r.perm][:, r.perm].tocsr()
 if len(sys.argv) > 3 and sys.argv[3] == "torch":
   import torch
 
