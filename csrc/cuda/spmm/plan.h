@@ -74,8 +74,9 @@ inline int tc_mt(int64_t d) {
 }
 // spmm_async: the narrowest of 32, 64, 128 features covering d, at most 64 for fp32 (256-byte
 // rows). 16-bit d > 64 takes one 128-feature slab rather than two of 64 that both decode the
-// item's bitmaps (measured on H100, rmat17 fp16 d=128: kernel 214 us against 231; end to end
-// 0.167 against 0.162 ms, within noise).
+// item's bitmaps, though two would double the warps per SM (measured on H100, fp16 d=128, us:
+// rmat17 214 against 231; comm18-c64-d16 177 against 215, DD 107 against 120, github 36.5
+// against 40.3; only facebook-page-page 26.3 against 22.0).
 inline int async_slab(int esize, int64_t d) {
   return d <= 32 ? 32 : d <= 64 || esize == 4 ? 64 : 128;
 }
