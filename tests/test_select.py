@@ -188,16 +188,21 @@ def test_large_short_row_graph_with_reuse_takes_tensor_cores():
   assert (plan.spmm, plan.sddmm) == ("cuda_core", "cuda_core")
 
 
+def _communities(rng, m=2**16, size=64, degree=8):
+  """COO of m nodes in communities of `size` consecutive ids, each node joined to `degree`
+  random members of its own (benchmarks.common.communities without the far edges), symmetric."""
+  src = np.repeat(np.arange(m), degree)
+  dst = (src // size) * size + rng.integers(0, size, src.size)
+  return np.concatenate([src, dst]), np.concatenate([dst, src]), (m, m)
+
+
 def test_large_graph_of_dense_communities_takes_tensor_cores():
   """The measured dense-community case (benchmarks.common.communities, affinity order): long
   rows (16 per row) whose windows share their community's 64 columns (reuse ~2) on a graph of
   2^19 nonzeros or more; the same graph with its node ids permuted (no reuse) keeps the SpMM
   row kernels."""
   rng = np.random.default_rng(7)
-  m, size, degree = 2**16, 64, 8
-  src = np.repeat(np.arange(m), degree)
-  dst = (src // size) * size + rng.integers(0, size, src.size)
-  rows, cols = np.concatenate([src, dst]), np.concatenate([dst, src])
+  rows, cols, (m, _) = _communities(rng)
   A = SparseMatrix.from_coo(rows, cols, shape=(m, m))
   f = jst.kernel_plan(A, 128).features
   assert f.nnz >= 2**19 and f.mean_row_length >= 12 and 1.5 <= f.nnz / f.condensed_cols < 4, f
@@ -422,6 +427,30 @@ def test_gpu_spmm_and_sddmm_default_options(rng, kind, dt, d):
   x64, y64 = np.asarray(xs, np.float64), np.asarray(ys, np.float64)
   ref = np.einsum("ed,ed->e", x64[r], y64[c])
   assert rel_err(got, ref) < tol, f"sddmm {kind} {dt} d={d}"
+
+
+@pytest.mark.gpu
+@gpu_only
+@pytest.mark.parametrize("dt", ["f32", "f16"])
+def test_gpu_dense_communities_default_options(rng, dt):
+  """A large graph of dense communities, where auto takes both tensor-core kernels (checked),
+  against float64."""
+  dtype, precision, tol = DTYPES[dt]
+  rows, cols, shape = _communities(rng)
+  vals = rng.uniform(-1, 1, rows.size).astype(np.float32)
+  A = SparseMatrix.from_coo(rows, cols, vals, shape=shape)
+  plan = jst.kernel_plan(A, 128, dtype, precision=precision)
+  assert (plan.spmm, plan.sddmm) == ("tensor_core", "tensor_core")
+  x = jnp.asarray(rng.standard_normal((shape[1], 128)), dtype)
+  out = np.asarray(jax.jit(lambda A, x: jst.spmm(A, x, precision=precision))(_gpu(A), _gpu(x)))
+  assert np.all(np.isfinite(out))
+  assert rel_err(out, _csr64(A, dtype) @ np.asarray(x, np.float64)) < tol
+  y = jnp.asarray(rng.standard_normal((shape[0], 128)), dtype)
+  f = jax.jit(lambda A, y, x: jst.sddmm(A, y, x, precision=precision).values)
+  got = np.asarray(f(_gpu(A), _gpu(y), _gpu(x)), np.float64)
+  r, c = np.asarray(A.rows), np.asarray(A.cols)
+  ref = np.einsum("ed,ed->e", np.asarray(y, np.float64)[r], np.asarray(x, np.float64)[c])
+  assert rel_err(got, ref) < tol
 
 
 ATT_TOL = {jnp.float32: 1e-5, jnp.float16: 4e-3, jnp.bfloat16: 3e-2}  # test_gpu_attention.py

@@ -174,9 +174,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
   constexpr bool kTf32 = sizeof(T) == 4;
   constexpr int MT = SLAB / 16;  // m16 tiles (16 features each)
   static_assert(!kTf32 || MT % 2 == 0, "tf32 loads cover m16 tiles in pairs");
-  constexpr int kPieces = Sh::kRowBytes / 16;  // 16-byte pieces of a slab row
-  constexpr int kRowsPerPass = 32 / kPieces;   // rows one warp-wide cp.async covers
-  constexpr int SO = SLAB + 4;                 // epilogue tile row stride (floats)
+  constexpr int kPieces = Sh::kRowBytes / 16;               // 16-byte pieces of a slab row
+  constexpr int kRowsPerPass = 32 / kPieces;                // rows one warp-wide cp.async covers
+  constexpr int kLaneRows = Sh::kStageRows / kRowsPerPass;  // consecutive rows a lane copies
+  static_assert(kLaneRows % 4 == 0, "a lane's column indices load as int4");
+  constexpr int SO = SLAB + 4;  // epilogue tile row stride (floats)
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wid = threadIdx.x >> 5;
@@ -238,30 +240,33 @@ __global__ void __launch_bounds__(WARPS * 32, 1) spmm_async(const SpmmParams p) 
     for (int i = 0; i < 8; ++i) s_cols(b)[i * 32 + lane] = m.cols[i];
   };
 
-  // Issues stage q of chunk c (metadata in buffer b) into ring slot rs: its gathered rows
-  // (missing columns zero-filled) and the 4-byte words covering its values (the last one
+  // Issues stage q of chunk c (metadata in buffer b) into ring slot rs: all its gathered rows
+  // (missing columns, -1 past the chunk's, zero-filled: a partial stage's rows past its blocks
+  // are zeros for the MMA's idle half) and the 4-byte words covering its values (the last one
   // clipped to the array's end).
   auto issue = [&](const Chunk& c, int b, int q, int rs) {
     unsigned char* st = ring + rs * Sh::kStageBytes;
     const int lb = q * Sh::kStageBlocks;
     const int nb = min(Sh::kStageBlocks, c.c1 - c.c0 - lb);
-    const int nrows = (kTf32 ? nb : (nb + 1) & ~1) * kBlockCols;
     const int64_t f0 = int64_t(c.u.slab) * SLAB;
     const int row_copy = int(p.d - f0 < SLAB ? p.d - f0 : SLAB) * int(sizeof(T));
     const int piece_bytes = max(0, min(16, row_copy - 16 * piece));
     const char* xh = static_cast<const char*>(p.x) +
                      (c.u.h * p.x_head_stride + f0) * int64_t(sizeof(T)) + 16 * piece;
-    const int* cols = s_cols(b) + lb * kBlockCols + prow;
-    const uint32_t rows_at = shared_addr(st) + 16 * piece + prow * Sh::kRowStride;
-    // This loop is most of the kernel's instructions: one multiply-add per address (64-bit
-    // index math spent ~20 instructions per copy); a missing column (-1) reads nothing.
+    const int* cols = s_cols(b) + lb * kBlockCols + prow * kLaneRows;
+    const uint32_t rows_at = shared_addr(st) + 16 * piece + prow * kLaneRows * Sh::kRowStride;
+    // This loop is most of the kernel's instructions: a lane copies kLaneRows consecutive rows,
+    // so their column indices come in int4 loads, and each copy is one multiply-add for its
+    // address (64-bit index math spent ~20 instructions per copy) and a zero source size for a
+    // missing column (-1), which reads nothing.
 #pragma unroll
-    for (int r0 = 0; r0 < Sh::kStageRows; r0 += kRowsPerPass) {
-      if (r0 + prow < nrows) {
-        const int col = cols[r0];
-        cp_async16(rows_at + r0 * Sh::kRowStride, row_address(xh, max(col, 0), row_bytes32),
-                   col >= 0 ? piece_bytes : 0);
-      }
+    for (int k0 = 0; k0 < kLaneRows; k0 += 4) {
+      const int4 c4 = *reinterpret_cast<const int4*>(cols + k0);
+      const int cs[4] = {c4.x, c4.y, c4.z, c4.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        cp_async16(rows_at + (k0 + j) * Sh::kRowStride, row_address(xh, max(cs[j], 0), row_bytes32),
+                   cs[j] >= 0 ? piece_bytes : 0);
     }
     const T* vh = static_cast<const T*>(p.values) + c.u.h * p.v_head_stride;
     const int* vptr = s_vptr(b);
