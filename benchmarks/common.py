@@ -190,8 +190,9 @@ def real_graph_names() -> list[str]:
 
 
 def benchmark_graphs(quick: bool = False, names=None) -> dict[str, sp.csr_matrix]:
-  """Real graphs plus the two R-MAT graphs of BASELINES.md (`names`: those only), loaded one at a
-  time (a generator's dict view: large graphs are made when reached)."""
+  """Real graphs plus the two R-MAT graphs of BASELINES.md (`names`: those only, any name
+  `load_graph` knows), all made or loaded by this call: ask for one name at a time where memory
+  matters."""
   default = [*real_graph_names(), *SYNTHETIC[: 1 if quick else 2]]
   names = default if names is None else list(names)
   return {nm: load_graph(nm) for nm in names}

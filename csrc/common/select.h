@@ -43,8 +43,8 @@ inline double row_reuse(const PatternFeatures& f) {
 }
 
 // Past this reuse a window's gathered rows serve four or more nonzeros each: tensor cores on any
-// graph size (the measured dense-community graphs, 1-2^21 nodes in communities of 64, reached
-// 4.2 and ran the tensor-core kernels 2.5-2.7x faster than the row kernels; below 2^19
+// graph size (the measured dense-community graphs of 2^18 and 2^19 nodes in communities of 64
+// reached 4.2 and ran the tensor-core kernels 2.5-2.7x faster than the row kernels; below 2^19
 // nonzeros this is the cost model's, not a measurement).
 constexpr double kDenseReuse = 4.0;
 
@@ -56,8 +56,9 @@ constexpr double kDenseReuse = 4.0;
 
 // Large graphs whose gathered rows are reused: a window's condensed column serves >= `reuse`
 // nonzeros on average, on a graph of >= 2^19 nonzeros (enough to fill the device; smaller ones
-// keep X in L2, where the row kernels' repeated gathers cost little: facebook-page-page at reuse
-// 2.0 and 342k nonzeros ran them 1.2-1.3x faster).
+// keep X in L2, where the row kernels' repeated gathers cost little: on facebook-page-page, reuse
+// 2.0 and 342k nonzeros, they ran 1.2-1.3x faster on the grid, within 7% either way since the
+// window kernel's gather loop was thinned).
 inline bool large_with_reuse(const PatternFeatures& f, double reuse) {
   return f.nnz >= (int64_t(1) << 19) && row_reuse(f) >= reuse;
 }
