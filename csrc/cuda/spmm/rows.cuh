@@ -67,7 +67,9 @@ __device__ __forceinline__ void add_products(const uint32_t (&xw)[U][Words<T, E>
 
 // U = 4 gathers in flight per lane under a 64-register cap: 32 warps/SM. (8 in flight took ~105
 // registers, 16 warps/SM, and was slower everywhere: measured on H100, fp16 d=128, rmat17 173.2
-// us against 142.7, rmat20 805.4 against 596.2.) VEC: rows are 16-byte aligned (SpmmParams::vec).
+// us against 142.7, rmat20 805.4 against 596.2. More warps were slower too: U = 4 under a
+// 48-register cap, 40 warps/SM, rmat20 605.8 us against 467.9, rmat17 101.3 against 88.4; U = 2
+// at 48 warps/SM, 560.8 and 97.0.) VEC: rows are 16-byte aligned (SpmmParams::vec).
 template <class T, int L, bool VEC>
 __global__ void __launch_bounds__(kRowThreads, 4)
     spmm_rows(const SpmmParams p, const RowView rv, const RowSplit rs) {
