@@ -32,6 +32,7 @@ For docs/PERFORMANCE.md (one H100; split the grid across calls with --graphs / -
       [--dims 32,64,128,256] [--dtypes fp16,fp32] [--ops spmm,sddmm,attention] [--chain 16]
       [--xla-dims 128|all] [--attention-dims 64,128] [--json PATH] [--quick]
   python -m benchmarks.bench_kernels --summarize a.json [b.json ...]   # offline, no GPU
+      [--replan]   # auto re-derived from today's selector: the hit rate of rules fit later
 --json is rewritten after every (graph, order), so a stopped run leaves valid JSON. --quick:
 K = 4 and few timing repeats (and common.benchmark_graphs' quick list). On the CPU backend the
 kernel options are ignored (forced rows equal auto) and times are wall times.
@@ -644,6 +645,36 @@ def plan_rows(rows: list[dict]) -> list[dict]:
   return out
 
 
+def replan_rows(rows: list[dict]) -> list[dict]:
+  """rows with every SpMM and SDDMM `ours-auto` row replaced by the forced kernel today's
+  selector picks for its config (csrc/common/select.h through the CPU extension, on the pattern
+  features each row records), so a saved grid shows the hit rate of rules fit after it ran. The
+  grid's fp32 is the default precision (tf32 allowed), so the picks are for inexact fp32."""
+  from jaxsparse_tc._src import select
+
+  def pick(r):
+    m, nnz = int(r["rows"]), int(r["nnz"])
+    windows = -(-m // 8)
+    counts = {
+      "rows": m,
+      "nnz": nnz,
+      "windows": windows,
+      "blocks": round(nnz / r["nnz_per_block"]) if r["nnz_per_block"] else 0,
+      "condensed_cols": round(r["cols_per_window"] * windows),
+    }
+    esize = 2 if r["dtype"] == "fp16" else 4
+    return select.choices(counts, r["d"], esize)[r["op"]]
+
+  ops = ("spmm", "sddmm")
+  out = [r for r in rows if not (r.get("op") in ops and r.get("impl") == "ours-auto")]
+  for r in list(out):
+    if r.get("op") in ops and r.get("impl", "").startswith("ours-") and r.get("d"):
+      now = pick(r)
+      if r["impl"] == f"ours-{now}":
+        out.append({**r, "impl": "ours-auto", "plan": now, "how": f"replan: {now}"})
+  return out
+
+
 def summarize(rows: list[dict], device: str | None = None) -> dict:
   """Prints and returns the summary tables: per (graph, order) at d=128, the geomeans, the
   selector's hit rate. Needs the raw rows only (a saved JSON's, without a GPU)."""
@@ -806,18 +837,23 @@ def summarize(rows: list[dict], device: str | None = None) -> dict:
       }
     )
     common.print_table(sel, list(sel[0]), f"selector: auto within 3% of the best forced{dev}")
-  real = [
-    r
-    for r in alld
-    if not common.is_synthetic(r["graph"]) and r["order"] != "none" and r["op"] in ("spmm", "sddmm")
-  ]
-  tc_fast = [r for r in real if r["best"] == "tensor_core"]
-  tc_sel = [r for r in tc_fast if r["auto_hit"]]
-  print(
-    f"\nreal graphs, reordered (spmm + sddmm): tensor cores fastest in {len(tc_fast)} of "
-    f"{len(real)} configs, selected by auto (within 3%) in {len(tc_sel)}: "
-    + ", ".join(f"{r['graph']}/{r['op']}/d{r['d']}/{r['dtype']}" for r in tc_sel)
-  )
+  for kind, label in (("real", "real graphs"), ("communities", "dense-community graphs")):
+    of_kind = [
+      r
+      for r in alld
+      if common.graph_kind(r["graph"]) == kind
+      and r["order"] != "none"
+      and r["op"] in ("spmm", "sddmm")
+    ]
+    if kind != "real" and not of_kind:
+      continue
+    tc_fast = [r for r in of_kind if r["best"] == "tensor_core"]
+    tc_sel = [r for r in tc_fast if r["auto_hit"]]
+    print(
+      f"\n{label}, reordered (spmm + sddmm): tensor cores fastest in {len(tc_fast)} of "
+      f"{len(of_kind)} configs, selected by auto (within 3%) in {len(tc_sel)}: "
+      + ", ".join(f"{r['graph']}/{r['op']}/d{r['d']}/{r['dtype']}" for r in tc_sel)
+    )
   return {"per_graph": per, "geomeans": geo, "selector": sel}
 
 
@@ -851,11 +887,16 @@ def main() -> None:
     "(the plan's pick is recorded in each row's `plan` field)",
   )
   ap.add_argument("--summarize", nargs="+", default=None, metavar="JSON", help="offline summary")
+  ap.add_argument(
+    "--replan",
+    action="store_true",
+    help="with --summarize: SpMM/SDDMM auto = the forced kernel today's selector picks",
+  )
   a = ap.parse_args()
 
   if a.summarize:
     rows, device = _load_json(a.summarize)
-    summarize(rows, device)
+    summarize(replan_rows(rows) if a.replan else rows, device)
     return
 
   device = common.device_name()

@@ -145,9 +145,16 @@ _COMMUNITIES = re.compile(r"comm(\d+)-c(\d+)-d(\d+)")
 SYNTHETIC = ("rmat17-d16", "rmat20-d8")  # the generated graphs of the default suite
 
 
+def graph_kind(name: str) -> str:
+  """ "rmat" or "communities" for a generated graph's name, "real" for any other."""
+  if name.startswith("rmat"):
+    return "rmat"
+  return "communities" if _COMMUNITIES.fullmatch(name) else "real"
+
+
 def is_synthetic(name: str) -> bool:
   """Whether `name` is a generated graph (R-MAT or communities), not one of ../shared/data."""
-  return name.startswith("rmat") or _COMMUNITIES.fullmatch(name) is not None
+  return graph_kind(name) != "real"
 
 
 def synthetic_graph(name: str):
