@@ -1,0 +1,65 @@
+"""The benchmark suite's generated graphs and its offline re-planning (benchmarks/, CPU only)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jaxsparse_tc as jst
+from benchmarks import bench_kernels, common
+
+
+def test_communities_graph():
+  """A symmetric pattern, no self loops, deterministic for its arguments, and in affinity order its
+  windows reuse their columns (what makes it the tensor cores' case)."""
+  g = common.communities(12, 64, 16)
+  h = common.load_graph("comm12-c64-d16")
+  assert g.shape == (4096, 4096) and (g != h).nnz == 0
+  pattern = g.copy()
+  pattern.data[:] = 1
+  assert (pattern != pattern.T).nnz == 0 and g.diagonal().sum() == 0
+  assert 16 <= g.nnz / g.shape[0] <= 34  # 2 x (16 + 1) draws, less duplicates and self loops
+  assert (common.communities(12, 64, 16, seed=1) != g).nnz > 0
+  r = jst.reorder(g, "affinity", seed=0)
+  p = g[r.perm][:, r.perm].tocsr()
+  f = jst.kernel_plan(jst.SparseMatrix.from_scipy(p), 128).features
+  assert f.nnz / f.condensed_cols > 2.0, f
+  with pytest.raises(ValueError, match="divisible"):
+    common.communities(12, 48, 4)
+  assert common.graph_kind("comm12-c64-d16") == "communities"
+  assert common.graph_kind("rmat17-d16") == "rmat" and common.graph_kind("DD") == "real"
+
+
+def test_replan_takes_the_forced_kernel_of_todays_pick():
+  """replan_rows: a config's auto becomes the forced row of the kernel the selector picks from
+  the features the rows record; other rows pass through."""
+  g = common.communities(16, 64, 8)
+  r = jst.reorder(g, "affinity", seed=0)
+  A = jst.SparseMatrix.from_scipy(g[r.perm][:, r.perm].tocsr())
+  f = jst.kernel_plan(A, 128).features
+  base = {
+    "graph": "comm16-c64-d8",
+    "order": "affinity",
+    "op": "spmm",
+    "d": 128,
+    "dtype": "fp16",
+    "rows": f.rows,
+    "nnz": f.nnz,
+    "nnz_per_block": f.nnz_per_block,
+    "cols_per_window": f.cols_per_window,
+  }
+  rows = [
+    {**base, "impl": "ours-auto", "us_per_call": 9.0, "plan": "cuda_core"},
+    {**base, "impl": "ours-cuda_core", "us_per_call": 2.0},
+    {**base, "impl": "ours-tensor_core", "us_per_call": 1.0},
+    {**base, "impl": "cusparse", "us_per_call": 5.0},
+  ]
+  want = jst.kernel_plan(A, 128, np.float16).spmm
+  out = bench_kernels.replan_rows(rows)
+  (auto,) = [x for x in out if x["impl"] == "ours-auto"]
+  assert auto["plan"] == want and auto["us_per_call"] == (1.0 if want == "tensor_core" else 2.0)
+  assert sorted(x["impl"] for x in out if x["impl"] != "ours-auto") == [
+    "cusparse",
+    "ours-cuda_core",
+    "ours-tensor_core",
+  ]
