@@ -193,10 +193,6 @@ def graph_names(quick: bool, names=None) -> list[str]:
   return [*common.real_graph_names(), *common.SYNTHETIC[: 1 if quick else 2]]
 
 
-def _load(name: str, quick: bool):
-  return next(iter(common.benchmark_graphs(quick, [name]).values())).tocsr()
-
-
 def _features(csr, A) -> dict:
   import jaxsparse_tc as jst
   from jaxsparse_tc.reorder import block_stats
@@ -239,7 +235,7 @@ def run(a, on_order=None) -> list[dict]:
 
   for gname in graph_names(quick, named):
     try:
-      csr = _load(gname, quick)
+      csr = common.load_graph(gname).tocsr()
     except Exception as e:  # noqa: BLE001 - a missing graph ends only its rows
       rows.append({"graph": gname, "op": "load", "error": _first_line(e)})
       print(f"{gname}: {_first_line(e)}", flush=True)
@@ -646,9 +642,10 @@ def plan_rows(rows: list[dict]) -> list[dict]:
 
 
 def replan_rows(rows: list[dict]) -> list[dict]:
-  """rows with every SpMM and SDDMM `ours-auto` row replaced by the forced kernel today's
-  selector picks for its config (csrc/common/select.h through the CPU extension, on the pattern
-  features each row records), so a saved grid shows the hit rate of rules fit after it ran. The
+  """rows with the SpMM and SDDMM forced rows' `plan` set to the kernel today's selector picks
+  (csrc/common/select.h through the CPU extension, on the pattern features each row records) and
+  their timed `ours-auto` rows dropped, so that plan_rows (summarize) takes auto's time from the
+  picked forced kernel: a saved grid then shows the hit rate of rules fit after it ran. The
   grid's fp32 is the default precision (tf32 allowed), so the picks are for inexact fp32."""
   from jaxsparse_tc._src import select
 
@@ -665,13 +662,13 @@ def replan_rows(rows: list[dict]) -> list[dict]:
     esize = 2 if r["dtype"] == "fp16" else 4
     return select.choices(counts, r["d"], esize)[r["op"]]
 
-  ops = ("spmm", "sddmm")
-  out = [r for r in rows if not (r.get("op") in ops and r.get("impl") == "ours-auto")]
-  for r in list(out):
-    if r.get("op") in ops and r.get("impl", "").startswith("ours-") and r.get("d"):
-      now = pick(r)
-      if r["impl"] == f"ours-{now}":
-        out.append({**r, "impl": "ours-auto", "plan": now, "how": f"replan: {now}"})
+  out = []
+  for r in rows:
+    if r.get("op") in ("spmm", "sddmm") and r.get("impl", "").startswith("ours-") and r.get("d"):
+      if r["impl"] == "ours-auto":
+        continue
+      r = {**r, "plan": pick(r)}
+    out.append(r)
   return out
 
 
@@ -905,12 +902,13 @@ def main() -> None:
   def save(rows):
     if a.json:
       tmp = a.json + ".tmp"
+      bw = common.copy_bandwidth(measure=False)
       with open(tmp, "w") as f:
         json.dump(
           {
             "device": device,
             "argv": sys.argv[1:],
-            "copy_GBps": common.copy_bandwidth() / 1e9 if "bw" in common._COPY else None,
+            "copy_GBps": bw / 1e9 if bw else None,
             "rows": rows,
             "derived": derive(rows),
           },

@@ -31,8 +31,9 @@ def test_communities_graph():
 
 
 def test_replan_takes_the_forced_kernel_of_todays_pick():
-  """replan_rows: a config's auto becomes the forced row of the kernel the selector picks from
-  the features the rows record; other rows pass through."""
+  """replan_rows, then plan_rows (as summarize runs them): a config's auto becomes the forced row
+  of the kernel the selector picks from the features the rows record; other rows pass
+  through."""
   g = common.communities(16, 64, 8)
   r = jst.reorder(g, "affinity", seed=0)
   A = jst.SparseMatrix.from_scipy(g[r.perm][:, r.perm].tocsr())
@@ -55,7 +56,7 @@ def test_replan_takes_the_forced_kernel_of_todays_pick():
     {**base, "impl": "cusparse", "us_per_call": 5.0},
   ]
   want = jst.kernel_plan(A, 128, np.float16).spmm
-  out = bench_kernels.replan_rows(rows)
+  out = bench_kernels.plan_rows(bench_kernels.replan_rows(rows))
   (auto,) = [x for x in out if x["impl"] == "ours-auto"]
   assert auto["plan"] == want and auto["us_per_call"] == (1.0 if want == "tensor_core" else 2.0)
   assert sorted(x["impl"] for x in out if x["impl"] != "ours-auto") == [

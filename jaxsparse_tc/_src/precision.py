@@ -30,10 +30,8 @@ def canonicalize(precision) -> int:
     return _NAMES.get(configured.lower() if isinstance(configured, str) else None, DEFAULT)
   if isinstance(precision, jax.lax.Precision):
     return HIGHEST if precision == jax.lax.Precision.HIGHEST else DEFAULT
-  if isinstance(precision, str) or precision is None:
-    key = precision.lower() if isinstance(precision, str) else None
-    if key in _NAMES:
-      return _NAMES[key]
+  if isinstance(precision, str) and precision.lower() in _NAMES:
+    return _NAMES[precision.lower()]
   raise ValueError(
     f"precision must be None, 'default', 'highest' or a jax.lax.Precision; got {precision!r}"
   )

@@ -125,32 +125,23 @@ def _send_rows(layout, arrays, x):
   sel = arrays.send_select
   if sel is None or not checks.is_supported_float(x.dtype) or x.dtype == jnp.float64:
     return jnp.take(x, arrays.send, axis=node)
-  return _gather_rows((layout.rows_per_shard, layout.send_part), arrays.send, sel, x)
+  return _gather_rows(layout, arrays.send, sel, x)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _gather_rows(static, send, sel, x):
-  """x's rows `send` (along the node axis); static = (M, the selection matrix's PartLayout)."""
-  del static, sel
+def _gather_rows(layout, send, sel, x):
+  """x's rows `send` (along the node axis); sel: the send lists' selection matrix's arrays."""
+  del layout, sel
   return jnp.take(x, send, axis=x.ndim - 2)
 
 
-def _gather_fwd(static, send, sel, x):
-  return _gather_rows(static, send, sel, x), sel
+def _gather_fwd(layout, send, sel, x):
+  return _gather_rows(layout, send, sel, x), sel
 
 
-def _gather_bwd(static, sel, ct):
-  M, pl = static
-  S = SparseMatrix(
-    valid_mask(sel.nnz, pl.nnz).astype(ct.dtype),
-    sel.a,
-    sel.t,
-    sel.perm_t,
-    sel.perm_t_inv,
-    sel.perm_t,
-    (M, pl.cols),
-    pl.grouped,
-  )
+def _gather_bwd(layout, sel, ct):
+  pl = layout.send_part
+  S = _local_matrix(layout, pl, sel, valid_mask(sel.nnz, pl.nnz).astype(ct.dtype))
   return None, None, _spmm(S, ct, precision=jax.lax.Precision.HIGHEST)
 
 
