@@ -110,13 +110,18 @@ class FormatOptions:
       one CTA of the attention forward). None: the builder's rule (graphs under 65,536
       nonzeros whose windows have at most 32 blocks, unless split_blocks is given); False
       turns it off; True asks for it and fails where the pattern does not qualify.
+    row_order: the order in which the CUDA-core kernels walk rows (docs/FORMAT.md, "Row
+      view"): "length" (by length class, row order inside) or "locality" (row order, the
+      longest rows first). None: the builder's rule ("locality" where a window's rows read
+      each of their distinct columns 1.5 times or more on average).
   """
 
   split_blocks: int | None = None
   grouped: bool | None = None
+  row_order: str | None = None
 
   def __post_init__(self):
-    from jaxsparse_tc._src.pattern import SPLIT_BLOCKS
+    from jaxsparse_tc._src.pattern import ROW_ORDERS, SPLIT_BLOCKS
 
     if self.split_blocks is not None and (
       not isinstance(self.split_blocks, int)
@@ -129,6 +134,10 @@ class FormatOptions:
       )
     if self.grouped is not None and not isinstance(self.grouped, bool):
       raise ValueError(f"FormatOptions.grouped must be None or a bool; got {self.grouped!r}")
+    if self.row_order is not None and self.row_order not in ROW_ORDERS:
+      raise ValueError(
+        f"FormatOptions.row_order must be None or one of {ROW_ORDERS}; got {self.row_order!r}"
+      )
     if self.grouped and self.split_blocks is not None:
       raise ValueError(
         "FormatOptions: a grouped schedule chooses its own pieces; give "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -233,10 +235,16 @@ def test_row_view_is_csr_of_the_format(rng):
     same = np.diff(r) == 0
     assert np.all(np.diff(ent[:, 0])[same] > 0), "columns ascending inside a row"
   ptr = np.concatenate([[0], np.cumsum(np.bincount(np.asarray(A.rows), minlength=m))])
-  from jaxsparse_tc._src.pattern import CTA_ROW, ROW_CTA_PIECES, WHOLE_ROW, row_cta_entries
+  from jaxsparse_tc._src.pattern import (
+    CTA_ROW,
+    ROW_CTA_PIECES,
+    ROW_ORDERS,
+    WHOLE_ROW,
+    row_cta_entries,
+  )
 
-  for piece in (1, 2, 7, 32, 1000):
-    sched = row_schedule(ptr, piece)
+  for piece, order in itertools.product((1, 2, 7, 32, 1000), ROW_ORDERS):
+    sched = row_schedule(ptr, piece, order)
     cap = row_cta_entries(piece)
     assert cap == ROW_CTA_PIECES * max(piece, 16)
     seen = np.zeros(ptr[-1], np.int64)
@@ -257,9 +265,84 @@ def test_row_view_is_csr_of_the_format(rng):
     assert split[: split.sum()].all(), "slotted items are the prefix of those"
     slots = sched[split, 3]
     assert np.all(np.diff(slots) >= 0) and (slots.size == 0 or slots.max() + 1 == len(set(slots)))
-    assert np.all(np.diff(np.diff(ptr)[sched[:, 0]]) <= 0), "longest rows first"
+    _check_row_order(sched, np.diff(ptr), piece, order)
     if piece == 2:
       assert split.any() and (cta & ~split).any(), "the test covers every kind of item"
+
+
+def _check_row_order(sched, counts, piece, order):
+  """The row schedule's order (pattern.row_schedule): CTA items first, longest first; empty rows
+  last; whole rows between by length class ("length") or long rows first, then row order
+  ("locality")."""
+  from jaxsparse_tc._src.pattern import LONG_ROW_FACTOR, WHOLE_ROW
+
+  first = np.concatenate([[True], sched[1:, 0] != sched[:-1, 0]])
+  rows = sched[first, 0]  # each row once, in schedule order
+  n = counts[rows]
+  cta = n > piece
+  assert cta[: cta.sum()].all() and np.all(np.diff(n[cta]) <= 0), "CTA rows first, longest first"
+  whole = n[~cta]
+  assert np.all(np.diff(whole == 0) >= 0), "empty rows last"
+  w_rows, w_n = rows[~cta][whole > 0], whole[whole > 0]
+  if order == "length":
+    cls = np.floor(np.log2(w_n))
+    assert np.all(np.diff(cls) <= 0), "longest class first"
+    same = np.diff(cls) == 0
+    assert np.all(np.diff(w_rows)[same] > 0), "row order inside a class"
+  else:
+    long_row = w_n > LONG_ROW_FACTOR * max(counts.sum() / counts.size, 1.0)
+    assert long_row[: long_row.sum()].all() and np.all(np.diff(w_n[long_row]) <= 0)
+    assert np.all(np.diff(w_rows[~long_row]) > 0), "then the rest in row order"
+  assert np.all(sched[~np.isin(sched[:, 0], rows[cta]), 3] == WHOLE_ROW)
+
+
+def test_row_order_rule(rng):
+  """row_order: "locality" where the windows reuse their columns (a banded matrix), "length"
+  where they do not (random columns); FormatOptions.row_order overrides the rule and is
+  checked."""
+  from jaxsparse_tc._src.pattern import row_order, row_piece, row_schedule
+
+  m, n = 512, 4096
+  rows = np.repeat(np.arange(m), 6)
+  band = (rows + rng.integers(0, 4, rows.size)) % n  # 8 rows share ~11 columns
+  scattered = rng.integers(0, n, rows.size)
+  for cols, want in ((band, "locality"), (scattered, "length")):
+    A = SparseMatrix.from_coo(rows, cols, shape=(m, n))
+    P = A.pattern
+    assert row_order(A.nnz, int(np.asarray(P.window_col_ptr)[-1])) == want
+    counts = np.bincount(np.asarray(P.rows), minlength=m)
+    ptr = np.concatenate([[0], np.cumsum(counts)])
+    np.testing.assert_array_equal(
+      np.asarray(P.row_schedule), row_schedule(ptr, row_piece(A.nnz), want)
+    )
+    other = "length" if want == "locality" else "locality"
+    B = SparseMatrix.from_coo(
+      rows, cols, shape=(m, n), format_options=jst.FormatOptions(row_order=other)
+    )
+    np.testing.assert_array_equal(
+      np.asarray(B.pattern.row_schedule), row_schedule(ptr, row_piece(A.nnz), other)
+    )
+  for bad in ("rows", 1, True):
+    with pytest.raises(ValueError, match="row_order"):
+      jst.FormatOptions(row_order=bad)
+  with pytest.raises(ValueError, match="row order"):
+    row_schedule(ptr, 8, "random")
+
+
+def test_window_schedule_order():
+  """Split windows first by decreasing block count, then whole windows by length class (block
+  counts within 2x), heaviest class first, window order inside; empty windows last; each item's
+  `first` field points at itself."""
+  counts = np.array([3, 0, 40, 2, 7, 3, 1, 70, 0, 6, 2, 5])
+  ptr = np.concatenate([[0], np.cumsum(counts)])
+  s = window_schedule(ptr, 32)
+  split = s[:, 7] > 1
+  assert split[: split.sum()].all()
+  assert s[split, 0].tolist() == [7, 7, 7, 2, 2]
+  assert s[~split, 0].tolist() == [4, 9, 11, 0, 3, 5, 10, 6, 1, 8]
+  np.testing.assert_array_equal(s[~split, 6], np.flatnonzero(~split))
+  np.testing.assert_array_equal(s[:3, 6], [0, 0, 0])
+  np.testing.assert_array_equal(s[3:5, 6], [3, 3])
 
 
 def test_split_blocks_matches_the_kernels():

@@ -123,15 +123,15 @@ def _rule(f, d, esize):
   mean_row = f.nnz / f.rows if f.rows else 0.0
   rb = d * esize
   large = f.nnz >= 2**19
-  spmm = (large and reuse >= 2.5) if rb <= 64 else (reuse >= 4 or (large and reuse >= 1.5))
+  spmm = reuse >= 4 or (esize == 2 and rb >= 256 and large and reuse >= 2.5)
   if reuse >= 4:
-    sddmm = True
+    sddmm = esize == 2 or rb <= 512
   elif f.nnz < 2**17:
     sddmm = rb <= (256 if esize == 2 else 128)
-  elif large and ((reuse >= 1.5 and 256 <= rb <= 512) or (reuse >= 1.8 and rb >= 128)):
+  elif esize == 2 and large and ((reuse >= 2 and rb >= 128) or reuse >= 2.5):
     sddmm = True
   elif mean_row >= 12:
-    sddmm = rb <= 256 if f.nnz < 2**20 else (esize == 2 and rb <= 128)
+    sddmm = (rb <= 256 or reuse >= 1.8) if f.nnz < 2**20 else (esize == 2 and rb <= 128)
   else:
     sddmm = False
   return spmm, sddmm
@@ -156,8 +156,8 @@ def test_block_dense_takes_tensor_cores_and_rmat_the_row_kernels(matrices):
     for d in (64, 128):
       plan = jst.kernel_plan(dense, d, dtype)
       assert (plan.spmm, plan.sddmm) == ("tensor_core", "tensor_core"), (dtype, d)
-    # 64-byte rows of a small graph: the SpMM row kernels whatever the fill
-    assert jst.kernel_plan(dense, 64 // jnp.dtype(dtype).itemsize, dtype).spmm == "cuda_core"
+    # reuse >= 4: the SpMM's tensor cores at any width, even 64-byte rows of a small graph
+  assert jst.kernel_plan(dense, 64 // jnp.dtype(dtype).itemsize, dtype).spmm == "tensor_core"
   for dtype in (jnp.float16, jnp.float32):
     for d in (32, 64, 128, 256):
       assert jst.kernel_plan(rmat, d, dtype).spmm == "cuda_core", (dtype, d)
@@ -170,9 +170,10 @@ def test_block_dense_takes_tensor_cores_and_rmat_the_row_kernels(matrices):
   assert jst.kernel_plan(rmat, 64).features.nnz_per_block < 16
 
 
-def test_large_short_row_graph_with_reuse_takes_tensor_cores():
-  """The measured DD case: short rows (5 per row), rows of a window sharing columns (reuse 2),
-  2^19 nonzeros or more."""
+def test_large_short_row_graph_with_reuse():
+  """The measured DD case: short rows (5 per row), rows of a window sharing columns (reuse 2 to
+  2.5), 2^19 nonzeros or more: the SpMM row kernels (walking rows in row order), the SDDMM's
+  tensor cores for 16-bit rows of 128 bytes and more."""
   rng = np.random.default_rng(5)
   m = 2**17  # windows of 8 rows; each window's rows draw 5 of its 20 columns
   cols_of_window = rng.integers(0, m, size=(m // 8, 20))
@@ -181,11 +182,14 @@ def test_large_short_row_graph_with_reuse_takes_tensor_cores():
   cols = cols_of_window[np.arange(m)[:, None] // 8, pick].ravel()
   A = SparseMatrix.from_coo(rows, cols, shape=(m, m))
   f = jst.kernel_plan(A, 128).features
-  assert f.nnz >= 2**19 and f.mean_row_length <= 8 and f.nnz / f.condensed_cols >= 2, f
-  plan = jst.kernel_plan(A, 128, jnp.float16)
-  assert (plan.spmm, plan.sddmm) == ("tensor_core", "tensor_core")
-  plan = jst.kernel_plan(A, 32, jnp.float16)
-  assert (plan.spmm, plan.sddmm) == ("cuda_core", "cuda_core")
+  assert f.nnz >= 2**19 and f.mean_row_length <= 8 and 2 <= f.nnz / f.condensed_cols < 2.5, f
+  for d, dtype, want in (
+    (128, jnp.float16, ("cuda_core", "tensor_core")),
+    (128, jnp.float32, ("cuda_core", "cuda_core")),
+    (32, jnp.float16, ("cuda_core", "cuda_core")),
+  ):
+    plan = jst.kernel_plan(A, d, dtype)
+    assert (plan.spmm, plan.sddmm) == want, (d, dtype)
 
 
 def _communities(rng, m=2**16, size=64, degree=8):
@@ -196,25 +200,31 @@ def _communities(rng, m=2**16, size=64, degree=8):
   return np.concatenate([src, dst]), np.concatenate([dst, src]), (m, m)
 
 
-def test_large_graph_of_dense_communities_takes_tensor_cores():
-  """The measured dense-community case (benchmarks.common.communities, affinity order): long
-  rows (16 per row) whose windows share their community's 64 columns (reuse ~2) on a graph of
-  2^19 nonzeros or more; the same graph with its node ids permuted (no reuse) keeps the SpMM
-  row kernels."""
+def test_large_graphs_of_communities():
+  """The measured community cases (benchmarks.common.communities, affinity order), 2^19
+  nonzeros or more: at reuse ~2 (communities of 64, 16 per row) the SpMM row kernels and the
+  SDDMM's 16-bit tensor cores; at reuse >= 4 (64 per row) tensor cores for both at any width;
+  the same graph with its node ids permuted (no reuse) keeps the SpMM row kernels."""
   rng = np.random.default_rng(7)
   rows, cols, (m, _) = _communities(rng)
   A = SparseMatrix.from_coo(rows, cols, shape=(m, m))
   f = jst.kernel_plan(A, 128).features
-  assert f.nnz >= 2**19 and f.mean_row_length >= 12 and 1.5 <= f.nnz / f.condensed_cols < 4, f
+  assert f.nnz >= 2**19 and f.mean_row_length >= 12 and 2 <= f.nnz / f.condensed_cols < 2.5, f
+  for d in (32, 128, 256):
+    assert jst.kernel_plan(A, d, jnp.float16).spmm == "cuda_core", d
+  assert jst.kernel_plan(A, 128, jnp.float16).sddmm == "tensor_core"
+  rows_d, cols_d, (m_d, _) = _communities(rng, m=2**14, degree=32)
+  D = SparseMatrix.from_coo(rows_d, cols_d, shape=(m_d, m_d))
+  g = jst.kernel_plan(D, 128).features
+  assert g.nnz >= 2**19 and g.nnz / g.condensed_cols >= 4, g
   for dtype in (jnp.float16, jnp.float32):
-    plan = jst.kernel_plan(A, 128, dtype)
-    assert (plan.spmm, plan.sddmm) == ("tensor_core", "tensor_core"), dtype
-  # 64-byte rows take the SpMM's tensor cores only from reuse 2.5
-  assert f.nnz / f.condensed_cols < 2.5 and jst.kernel_plan(A, 32, jnp.float16).spmm == "cuda_core"
+    for d in (32, 128):
+      plan = jst.kernel_plan(D, d, dtype)
+      assert (plan.spmm, plan.sddmm) == ("tensor_core", "tensor_core"), (dtype, d)
   perm = rng.permutation(m)
   B = SparseMatrix.from_coo(perm[rows], perm[cols], shape=(m, m))
-  g = jst.kernel_plan(B, 128).features
-  assert g.nnz == f.nnz and g.nnz / g.condensed_cols < 1.1, g
+  h = jst.kernel_plan(B, 128).features
+  assert h.nnz == f.nnz and h.nnz / h.condensed_cols < 1.1, h
   for dtype in (jnp.float16, jnp.float32):
     assert jst.kernel_plan(B, 128, dtype).spmm == "cuda_core", dtype
 
@@ -433,10 +443,10 @@ def test_gpu_spmm_and_sddmm_default_options(rng, kind, dt, d):
 @gpu_only
 @pytest.mark.parametrize("dt", ["f32", "f16"])
 def test_gpu_dense_communities_default_options(rng, dt):
-  """A large graph of dense communities, where auto takes both tensor-core kernels (checked),
-  against float64."""
+  """A large graph of dense communities (reuse >= 4), where auto takes both tensor-core kernels
+  (checked), against float64."""
   dtype, precision, tol = DTYPES[dt]
-  rows, cols, shape = _communities(rng)
+  rows, cols, shape = _communities(rng, m=2**14, degree=32)
   vals = rng.uniform(-1, 1, rows.size).astype(np.float32)
   A = SparseMatrix.from_coo(rows, cols, vals, shape=shape)
   plan = jst.kernel_plan(A, 128, dtype, precision=precision)

@@ -43,57 +43,60 @@ inline double row_reuse(const PatternFeatures& f) {
 }
 
 // Past this reuse a window's gathered rows serve four or more nonzeros each: tensor cores on any
-// graph size (the measured dense-community graphs of 2^18 and 2^19 nodes in communities of 64
-// reached 4.2 and ran the tensor-core kernels 2.5-2.7x faster than the row kernels; below 2^19
-// nonzeros this is the cost model's, not a measurement).
+// graph size (a graph of dense communities at reuse 4.2 ran the tensor-core SpMM in 0.47-0.79x
+// the row kernels' time at every width, fp16 and fp32; below 2^19 nonzeros this is the cost
+// model's, not a measurement).
 constexpr double kDenseReuse = 4.0;
 
-// The rules below are fit on the H100 grid of docs/DESIGN.md ("The kernel selector": 5 real
-// graphs, R-MAT 17/16 and 20/8, each in its own and in affinity order, d 32..256, fp16 and fp32,
-// plus three graphs of dense communities in affinity order at every d and a fourth at d = 128;
-// python -m benchmarks.bench_kernels), where they pick the faster kernel (within 3%) in 134 of
-// 134 SpMM and 126 of 134 SDDMM configurations.
+// The rules below are fit on the H100 grid of docs/DESIGN.md ("The kernel selector": the
+// schedules in their current order, pattern.py; 5 real graphs and R-MAT 17/16 in affinity order,
+// DD and facebook-page-page in their own at d = 128, three graphs of dense communities; d 32,
+// 128, 256;
+// fp16 and fp32; python -m benchmarks.bench_kernels), where they pick the faster kernel (within
+// 3%) in 56 of 58 SpMM and 55 of 58 SDDMM configurations.
 
-// Large graphs whose gathered rows are reused: a window's condensed column serves >= `reuse`
-// nonzeros on average, on a graph of >= 2^19 nonzeros (enough to fill the device; smaller ones
-// keep X in L2, where the row kernels' repeated gathers cost little: on facebook-page-page, reuse
-// 2.0 and 342k nonzeros, they ran 1.2-1.3x faster on the grid, within 7% either way since the
-// window kernel's gather loop was thinned).
+// Large graphs (>= 2^19 nonzeros: enough to fill the device) whose window's condensed columns
+// serve >= `reuse` nonzeros each on average.
 inline bool large_with_reuse(const PatternFeatures& f, double reuse) {
   return f.nnz >= (int64_t(1) << 19) && row_reuse(f) >= reuse;
 }
 
-// SpMM: the tensor-core kernels on large graphs at reuse >= 1.5: DD (0.76-0.90x the row
-// kernels' time in both orders) and the dense-community graphs (reuse 1.9-4.2, 0.35-0.65x);
-// the row kernels below it (R-MAT 17/16 at reuse 1.2: 1.14-1.9x; github-musae at 1.3). Rows of
-// 64 bytes (fp16 d = 32) need reuse >= 2.5, since a slab of the window kernel does little work
-// per gathered row there: DD at 2.3 ran 48 against the row kernels' 38 us, communities at 2.8
-// and 4.2 ran 78-79 against 104-152.
+// SpMM: the row kernels walk rows in row order where windows reuse their columns
+// (pattern.row_order), so that neighbouring rows share X rows in L1 and L2; that took DD from
+// 139 to 82 us (fp16, d = 128) and made them faster than the tensor-core kernel on every real
+// graph (DD 0.80-0.89x its time; facebook-page-page at 64- and 512-byte fp16 rows is the
+// exception, 1.08-1.10x, within 2 us). Tensor cores keep dense communities: reuse >= 4 at any
+// width, and 16-bit rows of 256 bytes and more from reuse 2.5 (0.71-0.74x at 2.8; at reuse 1.9
+// the row kernels win, 0.84-0.94x). tf32 tensor cores lose to the exact row kernels below
+// reuse 4 (1.06-1.30x).
 inline bool spmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int esize) {
-  if (d * esize <= 64) return large_with_reuse(f, 2.5);
-  return row_reuse(f) >= kDenseReuse || large_with_reuse(f, 1.5);
+  if (row_reuse(f) >= kDenseReuse) return true;
+  return esize == 2 && d * esize >= 256 && large_with_reuse(f, 2.5);
 }
 
 // SDDMM: the row kernel (a lane group per row, dot products of d features) is slow on narrow
-// rows, the tensor-core one on wide rows of large, unstructured graphs. Measured:
-// - small graphs (< 2^17 nonzeros, pubmed): tensor cores up to 256-byte fp16 rows (0.48-0.92x),
+// rows, the tensor-core one on wide rows of large, unstructured graphs and in float32. Measured:
+// - reuse >= 4: tensor cores (0.56-0.82x), except 1 KB float32 rows (1.18x);
+// - small graphs (< 2^17 nonzeros, pubmed): tensor cores up to 256-byte fp16 rows (0.39-0.86x),
 //   128-byte fp32 rows;
-// - large graphs with reuse (DD, dense communities): tensor cores for 256-512-byte rows at reuse
-//   >= 1.5, for rows of 128 bytes and more at reuse >= 1.8 (DD 0.70-0.94x; communities
-//   0.41-0.97x, one miss: 1024-byte rows at reuse 1.9, 1.05x);
-// - long rows (>= 12 per row) otherwise: tensor cores up to 256-byte rows below 2^20 nonzeros
-//   (facebook, github: 0.58-0.92x), only up to 128-byte fp16 rows above (R-MAT 17/16:
-//   0.55-0.89x, 1.14-1.9x past it);
-// - otherwise the row kernels (proteins, R-MAT 20/8: the tensor-core kernel 1.1-1.9x slower).
+// - large graphs with reuse, 16-bit: tensor cores from reuse 2 for rows of 128 bytes and more
+//   (DD 0.89-0.92x), from 2.5 for any row (communities at 2.8: 0.80-0.84x); the row kernels at
+//   reuse 1.9 (communities, 1.02-1.13x) and in float32 (1.04-1.96x);
+// - long rows (>= 12 per row) otherwise: below 2^20 nonzeros tensor cores up to 256-byte rows,
+//   at any width from reuse 1.8 (facebook-page-page: 0.38-0.77x; github-musae: 0.48-0.83x,
+//   1.11-1.14x past 256 bytes); above, 16-bit rows up to 128 bytes (R-MAT 17/16: 0.56x,
+//   1.12-1.48x past it);
+// - otherwise the row kernels (proteins, DD in float32, R-MAT 20/8).
 inline bool sddmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int esize) {
   const int64_t row_bytes = d * esize;
-  if (row_reuse(f) >= kDenseReuse) return true;
+  if (row_reuse(f) >= kDenseReuse) return esize == 2 || row_bytes <= 512;
   if (f.nnz < (int64_t(1) << 17)) return row_bytes <= (esize == 2 ? 256 : 128);
-  if ((large_with_reuse(f, 1.5) && row_bytes >= 256 && row_bytes <= 512) ||
-      (large_with_reuse(f, 1.8) && row_bytes >= 128))
+  if (esize == 2 && ((large_with_reuse(f, 2.0) && row_bytes >= 128) || large_with_reuse(f, 2.5)))
     return true;
-  if (derived_features(f).mean_row_length >= 12.0)
-    return f.nnz < (int64_t(1) << 20) ? row_bytes <= 256 : (esize == 2 && row_bytes <= 128);
+  if (derived_features(f).mean_row_length >= 12.0) {
+    if (f.nnz < (int64_t(1) << 20)) return row_bytes <= 256 || row_reuse(f) >= 1.8;
+    return esize == 2 && row_bytes <= 128;
+  }
   return false;
 }
 

@@ -84,12 +84,14 @@ def reschedule(
   p: Pattern, num_rows: int, nnz: int, grouped: bool, split_blocks: int | None = None
 ) -> Pattern:
   """`p` with its window schedule and row schedule rebuilt by the rules of a pattern of `nnz`
-  nonzeros (the padded count kernels will see). `grouped`: cut windows into grouped pieces
-  (pattern.grouped_schedule_fits(window_block_ptr, nnz) must hold)."""
+  nonzeros (the padded count kernels will see; the row order by p's own nonzeros). `grouped`:
+  cut windows into grouped pieces (pattern.grouped_schedule_fits(window_block_ptr, nnz) must
+  hold)."""
   wbp, wcp = np.asarray(p.window_block_ptr), np.asarray(p.window_col_ptr)
   size = pattern_lib.split_blocks(nnz) if split_blocks is None else split_blocks
   schedule = pattern_lib.window_schedule(wbp, size, grouped, wcp)
-  row_schedule = pattern_lib.row_schedule(_row_ptr(p, num_rows), pattern_lib.row_piece(nnz))
+  order = pattern_lib.row_order(int(p.rows.shape[0]), int(wcp[-1]))
+  row_schedule = pattern_lib.row_schedule(_row_ptr(p, num_rows), pattern_lib.row_piece(nnz), order)
   return p._replace(schedule=schedule, row_schedule=row_schedule)
 
 

@@ -92,8 +92,8 @@ __device__ __forceinline__ void row_dots(const SddmmParams& p, const RowView& rv
 // requested once the row's last batch is summed, so it travels with that row's first gathers.
 // A batch thus waits on its own gathers alone, where one row per group waited on the schedule,
 // then on the entries and X, then on the gathers (three round trips for rmat20's ~8 entries).
-// Rows come longest first, so a group stops at its first empty item. The loop runs while any
-// group of the warp has work, so reduce_many's shuffles take the full mask.
+// Empty rows come last (pattern.row_schedule), so a group stops at its first empty item. The
+// loop runs while any group of the warp has work, so reduce_many's shuffles take the full mask.
 template <class T, class O, int L, int NS, int U, bool VEC>
 __device__ __forceinline__ void row_stream(const SddmmParams& p, const RowView& rv, int h, int item,
                                            int items, int stride, int li) {
@@ -182,8 +182,9 @@ __global__ void __launch_bounds__(kRowThreads, SMALL     ? 1
   }
   if constexpr (!SMALL) {
     // Items c * NG + g + j * gridDim.x * NG, j < p.stream: strided over the schedule, so every
-    // group's rows are a like mix of long and short (rows come longest first; blocks of
-    // consecutive items gave the first CTAs all the longest rows: 2.6x slower on rmat17 at 16).
+    // group's rows are a like mix of long and short (the schedule puts long rows first; blocks
+    // of consecutive items gave the first CTAs all the longest rows: 2.6x slower on rmat17 at
+    // 16).
     const int64_t stride = int64_t(gridDim.x) * NG;
     row_stream<T, O, L, NS, US, VEC>(p, rv, h, int(blockIdx.x) * NG + g,
                                      int(std::min<int64_t>(rv.num_items, stride * p.stream)),
