@@ -50,10 +50,9 @@ constexpr double kDenseReuse = 4.0;
 
 // The rules below are fit on the H100 grid of docs/DESIGN.md ("The kernel selector": the
 // schedules in their current order, pattern.py; 5 real graphs and R-MAT 17/16 in affinity order,
-// DD and facebook-page-page in their own at d = 128, three graphs of dense communities; d 32,
-// 128, 256;
-// fp16 and fp32; python -m benchmarks.bench_kernels), where they pick the faster kernel (within
-// 3%) in 56 of 58 SpMM and 55 of 58 SDDMM configurations.
+// DD and facebook-page-page in their own at d = 128, three graphs of dense communities; d 32, 128
+// and 256, fp16 and fp32; python -m benchmarks.bench_kernels), where they pick the faster kernel
+// (within 3%) in 56 of 58 SpMM and 55 of 58 SDDMM configurations.
 
 // Large graphs (>= 2^19 nonzeros: enough to fill the device) whose window's condensed columns
 // serve >= `reuse` nonzeros each on average.
@@ -64,11 +63,11 @@ inline bool large_with_reuse(const PatternFeatures& f, double reuse) {
 // SpMM: the row kernels walk rows in row order where windows reuse their columns
 // (pattern.row_order), so that neighbouring rows share X rows in L1 and L2; that took DD from
 // 139 to 82 us (fp16, d = 128) and made them faster than the tensor-core kernel on every real
-// graph (DD 0.80-0.89x its time; facebook-page-page at 64- and 512-byte fp16 rows is the
-// exception, 1.08-1.10x, within 2 us). Tensor cores keep dense communities: reuse >= 4 at any
+// graph (DD 0.62-0.89x its time; facebook-page-page at 64- and 512-byte fp16 rows is the
+// exception, 1.07-1.11x, within 2 us). Tensor cores keep dense communities: reuse >= 4 at any
 // width, and 16-bit rows of 256 bytes and more from reuse 2.5 (0.71-0.74x at 2.8; at reuse 1.9
-// the row kernels win, 0.84-0.94x). tf32 tensor cores lose to the exact row kernels below
-// reuse 4 (1.06-1.30x).
+// the row kernels win, 0.75-0.95x). tf32 tensor cores lose to the exact row kernels below
+// reuse 4 (1.06-1.49x on the large graphs).
 inline bool spmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int esize) {
   if (row_reuse(f) >= kDenseReuse) return true;
   return esize == 2 && d * esize >= 256 && large_with_reuse(f, 2.5);
@@ -83,9 +82,9 @@ inline bool spmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int e
 //   (DD 0.89-0.92x), from 2.5 for any row (communities at 2.8: 0.80-0.84x); the row kernels at
 //   reuse 1.9 (communities, 1.02-1.13x) and in float32 (1.04-1.96x);
 // - long rows (>= 12 per row) otherwise: below 2^20 nonzeros tensor cores up to 256-byte rows,
-//   at any width from reuse 1.8 (facebook-page-page: 0.38-0.77x; github-musae: 0.48-0.83x,
-//   1.11-1.14x past 256 bytes); above, 16-bit rows up to 128 bytes (R-MAT 17/16: 0.56x,
-//   1.12-1.48x past it);
+//   at any width from reuse 1.8 (facebook-page-page: 0.38-0.77x; github-musae: 0.48-0.83x up
+//   to 256 bytes, past them 0.92x in fp16, a miss, and 1.11-1.14x in fp32); above, 16-bit rows
+//   up to 128 bytes (R-MAT 17/16: 0.56x; 1.12-1.48x past them, 0.95x for 128-byte fp32 rows);
 // - otherwise the row kernels (proteins, DD in float32, R-MAT 20/8).
 inline bool sddmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int esize) {
   const int64_t row_bytes = d * esize;

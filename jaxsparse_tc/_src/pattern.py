@@ -217,10 +217,10 @@ def row_schedule(row_ptr: np.ndarray, piece: int, order: str = "length") -> np.n
     long_row = counts > LONG_ROW_FACTOR * max(ptr[-1] / max(counts.size, 1), 1.0)
     rank = np.where(long_row, -counts, 0)
   rank = np.where(group == 0, -counts, rank)
-  order_ = np.lexsort((rows, rank, group))  # the last key is the primary one
-  row = np.repeat(order_, pieces[order_])
-  first = np.cumsum(pieces[order_]) - pieces[order_]
-  p = np.arange(row.size, dtype=np.int64) - np.repeat(first, pieces[order_])
+  walk = np.lexsort((rows, rank, group))  # the rows in schedule order (last key is primary)
+  row = np.repeat(walk, pieces[walk])
+  first = np.cumsum(pieces[walk]) - pieces[walk]
+  p = np.arange(row.size, dtype=np.int64) - np.repeat(first, pieces[walk])
   begin = ptr[row] + p * cap
   end = np.minimum(begin + cap, ptr[row + 1])
   split = pieces[row] > 1

@@ -10,11 +10,11 @@
 // tile s is feature g*dv/8 + 2s (row g+8: +1), so each thread's V operands are dv/8 consecutive
 // features of one gathered row and its O^T fragment maps back to consecutive output features.
 // Q stays in registers for the whole window; the nnz-sized score matrix is never written.
-// Windows are taken in the schedule's order (split windows first, heaviest first, as Fused3S; then
-// by block-count class, pattern.window_schedule). A window split
-// into several schedule items is processed by one warp per piece, whose partials (row max, row
-// sum, unnormalised O) are merged FlashAttention-style (flash-decoding split-KV). Without this a
-// hub row's window was one warp's serial tail. Two ways to merge:
+// Windows are taken in the schedule's order (split windows first, heaviest first, as Fused3S;
+// then by block-count class, pattern.window_schedule). A window split into several schedule
+// items is processed by one warp per piece, whose partials (row max, row sum, unnormalised O) are
+// merged FlashAttention-style (flash-decoding split-KV). Without this a hub row's window was one
+// warp's serial tail. Two ways to merge:
 // - grouped schedules (small graphs, pattern.py): a window's pieces (2 or 4) are warps of one
 //   CTA; the others leave their partials in shared memory and the first piece merges them after
 //   a named barrier. No workspace, no counters, no memset, no GPU-scope fences.
