@@ -101,10 +101,13 @@ inline bool sddmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int 
 
 // Whether the attention backward prefers the fused tensor-core kernels to the composed one (a
 // per-edge pass and three SpMMs), where both can run (16-bit, d = dv in {32, 64, 128}). Measured
-// (H100, H=4, fp16, fwd+bwd, affinity order): d = 64, fused on all six graphs (0.55-0.98x the
-// composed time); d = 128, fused where blocks are fuller (>= 10 nonzeros per block) on graphs of
-// 2^18 nonzeros and more (DD 3402 against 4215 us, facebook 371 / 499, github 812 / 839), composed
-// elsewhere (R-MAT 17/16 at 9.5 per block: 2596 against 2839; proteins 388 / 408).
+// (H100, H=4, fp16, fwd+bwd, affinity order, with the current schedules): d = 64, fused on all
+// six graphs (0.40-0.98x the composed time); d = 128, fused where blocks are fuller (>= 10
+// nonzeros per block) on graphs of 2^18 nonzeros and more (facebook 376 against 511 us, github
+// 828 / 842), composed elsewhere (R-MAT 17/16 at 9.5 per block: 2627 against 2842; proteins
+// 376 / 400). One miss: DD at d = 128, whose composed backward runs the row kernels in locality
+// order and took 2995 us against the fused 3215 (before the schedule change the fused one won,
+// 3402 against 4215); one graph was not taken as grounds for a new clause.
 inline bool attention_backward_prefers_fused(const PatternFeatures& f, int64_t d, int /*esize*/) {
   if (d <= 64 || f.nnz < kSmallGraphNnz) return true;
   return f.nnz >= (int64_t(1) << 18) && derived_features(f).nnz_per_block >= 10.0;
