@@ -69,6 +69,8 @@ def _pattern(rng, kind: str):
     m, n = 6007, 3001
     deg = rng.integers(0, 33, m)  # rows of 0..32 entries: row changes inside and between batches
     deg[5], deg[77] = 2500, 400  # a row of several CTA items; a row of one
+    # rows just past the row piece (32): CTA items the SDDMM streams walk (up to 4 x 32 entries)
+    deg[[11, 300, 2000, 3000]] = 40, 100, 128, 129
     rows = np.repeat(np.arange(m), deg)
     cols = rng.integers(0, n, rows.size)
     empty = np.setdiff1d(np.arange(m), rows)
@@ -414,8 +416,9 @@ def test_spmm_cuda_core_many_heads_split(rng):
 @pytest.mark.parametrize("kind", ["random", "heavy", "cora", "large"])
 def test_sddmm_cuda_core(rng, kind, dt, d):
   """The row-view SDDMM kernels (lane groups for small d, two slabs past 32 lanes, scalar
-  tails, long rows as CTA items, the heavy rows as several; on the large graph whole rows as
-  streams of 4 rows per group), every dtype (fp32 exact) and heads x 1 / 1 x heads."""
+  tails, long rows as CTA items, the heavy rows as several; on the large graph whole rows and
+  short CTA items as streams of 4 rows per group), every dtype (fp32 exact) and heads x 1 /
+  1 x heads."""
   dtype, precision, tol = DTYPES[dt]
   if dtype == jnp.float32:
     tol = 1e-5  # no tf32 on this path

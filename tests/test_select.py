@@ -131,7 +131,7 @@ def _rule(f, d, esize):
   elif esize == 2 and large and ((reuse >= 2 and rb >= 128) or reuse >= 2.5):
     sddmm = True
   elif mean_row >= 12:
-    sddmm = (rb <= 256 or reuse >= 1.8) if f.nnz < 2**20 else (esize == 2 and rb <= 128)
+    sddmm = (rb <= 64 or reuse >= 1.8) if f.nnz < 2**20 else (esize == 2 and rb <= 128)
   else:
     sddmm = False
   return spmm, sddmm

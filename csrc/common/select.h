@@ -81,10 +81,11 @@ inline bool spmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int e
 // - large graphs with reuse, 16-bit: tensor cores from reuse 2 for rows of 128 bytes and more
 //   (DD 0.89-0.92x), from 2.5 for any row (communities at 2.8: 0.80-0.84x); the row kernels at
 //   reuse 1.9 (communities, 1.02-1.13x) and in float32 (1.04-1.96x);
-// - long rows (>= 12 per row) otherwise: below 2^20 nonzeros tensor cores up to 256-byte rows,
-//   at any width from reuse 1.8 (facebook-page-page: 0.38-0.77x; github-musae: 0.48-0.83x up
-//   to 256 bytes, past them 0.92x in fp16, a miss, and 1.11-1.14x in fp32); above, 16-bit rows
-//   up to 128 bytes (R-MAT 17/16: 0.56x; 1.12-1.48x past them, 0.95x for 128-byte fp32 rows);
+// - long rows (>= 12 per row) otherwise: below 2^20 nonzeros tensor cores for 64-byte rows, at
+//   any width from reuse 1.8 (facebook-page-page: 0.38-0.93x, one miss, 1.04x for 512-byte
+//   fp32 rows; github-musae: 0.62x at 64 bytes, 1.03-1.55x past them, since the streams walk
+//   its rows a little past the row piece); above, 16-bit rows up to 128 bytes (R-MAT 17/16:
+//   0.67x; 1.21-1.53x past them);
 // - otherwise the row kernels (proteins, DD in float32, R-MAT 20/8).
 inline bool sddmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int esize) {
   const int64_t row_bytes = d * esize;
@@ -93,7 +94,7 @@ inline bool sddmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int 
   if (esize == 2 && ((large_with_reuse(f, 2.0) && row_bytes >= 128) || large_with_reuse(f, 2.5)))
     return true;
   if (derived_features(f).mean_row_length >= 12.0) {
-    if (f.nnz < (int64_t(1) << 20)) return row_bytes <= 256 || row_reuse(f) >= 1.8;
+    if (f.nnz < (int64_t(1) << 20)) return row_bytes <= 64 || row_reuse(f) >= 1.8;
     return esize == 2 && row_bytes <= 128;
   }
   return false;

@@ -16,10 +16,11 @@ struct SddmmParams : KernelPattern {
   int64_t nnz, m, n, d;
   int64_t x_head_stride, y_head_stride;  // 0 where the operand broadcasts over heads
   int heads;
-  int sub;        // warps per schedule item (each takes an equal, even share of its blocks)
-  int min_share;  // row kernels: fewest entries of a CTA item one group takes (cta_min_share)
-  int stream;     // row kernels on large graphs: whole rows per group's stream
-  bool vec;       // a thread's features may be loaded as whole vectors (each kernel's rule: plan.h)
+  int sub;         // warps per schedule item (each takes an equal, even share of its blocks)
+  int min_share;   // row kernels: fewest entries of a CTA item one group takes (cta_min_share)
+  int stream;      // row kernels on large graphs: whole rows per group's stream
+  int stream_max;  // row kernels on large graphs: the streams also walk CTA items this short
+  bool vec;  // a thread's features may be loaded as whole vectors (each kernel's rule: plan.h)
 };
 
 }  // namespace sddmm

@@ -85,6 +85,14 @@ __device__ __forceinline__ void row_dots(const SddmmParams& p, const RowView& rv
   }
 }
 
+// Whether a large graph's stream walks a schedule item of slot `slot` and `len` entries: whole
+// rows, and single CTA items of at most `stream_max` entries (SddmmPlan::stream_max). The
+// schedule's CTA items come longest first and slotted ones before single ones
+// (pattern.row_schedule), so past the first item the streams walk, they walk every later one.
+__device__ __forceinline__ bool streamed(int slot, int len, int stream_max) {
+  return slot == kWholeRow || (slot == kCtaRow && len <= stream_max);
+}
+
 // Whole rows of a large graph as one stream per group: the group walks items first,
 // first + stride, ... (below last), one batch of U entries per step. While a batch's gathers are in
 // flight it loads the next batch's entries (of the same row, or the first of the next item, whose
@@ -107,7 +115,8 @@ __device__ __forceinline__ void row_stream(const SddmmParams& p, const RowView& 
     y[s] = LaneRows<T, E, VEC>(static_cast<const T*>(p.y) + h * p.y_head_stride, f, p.d);
   }
   int4 it = item < items ? rv.sched[item] : make_int4(0, 0, 0, kWholeRow);
-  while (item < items && it.w != kWholeRow) {  // skip the CTA items (the schedule's prefix)
+  while (item < items &&
+         !streamed(it.w, it.z - it.y, p.stream_max)) {  // skip the CTA items the CTAs walk
     item += stride;
     if (item < items) it = rv.sched[item];
   }
@@ -155,10 +164,11 @@ __device__ __forceinline__ void row_stream(const SddmmParams& p, const RowView& 
   }
 }
 
-// CTA items (the schedule's prefix) first, CTA-strided, group g taking the g-th of the CTA's
-// equal shares of the entries, at least p.min_share each (cta_min_share; groups left without a
-// share go on to their whole rows), with half the gathers per batch (so the whole-row path,
-// which holds most entries, keeps 64 registers without spills); then the whole rows.
+// CTA items (the schedule's prefix; on large graphs those the streams do not take) first,
+// CTA-strided, group g taking the g-th of the CTA's equal shares of the entries, at least
+// p.min_share each (cta_min_share; groups left without a share go on to their whole rows), with
+// half the gathers per batch (so the whole-row path, which holds most entries, keeps 64
+// registers without spills); then the whole rows.
 // SMALL (graphs under kSmallGraphNnz nonzeros, whose time is their longest chain): no register
 // cap, CTA items take all U gathers per batch, and a group takes one whole row. Otherwise a group
 // walks p.stream whole rows as one stream (row_stream). VEC: rows are 16-byte aligned.
@@ -177,6 +187,9 @@ __global__ void __launch_bounds__(kRowThreads, SMALL     ? 1
   for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
     const int4 it = rv.sched[c];
     if (it.w == kWholeRow) break;
+    if constexpr (!SMALL) {
+      if (streamed(it.w, it.z - it.y, p.stream_max)) break;  // the streams walk it
+    }
     const int2 share = cta_share(it.y, it.z, NG, g, p.min_share);
     row_dots<T, O, L, NS, (SMALL || U == 1 ? U : U / 2), VEC>(p, rv, h, it.x, share.x, share.y, li);
   }

@@ -105,6 +105,7 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
   if (plan.kernel == SddmmKernel::kRows) {
     p.min_share = plan.min_share;
     p.stream = plan.stream;
+    p.stream_max = plan.stream_max;
     if (dtype == ffi::DataType::F32)
       launch_rows<float, float>(p, rv, plan, stream);
     else if (dtype == ffi::DataType::F16 && f32_out)
