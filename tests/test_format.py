@@ -300,10 +300,11 @@ def test_row_order_rule(rng):
   """row_order: "locality" where the windows reuse their columns (a banded matrix), "length"
   where they do not (random columns); FormatOptions.row_order overrides the rule and is
   checked."""
+  from jaxsparse_tc._src import padding
   from jaxsparse_tc._src.pattern import row_order, row_piece, row_schedule
 
   m, n = 512, 4096
-  rows = np.repeat(np.arange(m), 6)
+  rows = np.repeat(np.arange(m), rng.integers(1, 13, m))  # lengths in several classes
   band = (rows + rng.integers(0, 4, rows.size)) % n  # 8 rows share ~11 columns
   scattered = rng.integers(0, n, rows.size)
   for cols, want in ((band, "locality"), (scattered, "length")):
@@ -322,6 +323,13 @@ def test_row_order_rule(rng):
     np.testing.assert_array_equal(
       np.asarray(B.pattern.row_schedule), row_schedule(ptr, row_piece(A.nnz), other)
     )
+    assert not np.array_equal(
+      np.asarray(A.pattern.row_schedule), np.asarray(B.pattern.row_schedule)
+    )
+    # padded patterns (batches, shards) keep the order of their own nonzeros
+    nnz_pad = 2 * A.nnz
+    R = padding.reschedule(P, m, nnz_pad, grouped=False)
+    np.testing.assert_array_equal(R.row_schedule, row_schedule(ptr, row_piece(nnz_pad), want))
   for bad in ("rows", 1, True):
     with pytest.raises(ValueError, match="row_order"):
       jst.FormatOptions(row_order=bad)
