@@ -282,7 +282,7 @@ def _check_row_order(sched, counts, piece, order):
   cta = n > piece
   assert cta[: cta.sum()].all() and np.all(np.diff(n[cta]) <= 0), "CTA rows first, longest first"
   whole = n[~cta]
-  assert np.all(np.diff(whole == 0) >= 0), "empty rows last"
+  assert np.all(np.diff((whole == 0).astype(np.int64)) >= 0), "empty rows last"
   w_rows, w_n = rows[~cta][whole > 0], whole[whole > 0]
   if order == "length":
     cls = np.floor(np.log2(w_n))

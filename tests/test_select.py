@@ -157,7 +157,7 @@ def test_block_dense_takes_tensor_cores_and_rmat_the_row_kernels(matrices):
       plan = jst.kernel_plan(dense, d, dtype)
       assert (plan.spmm, plan.sddmm) == ("tensor_core", "tensor_core"), (dtype, d)
     # reuse >= 4: the SpMM's tensor cores at any width, even 64-byte rows of a small graph
-  assert jst.kernel_plan(dense, 64 // jnp.dtype(dtype).itemsize, dtype).spmm == "tensor_core"
+    assert jst.kernel_plan(dense, 64 // jnp.dtype(dtype).itemsize, dtype).spmm == "tensor_core"
   for dtype in (jnp.float16, jnp.float32):
     for d in (32, 64, 128, 256):
       assert jst.kernel_plan(rmat, d, dtype).spmm == "cuda_core", (dtype, d)
