@@ -30,20 +30,35 @@ def sddmm_err(A, q, x, s) -> float:
 
 
 def streams(rng) -> None:
-  """A graph past kSmallGraphNnz: the SDDMM row kernel walks whole rows as streams."""
-  big_m, big_n = 5003, 2003
+  """A graph past 2^18 nonzeros: the row kernels walk whole rows and single CTA items of up to
+  64 entries as streams (row_stream_max)."""
+  big_m, big_n = 17011, 2003
   deg = rng.integers(0, 33, big_m)
   deg[3] = 1500  # a row of several CTA items
+  deg[[7, 8, 9]] = 40, 64, 65  # single CTA items: two streamed, one walked by a CTA
   br = np.repeat(np.arange(big_m), deg)
   B = jst.SparseMatrix.from_coo(br, rng.integers(0, big_n, br.size), shape=(big_m, big_n))
-  assert B.nnz >= 1 << 16, B.nnz
+  assert (1 << 18) <= B.nnz < (1 << 20), B.nnz
+  rows = jst.KernelOptions(spmm="cuda_core", sddmm="cuda_core")
   for dtype, d in ((jnp.float16, 64), (jnp.bfloat16, 5), (jnp.float32, 40)):
     q = jnp.asarray(rng.standard_normal((2, big_m, d)), dtype)
     x = jnp.asarray(rng.standard_normal((big_n, d)), dtype)
-    s = jax.jit(lambda B, q, x: jst.sddmm(B, q, x, precision="highest").values)(B, q, x)
+    s = jax.jit(lambda B, q, x: jst.sddmm(B, q, x, precision="highest", options=rows).values)(
+      B, q, x
+    )
     serr = sddmm_err(B, q, x, s)
-    print(f"{np.dtype(dtype).name:9s} d={d:3d} sddmm, {B.nnz} nonzeros (streams) {serr:.2e}")
-    assert serr < 2e-2, serr
+    y = jax.jit(lambda B, x: jst.spmm(B, x, options=rows))(B, x)
+    r, c = np.asarray(B.rows), np.asarray(B.cols)
+    ref = np.zeros((big_m, d))
+    np.add.at(
+      ref, r, np.asarray(B.values.astype(dtype), np.float64)[:, None] * np.asarray(x, np.float64)[c]
+    )
+    yerr = rel_err(y, ref)
+    print(
+      f"{np.dtype(dtype).name:9s} d={d:3d} sddmm / spmm, {B.nnz} nonzeros (streams) "
+      f"{serr:.2e} / {yerr:.2e}"
+    )
+    assert serr < 2e-2 and yerr < 2e-2, (serr, yerr)
 
 
 def attention_outputs_finite(A, q, k, v, bias=None, options=None) -> bool:

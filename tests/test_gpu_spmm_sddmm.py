@@ -66,12 +66,14 @@ def _pattern(rng, kind: str):
     empty = np.arange(8, 16)  # a whole empty window
     return rows, cols, (m, n), empty
   if kind == "large":  # past kSmallGraphNnz: whole rows streamed per lane group, CTA items
-    m, n = 6007, 3001
+    m, n = 17011, 1201
     deg = rng.integers(0, 33, m)  # rows of 0..32 entries: row changes inside and between batches
     deg[5], deg[77] = 2500, 400  # a row of several CTA items; a row of one
-    # rows just past the row piece (32): CTA items the SDDMM streams walk (up to 4 x 32 entries)
-    deg[[11, 300, 2000, 3000]] = 40, 100, 128, 129
+    # rows just past the row piece (32): single CTA items, those of up to 64 entries walked by
+    # the streams (row_stream_max: 2^18 .. 2^20 nonzeros)
+    deg[[11, 300, 2000, 3000, 4000, 5000]] = 40, 64, 65, 100, 128, 129
     rows = np.repeat(np.arange(m), deg)
+    assert (1 << 18) <= rows.size < (1 << 20), rows.size
     cols = rng.integers(0, n, rows.size)
     empty = np.setdiff1d(np.arange(m), rows)
     return rows, cols, (m, n), empty
@@ -358,11 +360,12 @@ CUDA_CORE = jst.KernelOptions(spmm="cuda_core")
 
 @pytest.mark.parametrize("d", DS)
 @pytest.mark.parametrize("dt", list(DTYPES))
-@pytest.mark.parametrize("kind", ["random", "heavy", "cora"])
+@pytest.mark.parametrize("kind", ["random", "heavy", "cora", "large"])
 def test_spmm_cuda_core(rng, kind, dt, d):
   """The CUDA-core kernel family: every dtype (fp32 exact whatever the precision), every d
   (lane groups for d <= 64, several slabs for d > 128, scalar tails), split windows (heavy),
-  empty rows and windows written as zeros."""
+  whole rows and CTA items of up to 64 entries as streams (large), empty rows and windows
+  written as zeros."""
   dtype, precision, tol = DTYPES[dt]
   if dtype == jnp.float32:
     tol = 1e-5  # no tf32 on this path
@@ -417,8 +420,8 @@ def test_spmm_cuda_core_many_heads_split(rng):
 def test_sddmm_cuda_core(rng, kind, dt, d):
   """The row-view SDDMM kernels (lane groups for small d, two slabs past 32 lanes, scalar
   tails, long rows as CTA items, the heavy rows as several; on the large graph whole rows and
-  short CTA items as streams of 4 rows per group), every dtype (fp32 exact) and heads x 1 /
-  1 x heads."""
+  CTA items of up to 64 entries as streams of 4 rows per group), every dtype (fp32 exact) and
+  heads x 1 / 1 x heads."""
   dtype, precision, tol = DTYPES[dt]
   if dtype == jnp.float32:
     tol = 1e-5  # no tf32 on this path

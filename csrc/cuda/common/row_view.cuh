@@ -50,6 +50,14 @@ __device__ __forceinline__ int3 whole_row_or_empty(const RowView& rv, int64_t it
   return make_int3(it.x, it.y, it.z);
 }
 
+// Whether a whole-row stream walks a schedule item of slot `slot` and `len` entries: whole rows,
+// and single CTA items of at most `stream_max` entries (row_stream_max). The schedule's CTA items
+// come longest first and slotted ones before single ones (pattern.row_schedule), so past the
+// first item the streams walk, they walk every later one, and the CTAs stop there.
+__device__ __forceinline__ bool streamed(int slot, int len, int stream_max) {
+  return slot == kWholeRow || (slot == kCtaRow && len <= stream_max);
+}
+
 // Share g of `groups` equal shares (at least min_share entries each) of a CTA item's entries
 // [begin, end), as [x, y); empty for groups past the entries. Offsets are clamped to the item
 // before they are added, so no position passes `end`.

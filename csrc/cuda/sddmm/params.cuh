@@ -19,7 +19,7 @@ struct SddmmParams : KernelPattern {
   int sub;         // warps per schedule item (each takes an equal, even share of its blocks)
   int min_share;   // row kernels: fewest entries of a CTA item one group takes (cta_min_share)
   int stream;      // row kernels on large graphs: whole rows per group's stream
-  int stream_max;  // row kernels on large graphs: the streams also walk CTA items this short
+  int stream_max;  // row kernels on large graphs: single CTA items the streams walk
   bool vec;        // a thread's features load as whole vectors (each kernel's rule: plan.h)
 };
 

@@ -44,13 +44,8 @@ struct SddmmPlan {
   // against 482-545 with one row per group; rmat17 88 against 89-101).
   bool small;
   int stream;
-  int min_share;  // fewest entries of a CTA item one group takes (row_layout.h)
-  // Large graphs: single CTA items (rows a little past the row piece) of at most this many
-  // entries are walked by the streams like whole rows. A CTA item of a few min_shares keeps a
-  // whole CTA on it with a few groups working, one such item after another (measured on H100,
-  // fp16 d=128, affinity order: github-musae 35.2 us against 60.8, facebook-page-page 29.1
-  // against 35.4, R-MAT 17/16 79.5 against 86.2).
-  int stream_max;
+  int min_share;   // fewest entries of a CTA item one group takes (row_layout.h)
+  int stream_max;  // single CTA items the streams walk like whole rows (row_stream_max)
   // sddmm_tc: warps per schedule item, each taking an equal, even share of its blocks. A launch
   // of under 16384 items x heads has too few warps to fill the device, and its longest item is
   // its time: 8 warps per item (measured on H100, Cora fp16 d=128: 24.2 us against 42.7; rmat17,
@@ -82,7 +77,7 @@ inline ffi::Error plan_sddmm(const SddmmShape& s, int64_t kernel, SddmmPlan& pla
     plan.small = s.pattern.nnz < kSmallGraphNnz;
     plan.stream = plan.small ? 0 : 4;
     plan.min_share = cta_min_share(s.pattern.nnz);
-    plan.stream_max = plan.small ? 0 : 4 * plan.min_share;
+    plan.stream_max = plan.small ? 0 : row_stream_max(s.pattern.nnz);
   } else if (s.exact) {
     plan.kernel = SddmmKernel::kExactF32;
   } else {

@@ -85,14 +85,6 @@ __device__ __forceinline__ void row_dots(const SddmmParams& p, const RowView& rv
   }
 }
 
-// Whether a large graph's stream walks a schedule item of slot `slot` and `len` entries: whole
-// rows, and single CTA items of at most `stream_max` entries (SddmmPlan::stream_max). The
-// schedule's CTA items come longest first and slotted ones before single ones
-// (pattern.row_schedule), so past the first item the streams walk, they walk every later one.
-__device__ __forceinline__ bool streamed(int slot, int len, int stream_max) {
-  return slot == kWholeRow || (slot == kCtaRow && len <= stream_max);
-}
-
 // Whole rows of a large graph as one stream per group: the group walks items first,
 // first + stride, ... (below last), one batch of U entries per step. While a batch's gathers are in
 // flight it loads the next batch's entries (of the same row, or the first of the next item, whose

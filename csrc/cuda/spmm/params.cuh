@@ -26,10 +26,11 @@ struct SpmmParams : KernelPattern {
   int64_t nnz, n, m, d;
   int64_t v_head_stride, x_head_stride;  // 0 where the operand broadcasts over heads
   int nslab, heads;
-  bool vec;      // rows may be accessed with full-width vector loads/stores
-  float* ws;     // [cap, heads, 8, d] fp32 partial sums of split windows
-  int* done;     // [cap, heads, nslab] blocks accumulated so far
-  int* slot_of;  // [W] workspace slot of each split window (-1: no slot)
+  int stream_max;  // row kernels: single CTA items the streams walk (row_stream_max)
+  bool vec;        // rows may be accessed with full-width vector loads/stores
+  float* ws;       // [cap, heads, 8, d] fp32 partial sums of split windows
+  int* done;       // [cap, heads, nslab] blocks accumulated so far
+  int* slot_of;    // [W] workspace slot of each split window (-1: no slot)
   int64_t cap;
 };
 

@@ -92,6 +92,7 @@ struct SpmmPlan {
   int lanes, row_nslab;
   int64_t row_slots;
   size_t row_ws_bytes;
+  int stream_max;          // single CTA items the whole-row streams walk (row_stream_max)
   size_t workspace_bytes;  // the workspace result's size
 };
 
@@ -107,6 +108,7 @@ inline ffi::Error plan_spmm(const SpmmShape& s, int64_t kernel, SpmmPlan& plan) 
   const int64_t row_slab = int64_t(plan.lanes) * (16 / s.esize);
   plan.row_nslab = int((s.d + row_slab - 1) / row_slab);
   plan.row_slots = std::max<int64_t>(s.row_items - s.pattern.rows, 0);
+  plan.stream_max = row_stream_max(s.pattern.nnz);
   plan.row_ws_bytes = size_t(plan.row_slots * s.heads * s.d) * 4;
   const size_t row_bytes =
       plan.row_ws_bytes + size_t(plan.row_slots * s.heads * plan.row_nslab) * 4;

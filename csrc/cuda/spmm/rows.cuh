@@ -16,9 +16,10 @@ namespace spmm {
 // per SM, which is what the gather-bound case needs (the tensor-core kernel's 8 warps/SM drew half
 // the L2 rate XLA's segment_sum draws). fp32 is computed exactly (no tf32). A row longer than a
 // piece is a CTA item: the CTA's groups split its entries and their sums meet in shared memory, so
-// a graph without very long rows takes one launch and no workspace. Only a row cut into several CTA
-// items (slot >= 0) adds the CTAs' sums into a workspace slot, where a countdown (set by
-// row_split_prep) elects the CTA that writes the row.
+// a graph without very long rows takes one launch and no workspace; on large graphs the whole-row
+// streams also walk the single CTA items of up to p.stream_max entries (row_stream_max). Only a
+// row cut into several CTA items (slot >= 0) adds the CTAs' sums into a workspace slot, where a
+// countdown (set by row_split_prep) elects the CTA that writes the row.
 
 struct RowSplit {
   float* ws;   // [slots, heads, d] fp32 partial sums of rows cut into several CTA items
@@ -85,11 +86,12 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   const bool active = x.active;
   const T* vh = opaque(static_cast<const T*>(p.values) + h * p.v_head_stride);
 
-  // CTA items (the schedule's prefix), CTA-strided: group g takes the g-th of NG equal shares of
-  // the entries; thread t then sums feature f0 + t over the groups.
+  // CTA items (the schedule's prefix, up to the first the streams walk), CTA-strided: group g
+  // takes the g-th of NG equal shares of the entries; thread t then sums feature f0 + t over the
+  // groups.
   for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
     const int4 it = rv.sched[c];
-    if (it.w == kWholeRow) break;
+    if (streamed(it.w, it.z - it.y, p.stream_max)) break;  // the streams walk it
     const int2 share = cta_share(it.y, it.z, NG, g, 1);
     float acc[E];
 #pragma unroll
@@ -130,16 +132,16 @@ __global__ void __launch_bounds__(kRowThreads, 4)
     __syncthreads();  // part and last are reused
   }
 
-  // Whole rows: groups stride over the items after the prefix (persistent where the grid is
-  // capped). A group walks its items as one stream of batches of U entries: while a batch's
-  // gathers are in flight it loads the next batch's entries, from the same row or the first of
-  // its next item (whose schedule entry was loaded when the current item began), so no batch
-  // waits on a metadata round trip, not even an item's first.
-  // Item indices fit in int: a row's entries are addressed by int (format.h).
+  // Whole rows (and the single CTA items streamed()): groups stride over the items after the
+  // CTAs' prefix (persistent where the grid is capped). A group walks its items as one stream of
+  // batches of U entries: while a batch's gathers are in flight it loads the next batch's entries,
+  // from the same row or the first of its next item (whose schedule entry was loaded when the
+  // current item began), so no batch waits on a metadata round trip, not even an item's first. Item
+  // indices fit in int: a row's entries are addressed by int (format.h).
   const int items = int(rv.num_items), stride = int(gridDim.x) * NG;
   int item = int(blockIdx.x) * NG + g;
   int4 it = item < items ? rv.sched[item] : make_int4(0, 0, 0, kWholeRow);
-  while (item < items && it.w != kWholeRow) {
+  while (item < items && !streamed(it.w, it.z - it.y, p.stream_max)) {
     item += stride;
     if (item < items) it = rv.sched[item];
   }

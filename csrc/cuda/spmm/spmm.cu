@@ -139,6 +139,7 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::AnyBuffer values, ffi::AnyBuffer 
   p.vec = launch.vec;
 
   if (launch.kernel == SpmmKernel::kRows) {
+    p.stream_max = plan.stream_max;
     RowSplit rs{};
     if (plan.row_slots > 0) {
       rs.ws = reinterpret_cast<float*>(ws);
