@@ -29,21 +29,20 @@ inline int cta_min_share(int64_t nnz) {
 }
 
 // Longest single CTA item (a row cut into one CTA item, a little past the row piece) that the
-// row kernels' whole-row streams walk like a whole row, on graphs of >= 2^18 nonzeros: twice the
-// row piece where that is under 256 entries (pattern.py row_piece: 32 entries below 2^20
-// nonzeros, 64 below 2^21, 128 and 256 past them, whose single CTA items are all longer). A CTA
-// item of a few dozen entries keeps a whole CTA on it with each group taking two or three
-// entries; a group's stream walks it with four gathers per round trip, a chain short against
-// the launch on such graphs (measured on H100, d = 128 affinity order, us, SpMM fp16 / SDDMM
-// fp16 against none streamed: facebook-page-page 18.9 / 25.1 against 22.1 / 33.2, github-musae
-// 26.8 / 40.7 against 28.3 / 61.9, R-MAT 17/16 84.7 / 82.2 against 89.0 / 88.1). On smaller
-// graphs the chain is the launch's time (pubmed, 88k nonzeros, SDDMM fp16 d = 128: 16.1 us
-// with none streamed against 26.6 with items of <= 128 entries), and past 2^21 a CTA shares
-// a CTA item's >= 128 entries well (R-MAT 20/8 SpMM fp16 d = 32: 172 us against 195 with
-// items of <= 512 streamed).
+// row kernels' whole-row streams walk like a whole row: none below 2^18 nonzeros, 64 entries
+// below `long_from` nonzeros (each op's plan gives it), 128 past it. A CTA item of a few dozen
+// entries keeps a whole CTA on it with each of its groups taking a few entries (the SpMM) or
+// most groups idle (the SDDMM's groups take >= cta_min_share entries); a group's stream walks it
+// at four gathers per round trip, a chain that stays short against the launch on such graphs
+// (measured on H100, d = 128 affinity order, us, SpMM fp16 / SDDMM fp16, against none streamed:
+// facebook-page-page 18.9 / 25.1 against 22.1 / 33.2; R-MAT 17/16, 128 entries, 84.7 / 82.2
+// against 89.0 / 88.1). On smaller graphs the chain is the launch's time (pubmed, 88k nonzeros,
+// SDDMM fp16 d = 128: 16.1 us with none streamed against 26.6 with items of <= 128 entries);
+// past 2^21 nonzeros the row piece is >= 128 entries, so no single CTA item is short enough
+// (R-MAT 20/8 SpMM fp16 d = 32: 172 us against 195 with items of <= 512 streamed).
 constexpr int64_t kStreamCtaItemsNnz = int64_t(1) << 18;
-inline int row_stream_max(int64_t nnz) {
-  return nnz < kStreamCtaItemsNnz ? 0 : nnz < (int64_t(1) << 20) ? 64 : 128;
+inline int row_stream_max(int64_t nnz, int64_t long_from) {
+  return nnz < kStreamCtaItemsNnz ? 0 : nnz < long_from ? 64 : 128;
 }
 
 // CTAs of a row kernel per slab and head (`copies` = slabs x heads of them): enough for its

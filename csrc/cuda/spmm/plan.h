@@ -108,7 +108,9 @@ inline ffi::Error plan_spmm(const SpmmShape& s, int64_t kernel, SpmmPlan& plan) 
   const int64_t row_slab = int64_t(plan.lanes) * (16 / s.esize);
   plan.row_nslab = int((s.d + row_slab - 1) / row_slab);
   plan.row_slots = std::max<int64_t>(s.row_items - s.pattern.rows, 0);
-  plan.stream_max = row_stream_max(s.pattern.nnz);
+  // 64 entries up to 2^20 nonzeros, where the CTA items' groups share them well (github-musae
+  // fp16 d = 128: 26.8 us against 28.4 with 128, 28.3 with none streamed).
+  plan.stream_max = row_stream_max(s.pattern.nnz, int64_t(1) << 20);
   plan.row_ws_bytes = size_t(plan.row_slots * s.heads * s.d) * 4;
   const size_t row_bytes =
       plan.row_ws_bytes + size_t(plan.row_slots * s.heads * plan.row_nslab) * 4;
