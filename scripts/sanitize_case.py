@@ -1,7 +1,7 @@
 """A small SpMM/SDDMM/edge-softmax/attention case for `compute-sanitizer --tool memcheck`
 (scripts/gpu_check.sh --sanitize): every dtype and precision, a split window, a partial last
 window, d not a multiple of 8, rows that lane groups, CTAs and several CTAs walk, and a graph
-past kSmallGraphNnz whose SDDMM rows run as streams (`python3 -m scripts.sanitize_case
+past 2^18 nonzeros whose row kernels run streams (`python3 -m scripts.sanitize_case
 streams`: that part alone; `grads`: the attention backward's grouped and large-graph parts
 alone). Buffers come from plain cudaMalloc (platform allocator) so out-of-bounds accesses are
 seen.

@@ -65,7 +65,7 @@ def _pattern(rng, kind: str):
     cols = np.concatenate([hub_cols, mid_cols, tail_cols])
     empty = np.arange(8, 16)  # a whole empty window
     return rows, cols, (m, n), empty
-  if kind == "large":  # past kSmallGraphNnz: whole rows streamed per lane group, CTA items
+  if kind == "large":  # past 2^18 nonzeros: whole rows streamed per lane group, CTA items
     m, n = 17011, 1201
     deg = rng.integers(0, 33, m)  # rows of 0..32 entries: row changes inside and between batches
     deg[5], deg[77] = 2500, 400  # a row of several CTA items; a row of one

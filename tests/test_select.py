@@ -127,7 +127,7 @@ def _rule(f, d, esize):
   if reuse >= 4:
     sddmm = esize == 2 or rb <= 512
   elif f.nnz < 2**17:
-    sddmm = rb <= (256 if esize == 2 else 128)
+    sddmm = rb <= 64
   elif esize == 2 and large and ((reuse >= 2 and rb >= 128) or reuse >= 2.5):
     sddmm = True
   elif mean_row >= 12:
@@ -161,12 +161,12 @@ def test_block_dense_takes_tensor_cores_and_rmat_the_row_kernels(matrices):
   for dtype in (jnp.float16, jnp.float32):
     for d in (32, 64, 128, 256):
       assert jst.kernel_plan(rmat, d, dtype).spmm == "cuda_core", (dtype, d)
-  # A small graph's SDDMM: tensor cores for narrow rows, the row kernels for wide ones.
+  # A small graph's SDDMM: tensor cores for 64-byte rows, the row kernels for wider ones.
   assert rmat.nnz < 2**17
-  assert jst.kernel_plan(rmat, 128, jnp.float16).sddmm == "tensor_core"
-  assert jst.kernel_plan(rmat, 256, jnp.float16).sddmm == "cuda_core"
-  assert jst.kernel_plan(rmat, 32, jnp.float32).sddmm == "tensor_core"
-  assert jst.kernel_plan(rmat, 64, jnp.float32).sddmm == "cuda_core"
+  assert jst.kernel_plan(rmat, 32, jnp.float16).sddmm == "tensor_core"
+  assert jst.kernel_plan(rmat, 64, jnp.float16).sddmm == "cuda_core"
+  assert jst.kernel_plan(rmat, 16, jnp.float32).sddmm == "tensor_core"
+  assert jst.kernel_plan(rmat, 32, jnp.float32).sddmm == "cuda_core"
   assert jst.kernel_plan(rmat, 64).features.nnz_per_block < 16
 
 

@@ -76,8 +76,9 @@ inline bool spmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int e
 // SDDMM: the row kernel (a lane group per row, dot products of d features) is slow on narrow
 // rows, the tensor-core one on wide rows of large, unstructured graphs and in float32. Measured:
 // - reuse >= 4: tensor cores (0.56-0.82x), except 1 KB float32 rows (1.18x);
-// - small graphs (< 2^17 nonzeros, pubmed): tensor cores up to 256-byte fp16 rows (0.39-0.86x),
-//   128-byte fp32 rows;
+// - small graphs (< 2^17 nonzeros, pubmed), whose row kernel gives each lane group one row
+//   (sddmm/plan.h): tensor cores for 64-byte rows (0.67-0.71x); past them the row kernel
+//   (0.63-0.97x; 128-byte fp16 rows tie, 1.01x / 0.99x);
 // - large graphs with reuse, 16-bit: tensor cores from reuse 2 for rows of 128 bytes and more
 //   (DD 0.89-0.92x), from 2.5 for any row (communities at 2.8: 0.80-0.84x); the row kernels at
 //   reuse 1.9 (communities, 1.02-1.13x) and in float32 (1.04-1.96x);
@@ -90,7 +91,7 @@ inline bool spmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int e
 inline bool sddmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int esize) {
   const int64_t row_bytes = d * esize;
   if (row_reuse(f) >= kDenseReuse) return esize == 2 || row_bytes <= 512;
-  if (f.nnz < (int64_t(1) << 17)) return row_bytes <= (esize == 2 ? 256 : 128);
+  if (f.nnz < (int64_t(1) << 17)) return row_bytes <= 64;
   if (esize == 2 && ((large_with_reuse(f, 2.0) && row_bytes >= 128) || large_with_reuse(f, 2.5)))
     return true;
   if (derived_features(f).mean_row_length >= 12.0) {

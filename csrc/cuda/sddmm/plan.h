@@ -38,7 +38,7 @@ struct SddmmPlan {
   SddmmKernel kernel;
   // Row kernels: lanes per group and slabs of lanes x 16 bytes (1 or 2) holding a row of X.
   int lanes, slabs;
-  // Graphs under kSmallGraphNnz nonzeros, whose time is their longest chain: one whole row per
+  // Graphs under kSddmmStreamNnz nonzeros, whose time is their longest chain: one whole row per
   // lane group, no register cap. Larger graphs: `stream` whole rows per group as one stream of
   // batches (measured on H100, fp16 d=128, 4 rows strided over the schedule: rmat20 388 us
   // against 482-545 with one row per group; rmat17 88 against 89-101).
@@ -52,6 +52,13 @@ struct SddmmPlan {
   // 19484 items, keeps 1).
   int sub;
 };
+
+// Graphs under this many nonzeros take one whole row per lane group. Streams of 4 rows per group
+// leave most of the GPU's groups idle where rows are few (measured on H100, pubmed, 88k
+// nonzeros and 19.7k rows, affinity order, us, fp16 d = 32 / 128, fp32 d = 32 / 128: 16.5 /
+// 12.9 / 12.3 / 15.6 with one row per group against 21.3 / 17.6 / 16.8 / 18.8 with streams); by
+// 2^17 the streams win at d = 128 (proteins, 162k nonzeros, fp32 d = 128: 26.8 against 32.4).
+constexpr int64_t kSddmmStreamNnz = int64_t(1) << 17;
 
 // The row kernels hold at most two slabs of 32 lanes x 16 bytes of X per lane.
 constexpr int64_t kSddmmRowBytes = 32 * 16 * 2;
@@ -74,7 +81,7 @@ inline ffi::Error plan_sddmm(const SddmmShape& s, int64_t kernel, SddmmPlan& pla
     const bool two = s.d > 32 * (16 / s.esize);
     plan.lanes = two ? 32 : row_lanes(s.esize, s.d);
     plan.slabs = two ? 2 : 1;
-    plan.small = s.pattern.nnz < kSmallGraphNnz;
+    plan.small = s.pattern.nnz < kSddmmStreamNnz;
     plan.stream = plan.small ? 0 : 4;
     plan.min_share = cta_min_share(s.pattern.nnz);
     // 128 entries from 2^19 nonzeros: a CTA walks an item of 65-128 entries with 2-4 of its
