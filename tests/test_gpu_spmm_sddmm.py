@@ -65,6 +65,14 @@ def _pattern(rng, kind: str):
     cols = np.concatenate([hub_cols, mid_cols, tail_cols])
     empty = np.arange(8, 16)  # a whole empty window
     return rows, cols, (m, n), empty
+  if kind == "medium":  # 2^16 .. 2^17 nonzeros: the row SDDMM's one row per group, shares >= 32
+    m, n = 6007, 3001
+    deg = rng.integers(0, 33, m)
+    deg[5], deg[[11, 300, 2000]] = 2500, (40, 100, 129)  # several CTA items; single ones
+    rows = np.repeat(np.arange(m), deg)
+    assert (1 << 16) <= rows.size < (1 << 17), rows.size
+    cols = rng.integers(0, n, rows.size)
+    return rows, cols, (m, n), np.setdiff1d(np.arange(m), rows)
   if kind == "large":  # past 2^18 nonzeros: whole rows streamed per lane group, CTA items
     m, n = 17011, 1201
     deg = rng.integers(0, 33, m)  # rows of 0..32 entries: row changes inside and between batches
@@ -416,7 +424,7 @@ def test_spmm_cuda_core_many_heads_split(rng):
 
 @pytest.mark.parametrize("d", DS + [320])
 @pytest.mark.parametrize("dt", list(DTYPES))
-@pytest.mark.parametrize("kind", ["random", "heavy", "cora", "large"])
+@pytest.mark.parametrize("kind", ["random", "heavy", "cora", "medium", "large"])
 def test_sddmm_cuda_core(rng, kind, dt, d):
   """The row-view SDDMM kernels (lane groups for small d, two slabs past 32 lanes, scalar
   tails, long rows as CTA items, the heavy rows as several; on the large graph whole rows and
