@@ -78,7 +78,7 @@ inline bool spmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int e
 // - reuse >= 4: tensor cores (0.56-0.82x), except 1 KB float32 rows (1.18x);
 // - small graphs (< 2^17 nonzeros, pubmed), whose row kernel gives each lane group one row
 //   (sddmm/plan.h): tensor cores for 64-byte rows (0.67-0.71x); past them the row kernel
-//   (0.63-0.97x; 128-byte fp16 rows tie, 1.01x / 0.99x);
+//   (0.58-0.90x; 128-byte fp16 rows tie, 1.02x / 0.99x);
 // - large graphs with reuse, 16-bit: tensor cores from reuse 2 for rows of 128 bytes and more
 //   (DD 0.89-0.92x), from 2.5 for any row (communities at 2.8: 0.80-0.84x); the row kernels at
 //   reuse 1.9 (communities, 1.02-1.13x) and in float32 (1.04-1.96x);
