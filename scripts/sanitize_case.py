@@ -29,6 +29,17 @@ def sddmm_err(A, q, x, s) -> float:
   )
 
 
+def spmm_err(A, x, out, dtype) -> float:
+  """Relative error of SpMM out ([H, m, d] or [m, d]) against float64 A (values cast to dtype) @
+  x, summed entry by entry (no dense A)."""
+  v = np.asarray(A.values.astype(dtype), np.float64)  # [..., nnz]
+  r, c = np.asarray(A.rows), np.asarray(A.cols)
+  terms = np.moveaxis(v[..., :, None] * np.asarray(x, np.float64)[c], -2, 0)  # [nnz, ..., d]
+  ref = np.zeros((A.shape[0],) + terms.shape[1:])
+  np.add.at(ref, r, terms)
+  return rel_err(out, np.moveaxis(ref, 0, -2))
+
+
 def streams(rng) -> None:
   """A graph past 2^18 nonzeros: the row kernels walk whole rows and single CTA items of up to
   64 entries as streams (row_stream_max)."""
@@ -48,12 +59,7 @@ def streams(rng) -> None:
     )
     serr = sddmm_err(B, q, x, s)
     y = jax.jit(lambda B, x: jst.spmm(B, x, options=rows))(B, x)
-    r, c = np.asarray(B.rows), np.asarray(B.cols)
-    ref = np.zeros((big_m, d))
-    np.add.at(
-      ref, r, np.asarray(B.values.astype(dtype), np.float64)[:, None] * np.asarray(x, np.float64)[c]
-    )
-    yerr = rel_err(y, ref)
+    yerr = spmm_err(B, x, y, dtype)
     print(
       f"{np.dtype(dtype).name:9s} d={d:3d} sddmm / spmm, {B.nnz} nonzeros (streams) "
       f"{serr:.2e} / {yerr:.2e}"
@@ -125,12 +131,7 @@ def main() -> None:
       q = jnp.asarray(rng.standard_normal((2, m, d)), dtype)
       out = jax.jit(lambda A, x: jst.spmm(A, x, precision=precision))(A, x)
       s = jax.jit(lambda A, q, x: jst.sddmm(A, q, x, precision=precision).values)(A, q, x)
-      dense = np.zeros((2, m, n))
-      dense[:, np.asarray(A.rows), np.asarray(A.cols)] = np.asarray(
-        A.values.astype(dtype), np.float64
-      )
-      ref = dense @ np.asarray(x, np.float64)
-      err = rel_err(out, ref)
+      err = spmm_err(A, x, out, dtype)
       serr = sddmm_err(A, q, x, s)
       worst = max(worst, err, serr)
       print(

@@ -86,7 +86,7 @@ inline ffi::Error plan_sddmm(const SddmmShape& s, int64_t kernel, SddmmPlan& pla
     plan.min_share = cta_min_share(s.pattern.nnz);
     // 128 entries from 2^19 nonzeros: a CTA walks an item of 65-128 entries with 2-4 of its
     // groups (github-musae fp16 d = 128: 35.7 us against 40.7 with 64, 61.9 with none streamed).
-    plan.stream_max = plan.small ? 0 : row_stream_max(s.pattern.nnz, int64_t(1) << 19);
+    plan.stream_max = row_stream_max(s.pattern.nnz, int64_t(1) << 19);  // 0 where small
   } else if (s.exact) {
     plan.kernel = SddmmKernel::kExactF32;
   } else {
