@@ -139,6 +139,14 @@ def main() -> None:
         f"sddmm {serr:.2e}"
       )
   assert worst < 2e-2, worst
+  # the pipelined tensor-core SpMM forced, with 256-byte slab rows (2-block stages) and 128-byte
+  # ones (4-block stages)
+  tc = jst.KernelOptions(spmm="tensor_core")
+  for dtype, d in ((jnp.float16, 128), (jnp.float32, 64), (jnp.bfloat16, 64)):
+    x = jnp.asarray(rng.standard_normal((n, d)), dtype)
+    err = spmm_err(A, x, jax.jit(lambda A, x: jst.spmm(A, x, options=tc))(A, x), dtype)
+    print(f"{np.dtype(dtype).name:9s} d={d:3d} spmm tensor cores {err:.2e}")
+    assert err < 2e-2, err
   streams(rng)
   grouped(rng)
   grads_large(rng)

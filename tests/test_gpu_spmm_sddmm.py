@@ -303,16 +303,18 @@ def test_spmm_chain_in_a_command_buffer(rng, kind, variant):
     assert rel_err(out, ref) < tol, f"{kind} {variant}"
 
 
+@pytest.mark.parametrize("d", [32, 128])
 @pytest.mark.parametrize("dt", ["f32", "f16"])
-def test_spmm_many_units_per_warp(rng, dt):
+def test_spmm_many_units_per_warp(rng, dt, d):
   """Far more units (item x head x slab) than resident warps x 32, so each persistent warp of
   the pipelined kernel decodes several batches of units and crosses heads, windows and split
-  pieces in one stream; empty rows."""
+  pieces in one stream; empty rows. d = 128 stages 2 blocks at a time (256-byte slab rows), d =
+  32 four."""
   import scipy.sparse as sp
 
   opts = jst.KernelOptions(spmm="tensor_core")
   dtype, _, tol = DTYPES[dt]
-  m, n, H, d = 24_011, 20_000, 40, 32
+  m, n, H = 24_011, 20_000, 40
   rows = np.repeat(np.arange(m), rng.integers(0, 12, m))
   rows = np.concatenate([rows, np.full(600, 5)])  # a hub row: a split window
   cols = rng.integers(0, n, rows.size)

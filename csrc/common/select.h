@@ -61,16 +61,16 @@ inline bool large_with_reuse(const PatternFeatures& f, double reuse) {
 }
 
 // SpMM: the row kernels walk rows in row order where windows reuse their columns
-// (pattern.row_order), so that neighbouring rows share X rows in L1 and L2; that took DD from
-// 139 to 82 us (fp16, d = 128) and made them faster than the tensor-core kernel on every real
-// graph (DD 0.62-0.89x its time; facebook-page-page at 64- and 512-byte fp16 rows is the
-// exception, 1.07-1.11x, within 2 us). Tensor cores keep dense communities: reuse >= 4 at any
-// width, and 16-bit rows of 256 bytes and more from reuse 2.5 (0.71-0.74x at 2.8; at reuse 1.9
-// the row kernels win, 0.75-0.95x). tf32 tensor cores lose to the exact row kernels below
-// reuse 4 (1.06-1.49x on the large graphs).
+// (pattern.row_order), so that neighbouring rows share X rows in L1 and L2, and are faster than
+// the tensor-core kernel on the real graphs (H100, affinity order, d = 64-256: 1.1-2.9x faster
+// on pubmed, proteins, github-musae, R-MAT 17/16; facebook-page-page ties at 64-byte fp16 rows).
+// Tensor cores take 16-bit rows of 256 bytes and more on large graphs from reuse 2.2, where its
+// two-block stages pay (DD at reuse 2.3: 0.93x at fp16 d = 128, 0.99x at d = 256; dense
+// communities at 2.8), and reuse >= 4 at any width. tf32 tensor cores do not beat the exact row
+// kernels below reuse 4 (DD 0.98-1.05x, the others 1.1-1.8x).
 inline bool spmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int esize) {
   if (row_reuse(f) >= kDenseReuse) return true;
-  return esize == 2 && d * esize >= 256 && large_with_reuse(f, 2.5);
+  return esize == 2 && d * esize >= 256 && large_with_reuse(f, 2.2);
 }
 
 // SDDMM: the row kernel (a lane group per row, dot products of d features) is slow on narrow

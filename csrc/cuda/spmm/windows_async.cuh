@@ -15,8 +15,8 @@ namespace spmm {
 
 // Same MMA scheme as spmm_tc, but gathered X rows never pass through registers: the warp
 // copies them with cp.async (16 bytes per lane, zero-filled for missing columns, L1-allocating so
-// hub rows hit there) into a ring of two shared-memory stages (32 rows = 4 blocks, plus the
-// stage's values), so one stage is in flight while it computes on the other; MMA operands come
+// hub rows hit there) into a ring of two shared-memory stages (16 or 32 rows = 2 or 4 blocks, plus
+// the stage's values), so one stage is in flight while it computes on the other; MMA operands come
 // from shared memory by ldmatrix.trans (fp16, bf16) or shared loads (tf32).
 // Persistent warps: a warp walks a strided sequence of units (item, head, slab) as one stream of
 // stages. Unit descriptors are decoded 32 at a time (lane j holds the warp's unit j), a chunk's
@@ -35,7 +35,11 @@ struct AsyncShape {
   static constexpr int kRowBytes = SLAB * int(sizeof(T));  // one gathered slab row, <= 256
   // Padding makes the 8 rows an ldmatrix (or tf32 load) touches hit distinct banks.
   static constexpr int kRowStride = kRowBytes + (sizeof(T) == 4 ? 32 : 16);
-  static constexpr int kStageRows = 32;  // 4 blocks x 8 condensed columns
+  // 256-byte rows (fp16 d >= 128, fp32 slabs of 64) stage 2 blocks at a time: with 4 the
+  // shared memory held 10 warps per SM, with 2 the registers hold 12 (H100, comm18-c64-d16 fp16
+  // d = 128: 134 us against 161; DD 82 / 94). Narrower rows keep 4: 16-row stages made fp16
+  // d = 64 8-11% slower, their warps being bound by registers already.
+  static constexpr int kStageRows = kRowBytes >= 256 ? 16 : 32;  // 8 condensed columns a block
   static constexpr int kStageBlocks = kStageRows / kBlockCols;
   static constexpr int kValBytes = kStageBlocks * 64 * int(sizeof(T)) + 16;
   static constexpr int kStageBytes = kStageRows * kRowStride + kValBytes;
@@ -46,6 +50,7 @@ struct AsyncShape {
   static constexpr int kWarpBytes = 2 * kMetaBytes + kStages * kStageBytes;
   static constexpr int kCtaBytes = WARPS * kWarpBytes;
   static_assert(kRowBytes % 16 == 0 && kRowBytes <= 512, "slab row");
+  static_assert(kMetaBlocks % kStageBlocks == 0, "a chunk's stages read only its columns");
   static_assert(kStageBytes % 16 == 0 && kMetaBytes % 16 == 0, "16-byte stage alignment");
   static_assert(kWindowRows * (SLAB + 4) * 4 <= kStageBytes, "epilogue tile fits a stage");
 };
