@@ -123,7 +123,7 @@ def _rule(f, d, esize):
   mean_row = f.nnz / f.rows if f.rows else 0.0
   rb = d * esize
   large = f.nnz >= 2**19
-  spmm = reuse >= 4 or (esize == 2 and rb >= 256 and large and reuse >= 2.2)
+  spmm = reuse >= 4 or (esize == 2 and rb >= 256 and large and reuse >= 1.8)
   if reuse >= 4:
     sddmm = esize == 2 or rb <= 512
   elif f.nnz < 2**17:
@@ -172,15 +172,12 @@ def test_block_dense_takes_tensor_cores_and_rmat_the_row_kernels(matrices):
 
 def test_large_short_row_graph_with_reuse():
   """The measured DD case: short rows (5 per row), rows of a window sharing columns, 2^19
-  nonzeros or more. The SDDMM's tensor cores for 16-bit rows of 128 bytes and more from reuse 2;
-  the SpMM's for 16-bit rows of 256 bytes and more from reuse 2.2 (DD: 2.3), the row kernels
-  below it and in float32."""
+  nonzeros or more. From reuse 1.8 (DD: 2.3) the SpMM's tensor cores for 16-bit rows of 256
+  bytes and more, from 2 the SDDMM's for 16-bit rows of 128 bytes and more; the row kernels
+  below, at narrower rows and in float32."""
   rng = np.random.default_rng(5)
   m = 2**17  # windows of 8 rows; each window's rows draw 5 of its `ncols` columns
-  for ncols, reuse_lo, reuse_hi, spmm16 in (
-    (20, 2.0, 2.2, "cuda_core"),
-    (17, 2.2, 2.5, "tensor_core"),
-  ):
+  for ncols, reuse_lo, reuse_hi, tc in ((28, 1.6, 1.8, "cuda_core"), (20, 2.0, 2.5, "tensor_core")):
     cols_of_window = rng.integers(0, m, size=(m // 8, ncols))
     pick = rng.integers(0, ncols, size=(m, 5))
     rows = np.repeat(np.arange(m), 5)
@@ -190,9 +187,9 @@ def test_large_short_row_graph_with_reuse():
     assert f.nnz >= 2**19 and f.mean_row_length <= 8, f
     assert reuse_lo <= f.nnz / f.condensed_cols < reuse_hi, f
     for d, dtype, want in (
-      (128, jnp.float16, (spmm16, "tensor_core")),
-      (256, jnp.float16, (spmm16, "tensor_core")),
-      (64, jnp.float16, ("cuda_core", "tensor_core")),
+      (128, jnp.float16, (tc, tc)),
+      (256, jnp.float16, (tc, tc)),
+      (64, jnp.float16, ("cuda_core", tc)),
       (128, jnp.float32, ("cuda_core", "cuda_core")),
       (32, jnp.float16, ("cuda_core", "cuda_core")),
     ):
@@ -210,16 +207,18 @@ def _communities(rng, m=2**16, size=64, degree=8):
 
 def test_large_graphs_of_communities():
   """The measured community cases (benchmarks.common.communities, affinity order), 2^19
-  nonzeros or more: at reuse ~2 (communities of 64, 16 per row) the SpMM row kernels and the
-  SDDMM's 16-bit tensor cores; at reuse >= 4 (64 per row) tensor cores for both at any width;
-  the same graph with its node ids permuted (no reuse) keeps the SpMM row kernels."""
+  nonzeros or more: at reuse ~2 (communities of 64, 16 per row) the SpMM's 16-bit tensor cores
+  for rows of 256 bytes and more, its row kernels below, and the SDDMM's 16-bit tensor cores; at
+  reuse >= 4 (64 per row) tensor cores for both at any width; the same graph with its node ids
+  permuted (no reuse) keeps the SpMM row kernels."""
   rng = np.random.default_rng(7)
   rows, cols, (m, _) = _communities(rng)
   A = SparseMatrix.from_coo(rows, cols, shape=(m, m))
   f = jst.kernel_plan(A, 128).features
   assert f.nnz >= 2**19 and f.mean_row_length >= 12 and 2 <= f.nnz / f.condensed_cols < 2.5, f
-  for d in (32, 128, 256):
-    assert jst.kernel_plan(A, d, jnp.float16).spmm == "cuda_core", d
+  for d, want in ((32, "cuda_core"), (64, "cuda_core"), (128, "tensor_core"), (256, "tensor_core")):
+    assert jst.kernel_plan(A, d, jnp.float16).spmm == want, d
+  assert jst.kernel_plan(A, 128, jnp.float32).spmm == "cuda_core"
   assert jst.kernel_plan(A, 128, jnp.float16).sddmm == "tensor_core"
   rows_d, cols_d, (m_d, _) = _communities(rng, m=2**14, degree=32)
   D = SparseMatrix.from_coo(rows_d, cols_d, shape=(m_d, m_d))

@@ -64,13 +64,14 @@ inline bool large_with_reuse(const PatternFeatures& f, double reuse) {
 // (pattern.row_order), so that neighbouring rows share X rows in L1 and L2, and are faster than
 // the tensor-core kernel on the real graphs (H100, affinity order, d = 64-256: 1.1-2.9x faster
 // on pubmed, proteins, github-musae, R-MAT 17/16; facebook-page-page ties at 64-byte fp16 rows).
-// Tensor cores take 16-bit rows of 256 bytes and more on large graphs from reuse 2.2, where its
-// two-block stages pay (DD at reuse 2.3: 0.93x at fp16 d = 128, 0.99x at d = 256; dense
-// communities at 2.8), and reuse >= 4 at any width. tf32 tensor cores do not beat the exact row
-// kernels below reuse 4 (DD 0.98-1.05x, the others 1.1-1.8x).
+// Tensor cores take 16-bit rows of 256 bytes and more on large graphs from reuse 1.8, where
+// their two-block stages pay (fp16 d = 128: communities at reuse 1.9 0.88x, at 2.8 0.59x; DD at
+// 2.3 0.93x, 0.99x at d = 256; the row kernels at github-musae's 1.3, 0.84x), and reuse >= 4 at
+// any width. tf32 tensor cores do not beat the exact row kernels below reuse 4 (DD 0.98-1.05x,
+// the others 1.1-1.8x).
 inline bool spmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int esize) {
   if (row_reuse(f) >= kDenseReuse) return true;
-  return esize == 2 && d * esize >= 256 && large_with_reuse(f, 2.2);
+  return esize == 2 && d * esize >= 256 && large_with_reuse(f, 1.8);
 }
 
 // SDDMM: the row kernel (a lane group per row, dot products of d features) is slow on narrow
