@@ -113,7 +113,7 @@ class FormatOptions:
     row_order: the order in which the CUDA-core kernels walk rows (docs/FORMAT.md, "Row
       view"): "length" (by length class, row order inside) or "locality" (row order, the
       longest rows first). None: the builder's rule ("locality" where a window's rows read
-      each of their distinct columns 1.5 times or more on average).
+      each of their distinct columns 1.55 times or more on average).
   """
 
   split_blocks: int | None = None

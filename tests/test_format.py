@@ -307,6 +307,8 @@ def test_row_order_rule(rng):
   rows = np.repeat(np.arange(m), rng.integers(1, 13, m))  # lengths in several classes
   band = (rows + rng.integers(0, 4, rows.size)) % n  # 8 rows share ~11 columns
   scattered = rng.integers(0, n, rows.size)
+  # the threshold, between pubmed in affinity order (1.50: by length) and DD's own order (1.58)
+  assert row_order(150, 100) == "length" and row_order(155, 100) == "locality"
   for cols, want in ((band, "locality"), (scattered, "length")):
     A = SparseMatrix.from_coo(rows, cols, shape=(m, n))
     P = A.pattern

@@ -168,8 +168,9 @@ CTA_ROW = -2  # row_schedule slot: one CTA walks the row, its groups' sums meet 
 
 ROW_ORDERS = ("length", "locality")
 # row_order's rule: "locality" from this many nonzeros per condensed column (a window's 8 rows
-# read each of their distinct columns this often), where neighbouring rows share X rows.
-LOCALITY_REUSE = 1.5
+# read each of their distinct columns this often), where neighbouring rows share X rows: DD in
+# its own order (1.58) gains by it, pubmed in affinity order (1.50) loses (docs/DESIGN.md).
+LOCALITY_REUSE = 1.55
 # "locality": rows longer than this many times the mean row go first (they would hold the last
 # CTAs of a row-ordered walk).
 LONG_ROW_FACTOR = 4
