@@ -52,7 +52,8 @@ constexpr double kDenseReuse = 4.0;
 // schedules in their current order, pattern.py; 5 real graphs and R-MAT 17/16 in affinity order,
 // DD and facebook-page-page in their own at d = 128, three graphs of dense communities; d 32, 128
 // and 256, fp16 and fp32; python -m benchmarks.bench_kernels), where they pick the faster kernel
-// (within 3%) in 56 of 58 SpMM and 55 of 58 SDDMM configurations.
+// (within 3%) in 55 of 58 SDDMM configurations; the SpMM rule was refit on a grid of its own
+// after the tensor-core SpMM's two-block stages (39 of 39).
 
 // Large graphs (>= 2^19 nonzeros: enough to fill the device) whose window's condensed columns
 // serve >= `reuse` nonzeros each on average.
@@ -62,11 +63,11 @@ inline bool large_with_reuse(const PatternFeatures& f, double reuse) {
 
 // SpMM: the row kernels walk rows in row order where windows reuse their columns
 // (pattern.row_order), so that neighbouring rows share X rows in L1 and L2, and are faster than
-// the tensor-core kernel on the real graphs (H100, affinity order, d = 64-256: 1.1-2.9x faster
-// on pubmed, proteins, github-musae, R-MAT 17/16; facebook-page-page ties at 64-byte fp16 rows).
-// Tensor cores take 16-bit rows of 256 bytes and more on large graphs from reuse 1.8, where
-// their two-block stages pay (fp16 d = 128: communities at reuse 1.9 0.88x, at 2.8 0.59x; DD at
-// 2.3 0.93x, 0.99x at d = 256; the row kernels at github-musae's 1.3, 0.84x), and reuse >= 4 at
+// the tensor-core kernel on most real graphs (H100, affinity order, d = 64-256: tensor cores
+// take 1.0-2.9x the row kernels' time on pubmed, proteins, github-musae, R-MAT 17/16 and
+// facebook-page-page). Tensor cores take 16-bit rows of 256 bytes and more on large graphs from
+// reuse 1.8, where their two-block stages pay (fp16 d = 128: communities at reuse 1.9 0.88x, at
+// 2.8 0.59x; DD at 2.3 0.93x, 0.99x at d = 256; github-musae at 1.3 1.2x), and reuse >= 4 at
 // any width. tf32 tensor cores do not beat the exact row kernels below reuse 4 (DD 0.98-1.05x,
 // the others 1.1-1.8x).
 inline bool spmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int esize) {

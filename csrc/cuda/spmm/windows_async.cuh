@@ -38,7 +38,7 @@ struct AsyncShape {
   // 256-byte rows (fp16 d >= 128, fp32 slabs of 64) stage 2 blocks at a time: with 4 the
   // shared memory held 10 warps per SM, with 2 the registers hold 14 (H100, comm18-c64-d16 fp16
   // d = 128: 134 us against 161; DD 82 / 94). Narrower rows keep 4: 16-row stages made fp16
-  // d = 64 8-11% slower, their warps being bound by registers already.
+  // d = 64 up to 11% slower, their warps being bound by registers already.
   static constexpr int kStageRows = kRowBytes >= 256 ? 16 : 32;  // 8 condensed columns a block
   static constexpr int kStageBlocks = kStageRows / kBlockCols;
   static constexpr int kValBytes = kStageBlocks * 64 * int(sizeof(T)) + 16;
