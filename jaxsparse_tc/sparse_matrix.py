@@ -280,6 +280,23 @@ class SparseMatrix:
       self.grouped,
     )
 
+  def astype(self, dtype) -> "SparseMatrix":
+    """The same pattern with values cast to `dtype` (a float type). Concrete values that do not
+    fit the target's finite range raise ValueError; traced ones cast as `jnp.astype` does."""
+    dtype = jnp.dtype(dtype)
+    if not jnp.issubdtype(dtype, jnp.floating):
+      raise ValueError(f"SparseMatrix.astype: dtype must be a float type; got {dtype}")
+    if dtype == self.values.dtype:
+      return self
+    if not isinstance(self.values, jax.core.Tracer) and self.nnz:
+      peak = float(jnp.max(jnp.abs(self.values.astype(jnp.float32))))
+      if peak > float(jnp.finfo(dtype).max):
+        raise ValueError(
+          f"SparseMatrix.astype({dtype}): values up to {peak:.6g} exceed {dtype}'s largest "
+          f"finite value {float(jnp.finfo(dtype).max):.6g}"
+        )
+    return self.with_values(self.values.astype(dtype))
+
   def values_from_input(self, values) -> jax.Array:
     """Input-order values (as given to the constructor) to format order; duplicates add up."""
     values = jnp.asarray(values)
