@@ -264,7 +264,7 @@ class Reordering:
     src[to_b] = np.arange(to_b.size, dtype=to_b.dtype)  # B position -> A position
     values = jnp.asarray(A.values)[..., jnp.asarray(src)]
     in_to_b = jnp.asarray(to_b)[A.input_to_format]
-    return SparseMatrix(
+    return SparseMatrix._unchecked(
       values, B.pattern, B.pattern_t, B.perm_t, B.perm_t_inv, in_to_b, B.shape, B.grouped
     )
 
@@ -435,12 +435,17 @@ class ReorderedMatrix(SparseMatrix):
     super().__init__(
       values, pattern, pattern_t, perm_t, perm_t_inv, input_to_format, shape, grouped
     )
+    self.node_perm = node_perm
+    self.node_inverse = node_inverse
+
+  def _assign(self, *args, node_perm=None, node_inverse=None, **kwargs):
+    super()._assign(*args, **kwargs)
     self.node_perm = node_perm  # int32 [n]: stored node i is the caller's node node_perm[i]
     self.node_inverse = node_inverse  # int32 [n]: the caller's node j is stored at node_inverse[j]
 
   @classmethod
   def _of(cls, B: SparseMatrix, node_perm, node_inverse) -> "ReorderedMatrix":
-    return cls(
+    return cls._unchecked(
       B.values,
       B.pattern,
       B.pattern_t,
@@ -460,9 +465,13 @@ class ReorderedMatrix(SparseMatrix):
 
   @classmethod
   def tree_unflatten(cls, aux, children):
-    shape, grouped = aux
+    shape, grouped, origin = aux
     *base, node_perm, node_inverse = children
-    return cls(*base, shape=shape, grouped=grouped, node_perm=node_perm, node_inverse=node_inverse)
+    R = cls._unchecked(
+      *base, shape=shape, grouped=grouped, node_perm=node_perm, node_inverse=node_inverse
+    )
+    R._check(contents=not origin.same_pattern(R))
+    return R
 
   # -- construction -------------------------------------------------------------------------
   @classmethod

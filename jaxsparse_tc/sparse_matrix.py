@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import concurrent.futures
+import weakref
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsparse_tc._src import integrity
 from jaxsparse_tc._src import pattern as pattern_lib
 from jaxsparse_tc._src.pattern import KernelArrays, Pattern, PatternOperands, RowView
 from jaxsparse_tc._src.spmm import spmm
 from jaxsparse_tc.options import FormatOptions
 
-# Entry positions are int32 in the format and the kernels, which step past a row's last entry by
-# up to a few thousand (chunks, a CTA's shares of a row): keep 2^16 of headroom below 2^31.
-_MAX_ENTRIES = 2**31 - 2**16
+_MAX_ENTRIES = integrity.MAX_ENTRIES
 
 
 def _index_array(name: str, a) -> np.ndarray:
@@ -30,13 +30,17 @@ def _index_array(name: str, a) -> np.ndarray:
 
 def _check_shape(shape, rows: np.ndarray, cols: np.ndarray) -> tuple[int, int]:
   if shape is None:
-    return (int(rows.max()) + 1 if rows.size else 0, int(cols.max()) + 1 if cols.size else 0)
+    m = int(rows.max()) + 1 if rows.size else 0
+    n = int(cols.max()) + 1 if cols.size else 0
+    integrity.check_dims(m, n, "the shape inferred from the indices,")
+    return m, n
   try:
     m, n = (int(s) for s in shape)
   except (TypeError, ValueError):
     raise ValueError(f"shape must be a pair of non-negative integers; got {shape!r}") from None
   if m < 0 or n < 0 or tuple(shape) != (m, n):
     raise ValueError(f"shape must be a pair of non-negative integers; got {shape!r}")
+  integrity.check_dims(m, n)
   return m, n
 
 
@@ -61,9 +65,20 @@ def _input_values(values, count: int) -> np.ndarray:
   v = np.asarray(values)
   if v.ndim not in (1, 2) or v.shape[-1] != count:
     raise ValueError(f"values must have shape [{count}] or [H, {count}]; got {v.shape}")
+  if np.issubdtype(v.dtype, np.complexfloating):
+    raise ValueError(f"values must be real; got dtype {v.dtype} (complex values are not supported)")
+  if v.dtype != jnp.bfloat16 and not (
+    np.issubdtype(v.dtype, np.floating) or np.issubdtype(v.dtype, np.integer) or v.dtype == np.bool_
+  ):
+    raise ValueError(f"values must be real numbers; got dtype {v.dtype}")
   if not np.issubdtype(v.dtype, np.floating) and v.dtype != jnp.bfloat16:
     v = v.astype(np.float32)
   if v.dtype == np.float64 and not jax.config.jax_enable_x64:
+    if np.any(np.abs(v[np.isfinite(v)]) > np.finfo(np.float32).max):
+      raise ValueError(
+        "values exceed float32's range (JAX runs without x64, so float64 values become "
+        "float32): scale them, or enable jax_enable_x64"
+      )
     v = v.astype(np.float32)  # float64 values are kept only when JAX runs with x64
   if not np.all(np.isfinite(v.astype(np.float32))):
     raise ValueError("values must be finite (found NaN or infinity)")
@@ -71,12 +86,20 @@ def _input_values(values, count: int) -> np.ndarray:
 
 
 def _sum_into(v: np.ndarray, index: np.ndarray, size: int) -> np.ndarray:
-  """Sums input-order values into format positions (duplicate entries add up)."""
+  """Sums input-order values into format positions (duplicate entries add up, in float64; a sum
+  past the values' dtype's range is refused rather than rounded to infinity)."""
   heads = v.shape[:-1]
   flat = v.reshape((int(np.prod(heads)), v.shape[-1])).astype(np.float64)
   out = np.zeros((flat.shape[0], size))
   for h, f in enumerate(flat):
     out[h] = np.bincount(index, weights=f, minlength=size)
+  limit = float(jnp.finfo(v.dtype).max)
+  if out.size and np.max(np.abs(out)) > limit:
+    h, k = np.unravel_index(int(np.argmax(np.abs(out))), out.shape)
+    raise ValueError(
+      f"duplicate entries sum to {out[h, k]:.6g} at format position {k}, past {v.dtype}'s "
+      f"largest finite value {limit:.6g}: pass wider values (e.g. float32)"
+    )
   return out.reshape(heads + (size,)).astype(v.dtype)
 
 
@@ -129,16 +152,47 @@ class SparseMatrix:
     shape: tuple[int, int],
     grouped: tuple[bool, bool] = (False, False),
   ):
+    """A matrix from its arrays (docs/FORMAT.md). Their dtypes and shapes are checked against
+    `shape`, and concrete pattern arrays' contents against the format's invariants
+    (PatternError); the builders (`from_coo`, ...) are the usual way in."""
+    self._assign(values, pattern, pattern_t, perm_t, perm_t_inv, input_to_format, shape, grouped)
+    self._check(contents=True)
+
+  def _assign(
+    self, values, pattern, pattern_t, perm_t, perm_t_inv, input_to_format, shape, grouped
+  ):
     self.values = values
-    self.pattern = pattern
-    self.pattern_t = pattern_t
+    self.pattern = Pattern(*pattern) if isinstance(pattern, (tuple, list)) else pattern
+    self.pattern_t = Pattern(*pattern_t) if isinstance(pattern_t, (tuple, list)) else pattern_t
     self.perm_t = perm_t
     self.perm_t_inv = perm_t_inv
     self.input_to_format = input_to_format
-    self.shape = tuple(shape)
+    self.shape = tuple(int(s) for s in shape)
     # Whether A's and A^T's schedules are grouped (pattern.window_schedule): static, so that a
     # kernel can be told at trace time that no split window needs a cross-CTA merge.
     self.grouped = tuple(bool(g) for g in grouped)
+
+  @classmethod
+  def _unchecked(cls, *args, **kwargs) -> "SparseMatrix":
+    """A matrix from arrays known to be valid (the builders' own, or a valid matrix's)."""
+    self = cls.__new__(cls)
+    self._assign(*args, **kwargs)
+    return self
+
+  def _pattern_leaves(self) -> tuple:
+    return (*self.pattern, *self.pattern_t, self.perm_t, self.perm_t_inv, self.input_to_format)
+
+  def _check(self, contents: bool) -> None:
+    """check_structure where every array is array-like (pytrees are also rebuilt with None or
+    axis specs as leaves, which are no matrix to check), and check_contents where asked and
+    every array is concrete."""
+    leaves = self._pattern_leaves()
+    if not all(integrity.array_like(a) for a in leaves):
+      return
+    args = (self.pattern, self.pattern_t, self.perm_t, self.perm_t_inv, self.input_to_format)
+    integrity.check_structure(self.values, *args, self.shape)
+    if contents and all(integrity.is_concrete(a) for a in leaves):
+      integrity.check_contents(*args, self.shape)
 
   # -- pytree ---------------------------------------------------------------------------------
   def tree_flatten(self):
@@ -150,12 +204,14 @@ class SparseMatrix:
       self.perm_t_inv,
       self.input_to_format,
     )
-    return children, (self.shape, self.grouped)
+    return children, (self.shape, self.grouped, _Origin.of(self))
 
   @classmethod
   def tree_unflatten(cls, aux, children):
-    shape, grouped = aux
-    return cls(*children, shape=shape, grouped=grouped)
+    shape, grouped, origin = aux
+    A = cls._unchecked(*children, shape=shape, grouped=grouped)
+    A._check(contents=not origin.same_pattern(A))
+    return A
 
   # -- construction ---------------------------------------------------------------------------
   @classmethod
@@ -179,7 +235,7 @@ class SparseMatrix:
     b = build_orientations(rows, cols, *shape, format_options)
     values_f = _sum_into(v, b.to_format, b.pattern.rows.shape[0])
     put = jax.device_put
-    return cls(
+    return cls._unchecked(
       put(values_f),
       Pattern(*map(put, b.pattern)),
       Pattern(*map(put, b.pattern_t)),
@@ -269,7 +325,7 @@ class SparseMatrix:
         f"values must have shape [{self.nnz}] or [H, {self.nnz}] for a "
         f"matrix of shape {self.shape}; got {values.shape}"
       )
-    return SparseMatrix(
+    return SparseMatrix._unchecked(
       values,
       self.pattern,
       self.pattern_t,
@@ -311,7 +367,7 @@ class SparseMatrix:
   @property
   def T(self) -> "SparseMatrix":
     """The transpose (its pattern was built with this one; values are permuted)."""
-    return SparseMatrix(
+    return SparseMatrix._unchecked(
       self.values[..., self.perm_t],
       self.pattern_t,
       self.pattern,
@@ -323,7 +379,17 @@ class SparseMatrix:
     )
 
   def operands(self) -> PatternOperands:
-    """What primitives take besides values: both orientations' structure (named)."""
+    """What primitives take besides values: both orientations' structure (named). Their dtypes
+    and shapes are checked here, when an operator binds them (tracers included)."""
+    integrity.check_structure(
+      self.values,
+      self.pattern,
+      self.pattern_t,
+      self.perm_t,
+      self.perm_t_inv,
+      self.input_to_format,
+      self.shape,
+    )
     return PatternOperands(
       a=KernelArrays(*self.pattern.kernel_arrays()),
       t=KernelArrays(*self.pattern_t.kernel_arrays()),
@@ -430,3 +496,40 @@ class SparseMatrix:
       f"SparseMatrix(shape={self.shape}, nnz={self.nnz}, dtype={self.values.dtype}, "
       f"blocks={self.pattern.num_blocks})"
     )
+
+
+class _Origin:
+  """The matrix a pytree node was flattened from, held weakly, so that unflattening can tell
+  whether its pattern arrays are still the (checked) originals. A matrix of tracers has none:
+  what a traced function returns is not re-checked on every call (which would read the arrays
+  back from the device). Equal to every other _Origin, so that treedefs, and jit's cache keys,
+  do not depend on it."""
+
+  __slots__ = ("ref",)
+
+  def __init__(self, ref):
+    self.ref = ref
+
+  @classmethod
+  def of(cls, A: SparseMatrix) -> "_Origin":
+    if any(isinstance(a, jax.core.Tracer) for a in A._pattern_leaves()):
+      return cls(None)
+    return cls(weakref.ref(A))
+
+  def same_pattern(self, A: SparseMatrix) -> bool:
+    """Whether A's pattern arrays are the origin's own (or the origin is a traced matrix)."""
+    if self.ref is None:
+      return True
+    origin = self.ref()
+    if origin is None:
+      return False
+    return all(a is b for a, b in zip(A._pattern_leaves(), origin._pattern_leaves()))
+
+  def __eq__(self, other):
+    return isinstance(other, _Origin)
+
+  def __hash__(self):
+    return 0
+
+  def __repr__(self):
+    return "_Origin()"

@@ -26,6 +26,11 @@ if _cuda is not None:
     jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
 
 
+def cpu_extension():
+  """The CPU extension module (always built)."""
+  return _cpu
+
+
 def cuda_extension():
   """The CUDA extension module (None where it was not built)."""
   return _cuda
