@@ -500,10 +500,11 @@ class SparseMatrix:
 
 class _Origin:
   """The matrix a pytree node was flattened from, held weakly, so that unflattening can tell
-  whether its pattern arrays are still the (checked) originals. A matrix of tracers has none:
-  what a traced function returns is not re-checked on every call (which would read the arrays
-  back from the device). Equal to every other _Origin, so that treedefs, and jit's cache keys,
-  do not depend on it."""
+  whether its pattern arrays are still the (checked) originals. Rebuilding is checked only
+  against a live origin of concrete arrays: a matrix of tracers has none, and JAX's dispatch
+  re-flattens a compiled function's outputs into a short-lived matrix, so what a jitted
+  function returns is not read back from the device on every call. Equal to every other
+  _Origin, so that treedefs, and jit's cache keys, do not depend on it."""
 
   __slots__ = ("ref",)
 
@@ -517,12 +518,10 @@ class _Origin:
     return cls(weakref.ref(A))
 
   def same_pattern(self, A: SparseMatrix) -> bool:
-    """Whether A's pattern arrays are the origin's own (or the origin is a traced matrix)."""
-    if self.ref is None:
-      return True
-    origin = self.ref()
+    """Whether A's pattern arrays are the live origin's own (True where there is none)."""
+    origin = None if self.ref is None else self.ref()
     if origin is None:
-      return False
+      return True
     return all(a is b for a, b in zip(A._pattern_leaves(), origin._pattern_leaves()))
 
   def __eq__(self, other):
