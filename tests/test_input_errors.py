@@ -189,6 +189,9 @@ def test_layers_refuse_values_past_the_features_range(rng):
   x = jnp.asarray(rng.standard_normal((n, 4)), jnp.float16)
   with pytest.raises(ValueError, match="exceed float16's largest finite value"):
     F.gin_conv(M, x, lambda h: h)
+  # Integer features are not cast to: spmm names them.
+  with pytest.raises(OperandError, match=r"X \(shape \(20, 4\)\) has dtype int32"):
+    F.gin_conv(M, jnp.ones((n, 4), jnp.int32), lambda h: h)
 
 
 def test_layers_refuse_matrices_with_several_value_sets(rng):

@@ -114,8 +114,8 @@ def check_inputs(op: str, A, x, *, bipartite: bool = False):
 def _in_dtype(A, dtype):
   """A with its values in `dtype`, the features' dtype the layer computes in (spmm would
   otherwise promote float16 features with float32 values to float32)."""
-  if A.values.dtype == dtype:
-    return A
+  if A.values.dtype == dtype or not jnp.issubdtype(dtype, jnp.floating):
+    return A  # non-float features: spmm names them in its error
   if isinstance(A, SparseMatrix):
     return A.astype(dtype)  # refuses concrete values past dtype's range
   return A.with_values(A.values.astype(dtype))  # a container of matrices (ShardedMatrix)
