@@ -47,17 +47,105 @@ class GraphDataset:
     return int(self.labels.max()) + 1
 
 
+def _open_npz(path, what: str):
+  """np.load of an .npz archive, or ValueError naming the file (FileNotFoundError passes)."""
+  try:
+    z = np.load(path, allow_pickle=False)
+  except FileNotFoundError:
+    raise
+  except Exception as e:  # noqa: BLE001 - numpy raises several kinds for files it cannot read
+    raise ValueError(f"{path}: not a readable .npz archive ({what}): {e}") from None
+  if not isinstance(z, np.lib.npyio.NpzFile):
+    raise ValueError(f"{path}: holds one array, not an .npz archive of named arrays ({what})")
+  return z
+
+
+def _arrays(path, z, keys, what: str) -> dict:
+  missing = [k for k in keys if k not in z.files]
+  if missing:
+    raise ValueError(
+      f"{path}: the archive has no {', '.join(map(repr, missing))} array(s); {what} holds "
+      f"{', '.join(keys)}"
+    )
+  return {k: z[k] for k in keys}
+
+
+def _int_field(path, name: str, a, *, ndim: int = 1, low: int | None = 0, high=None):
+  """An integer array of the file, checked: dtype, rank and the range [low, high)."""
+  if a.dtype.kind not in "iu" and not (a.dtype.kind == "b" and low == 0):
+    raise ValueError(f"{path}: {name} must hold integers; got dtype {a.dtype}")
+  if a.ndim != ndim:
+    raise ValueError(f"{path}: {name} must be {ndim}-dimensional; got shape {a.shape}")
+  a = a.astype(np.int64)
+  if a.size and low is not None and a.min() < low:
+    raise ValueError(f"{path}: {name} holds {int(a.min())}, below {low}")
+  if a.size and high is not None and a.max() >= high:
+    raise ValueError(f"{path}: {name} holds {int(a.max())}; it must be below {high}")
+  return a
+
+
+def _check_ptr(path, name: str, ptr: np.ndarray, total: int, total_name: str) -> None:
+  if ptr.size < 1 or ptr[0] != 0 or ptr[-1] != total or np.any(np.diff(ptr) < 0):
+    raise ValueError(
+      f"{path}: {name} must rise from 0 to {total_name} ({total}) without decreasing; got "
+      f"{ptr.size} entries from {ptr[0] if ptr.size else None} to "
+      f"{ptr[-1] if ptr.size else None}" + (" (it decreases)" if np.any(np.diff(ptr) < 0) else "")
+    )
+
+
+_NPZ_KEYS = (
+  "shape",
+  "indptr",
+  "indices",
+  "feat_data",
+  "feat_indices",
+  "feat_indptr",
+  "feat_shape",
+  "labels",
+  "train_idx",
+  "val_idx",
+  "test_idx",
+)
+
+
 def load_npz(path, *, normalize_features: bool = False) -> GraphDataset:
-  """Loads a graph stored as Cora is (jaxsparse_tc/data/cora.npz; see load_cora)."""
-  z = np.load(path)
-  shape = tuple(int(s) for s in z["shape"])
-  adj = sp.csr_matrix(
-    (np.ones(len(z["indices"]), np.float32), z["indices"], z["indptr"]), shape=shape
-  )
-  feats = sp.csr_matrix(
-    (z["feat_data"], z["feat_indices"], z["feat_indptr"]),
-    shape=tuple(int(s) for s in z["feat_shape"]),
-  ).toarray()
+  """Loads a graph stored as Cora is (jaxsparse_tc/data/cora.npz; see load_cora): the
+  adjacency as CSR (`shape`, `indptr`, `indices`), the features as CSR (`feat_shape`,
+  `feat_indptr`, `feat_indices`, `feat_data`), `labels` and the split indices. A file that
+  does not hold these, consistently, raises ValueError naming the array at fault."""
+  what = "a graph file as load_npz reads it"
+  z = _arrays(path, _open_npz(path, what), _NPZ_KEYS, what)
+  shape = tuple(_int_field(path, "shape", z["shape"]).tolist())
+  if len(shape) != 2 or shape[0] != shape[1]:
+    raise ValueError(f"{path}: shape must be [n, n] (a square adjacency); got {shape}")
+  n = shape[0]
+  indptr = _int_field(path, "indptr", z["indptr"])
+  indices = _int_field(path, "indices", z["indices"], high=n)
+  if indptr.size != n + 1:
+    raise ValueError(f"{path}: indptr must have n + 1 = {n + 1} entries; got {indptr.size}")
+  _check_ptr(path, "indptr", indptr, indices.size, "len(indices)")
+  feat_shape = tuple(_int_field(path, "feat_shape", z["feat_shape"]).tolist())
+  if len(feat_shape) != 2 or feat_shape[0] != n:
+    raise ValueError(f"{path}: feat_shape must be [n={n}, features]; got {feat_shape}")
+  feat_indptr = _int_field(path, "feat_indptr", z["feat_indptr"])
+  feat_indices = _int_field(path, "feat_indices", z["feat_indices"], high=feat_shape[1])
+  if feat_indptr.size != n + 1:
+    raise ValueError(
+      f"{path}: feat_indptr must have n + 1 = {n + 1} entries; got {feat_indptr.size}"
+    )
+  _check_ptr(path, "feat_indptr", feat_indptr, feat_indices.size, "len(feat_indices)")
+  feat_data = z["feat_data"]
+  if feat_data.dtype.kind not in "biuf" or feat_data.shape != feat_indices.shape:
+    raise ValueError(
+      f"{path}: feat_data must hold {feat_indices.size} numbers (one per feat_indices entry); "
+      f"got dtype {feat_data.dtype}, shape {feat_data.shape}"
+    )
+  labels = _int_field(path, "labels", z["labels"], low=-1)
+  if labels.size != n:
+    raise ValueError(f"{path}: labels must have n = {n} entries; got {labels.size}")
+  split = {k: _int_field(path, k, z[k], high=n) for k in ("train_idx", "val_idx", "test_idx")}
+  adj = sp.csr_matrix((np.ones(indices.size, np.float32), indices, indptr), shape=shape)
+  feats = sp.csr_matrix((feat_data, feat_indices, feat_indptr), shape=feat_shape).toarray()
   feats = feats.astype(np.float32)
   if normalize_features:
     sums = feats.sum(axis=1, keepdims=True)
@@ -66,10 +154,10 @@ def load_npz(path, *, normalize_features: bool = False) -> GraphDataset:
   edge_index = np.stack([coo.row, coo.col]).astype(np.int64)
   return GraphDataset(
     features=feats.astype(np.float32),
-    labels=z["labels"].astype(np.int32),
-    train_idx=z["train_idx"].astype(np.int32),
-    val_idx=z["val_idx"].astype(np.int32),
-    test_idx=z["test_idx"].astype(np.int32),
+    labels=labels.astype(np.int32),
+    train_idx=split["train_idx"].astype(np.int32),
+    val_idx=split["val_idx"].astype(np.int32),
+    test_idx=split["test_idx"].astype(np.int32),
     edge_index=edge_index,
     adjacency=adj,
   )
@@ -151,18 +239,30 @@ def load_tu(name: str, data_dir=None) -> TUDataset:
   """
   from jaxsparse_tc.nn.batch import Graph
 
-  z = np.load(find_dataset_file(name, data_dir))
-  for key in ("row", "col", "graph_ptr", "graph_label", "node_tag"):
-    if key not in z.files:
-      raise ValueError(
-        f"{name}: the file has no {key!r} array (a TU graph-classification file "
-        f"holds row, col, graph_ptr, graph_label, node_tag)"
-      )
-  row, col = z["row"].astype(np.int64), z["col"].astype(np.int64)
-  ptr = z["graph_ptr"].astype(np.int64)
-  labels = z["graph_label"].astype(np.int32)
-  tags = z["node_tag"].astype(np.int64)
-  num_tags = int(tags.max()) + 1
+  path = find_dataset_file(name, data_dir)
+  what = "a TU graph-classification file"
+  z = _arrays(
+    path,
+    _open_npz(path, what),
+    ("row", "col", "graph_ptr", "graph_label", "node_tag"),
+    what,
+  )
+  tags = _int_field(path, "node_tag", z["node_tag"])
+  nodes = tags.size
+  row = _int_field(path, "row", z["row"], high=nodes)
+  col = _int_field(path, "col", z["col"], high=nodes)
+  if row.size != col.size:
+    raise ValueError(f"{path}: row and col differ in length: {row.size} and {col.size}")
+  ptr = _int_field(path, "graph_ptr", z["graph_ptr"])
+  if ptr.size < 2:
+    raise ValueError(f"{path}: graph_ptr must hold at least one graph (2 entries); got {ptr.size}")
+  _check_ptr(path, "graph_ptr", ptr, nodes, "len(node_tag)")
+  labels = _int_field(path, "graph_label", z["graph_label"]).astype(np.int32)
+  if labels.size != ptr.size - 1:
+    raise ValueError(
+      f"{path}: graph_label must have one label per graph ({ptr.size - 1}); got {labels.size}"
+    )
+  num_tags = int(tags.max()) + 1 if tags.size else 1
   graph_of_edge = np.searchsorted(ptr, row, side="right") - 1
   order = np.argsort(graph_of_edge, kind="stable")
   row, col, graph_of_edge = row[order], col[order], graph_of_edge[order]
@@ -174,7 +274,11 @@ def load_tu(name: str, data_dir=None) -> TUDataset:
     e0, e1 = edge_ptr[g], edge_ptr[g + 1]
     ei = np.stack([row[e0:e1] - lo, col[e0:e1] - lo])
     if ei.size and (ei.min() < 0 or ei.max() >= hi - lo):
-      raise ValueError(f"{name}: an edge of graph {g} leaves the graph")
+      k = int(np.nonzero(np.any((ei < 0) | (ei >= hi - lo), axis=0))[0][0])
+      raise ValueError(
+        f"{path}: an edge of graph {g} (nodes [{lo}, {hi})) leaves the graph: row "
+        f"{int(row[e0 + k])}, col {int(col[e0 + k])}"
+      )
     graphs.append(Graph(ei, int(hi - lo), x=eye[tags[lo:hi]], y=int(labels[g])))
   return TUDataset(
     name=name,

@@ -41,9 +41,22 @@ def from_bcoo(m, *, format_options: FormatOptions | None = None) -> SparseMatrix
     )
   idx = np.asarray(m.indices)
   data = m.data
+  if not (jnp.issubdtype(data.dtype, jnp.floating) or jnp.issubdtype(data.dtype, jnp.integer)):
+    raise ValueError(
+      f"from_bcoo: the BCOO's data (shape {data.shape}) has dtype {data.dtype}; a SparseMatrix "
+      "holds real values (float, or integers read as float32)"
+    )
+  if idx.size and idx.min() < 0:
+    # BCOO's own todense wraps negative indices as numpy does; padding uses indices past the
+    # shape. Rather than guess which was meant, refuse them.
+    bad = np.nonzero(np.any(idx < 0, axis=1))[0]
+    raise ValueError(
+      f"from_bcoo: {bad.size} stored entries have negative indices (first: entry {int(bad[0])}, "
+      f"index {idx[bad[0]].tolist()}); give indices in [0, {m.shape[0]}) x [0, {m.shape[1]})"
+    )
   traced = isinstance(data, jax.core.Tracer)
   # BCOO marks padding entries with out-of-range indices (e.g. after sum_duplicates): drop them
-  keep = np.all((idx >= 0) & (idx < np.asarray(m.shape)), axis=1)
+  keep = np.all(idx < np.asarray(m.shape), axis=1)
   A = SparseMatrix.from_coo(
     idx[keep, 0],
     idx[keep, 1],

@@ -113,7 +113,24 @@ def block_stats(A, perm=None, *, num_nodes: int | None = None) -> BlockStats:
 
 # -- input handling --------------------------------------------------------------------------
 def _threads() -> int:
-  return max(1, min(2, os.cpu_count() or 1))
+  return max(1, min(_MAX_THREADS, os.cpu_count() or 1))
+
+
+# The C++ reordering splits its work over at most two threads (csrc/cpu/reorder.cc).
+_MAX_THREADS = 2
+_MAX_INT32 = 2**31 - 1
+
+
+def _int_arg(name: str, v, *, low: int, high: int | None = None, none_ok: bool = True):
+  """A Python/numpy integer argument in [low, high], or None where allowed; ValueError else."""
+  if v is None and none_ok:
+    return None
+  if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+    raise ValueError(f"{name} must be an integer; got {v!r} ({type(v).__name__})")
+  if v < low or (high is not None and v > high):
+    bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+    raise ValueError(f"{name} must be an integer {bound}; got {v}")
+  return int(v)
 
 
 def _int_array(name: str, a) -> np.ndarray:
@@ -127,6 +144,14 @@ def _int_array(name: str, a) -> np.ndarray:
 
 def _coo(A, num_nodes):
   """(rows, cols, shape) of a square pattern: int64 numpy arrays."""
+  num_nodes = _int_arg("num_nodes", num_nodes, low=0)
+  if num_nodes is not None and (isinstance(A, SparseMatrix) or hasattr(A, "tocoo")):
+    shape = A.shape
+    if tuple(shape) != (num_nodes, num_nodes):
+      raise ValueError(
+        f"num_nodes={num_nodes} does not match the matrix's shape {tuple(shape)} (num_nodes "
+        "is for an edge_index or a (rows, cols) pair; leave it out for a matrix)"
+      )
   if isinstance(A, SparseMatrix):
     rows, cols, shape = np.asarray(A.rows), np.asarray(A.cols), A.shape
   elif hasattr(A, "tocoo"):  # scipy.sparse
@@ -142,13 +167,15 @@ def _coo(A, num_nodes):
         f"[2, E] or a (rows, cols) pair; got {type(A).__name__} with shape "
         f"{getattr(ei, 'shape', None)}"
       )
+    if ei.size and ei.dtype.kind not in "iu":
+      raise ValueError(f"edge_index must have an integer dtype (node ids); got {ei.dtype}")
     rows, cols, shape = ei[1], ei[0], None  # message passing: rows = targets (PyG's flow)
   rows, cols = _int_array("rows", rows), _int_array("cols", cols)
   if rows.size != cols.size:
     raise ValueError(f"rows and cols differ in length: {rows.size} and {cols.size}")
   if shape is None:
     hi = int(max(rows.max(), cols.max())) + 1 if rows.size else 0
-    shape = (hi, hi) if num_nodes is None else (int(num_nodes), int(num_nodes))
+    shape = (hi, hi) if num_nodes is None else (num_nodes, num_nodes)
   shape = tuple(int(s) for s in shape)
   if shape[0] != shape[1]:
     raise ValueError(
@@ -163,9 +190,22 @@ def _coo(A, num_nodes):
 
 
 def _check_perm(perm, n: int) -> np.ndarray:
+  """A user's permutation of n nodes (perm[new] = old): its length, range and duplicates."""
   p = _int_array("perm", perm)
-  if p.size != n or not np.array_equal(np.sort(p), np.arange(n)):
-    raise ValueError(f"perm must be a permutation of 0..{n - 1}")
+  if p.size != n:
+    raise ValueError(f"perm must have one entry per node, {n}; got {p.size}")
+  if n == 0:
+    return p
+  lo, hi = int(p.min()), int(p.max())
+  if lo < 0 or hi >= n:
+    raise ValueError(f"perm must hold node ids in [0, {n}); got ids in [{lo}, {hi}]")
+  counts = np.bincount(p, minlength=n)
+  if np.any(counts != 1):
+    twice = np.nonzero(counts > 1)[0]
+    raise ValueError(
+      f"perm must be a permutation of 0..{n - 1}: {twice.size} ids occur more than once "
+      f"(first: {int(twice[0])}) and {int(np.sum(counts == 0))} never"
+    )
   return p
 
 
@@ -212,10 +252,12 @@ class Reordering:
   # -- explicit mode: node-indexed arrays ---------------------------------------------------
   def _take(self, x, index, inverse, axis):
     if isinstance(x, np.ndarray):
+      if x.ndim == 0 or not -x.ndim <= axis < x.ndim or x.shape[axis] != self.num_nodes:
+        raise ValueError(f"axis {axis} of x (shape {x.shape}) must have the {self.num_nodes} nodes")
       return np.take(x, index, axis=axis)
     # jax (traced too): the permutation primitive, whose gradient is a gather, not a scatter.
     x = jnp.asarray(x)
-    if x.ndim == 0 or x.shape[axis] != self.num_nodes:
+    if x.ndim == 0 or not -x.ndim <= axis < x.ndim or x.shape[axis] != self.num_nodes:
       raise ValueError(f"axis {axis} of x (shape {x.shape}) must have the {self.num_nodes} nodes")
     flat = x.ndim == 1
     x = jnp.moveaxis(x[:, None] if flat else x, axis, -2)
@@ -235,7 +277,14 @@ class Reordering:
   def permute_index(self, idx):
     """Node ids (e.g. train/val/test indices, numpy) to their new ids: `inverse[idx]`."""
     idx = np.asarray(idx)
-    return self.inverse[idx].astype(idx.dtype, copy=False)
+    if idx.size and idx.dtype.kind not in "iu":
+      raise ValueError(f"node ids must have an integer dtype; got {idx.dtype}")
+    if idx.size and (idx.min() < 0 or idx.max() >= self.num_nodes):
+      raise ValueError(
+        f"node ids must be in [0, {self.num_nodes}) (this reordering's nodes); got ids in "
+        f"[{idx.min()}, {idx.max()}]"
+      )
+    return self.inverse[idx.astype(np.int64)].astype(idx.dtype, copy=False)
 
   def permute_edge_index(self, edge_index):
     """An edge_index [2, E] with node ids renamed: `inverse[edge_index]` (edge order kept)."""
@@ -314,16 +363,16 @@ def reorder(
   message_passing_matrix builds; `num_nodes` defaults to max id + 1) or a (rows, cols) pair.
   The graph is symmetrized first (A and A^T get the same order). method: one of METHODS
   ("affinity" is the community + data-affinity ordering; "rcm" and "degree" are cheap).
-  Deterministic for a seed (ties are broken by a seeded hash), whatever `threads` (at most 2,
-  the default). `lookahead` (affinity): how many unplaced rows a window's rows are chosen from
-  (default 256; more is slower and packs somewhat tighter).
+  Deterministic for a seed (ties are broken by a seeded hash), whatever `threads` (a positive
+  integer; the reordering uses at most 2, the default, and takes larger counts as 2).
+  `lookahead` (affinity): how many unplaced rows a window's rows are chosen from (default 256;
+  more is slower and packs somewhat tighter; at most 2^31 - 1).
   """
-  if method not in METHODS:
+  if not isinstance(method, str) or method not in METHODS:
     raise ValueError(f"method must be one of {METHODS}; got {method!r}")
-  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-    raise ValueError(f"seed must be a non-negative integer; got {seed!r}")
-  if lookahead is not None and (not isinstance(lookahead, (int, np.integer)) or lookahead < 1):
-    raise ValueError(f"lookahead must be a positive integer; got {lookahead!r}")
+  seed = _int_arg("seed", seed, low=0, none_ok=False)
+  lookahead = _int_arg("lookahead", lookahead, low=1, high=_MAX_INT32)
+  threads = _int_arg("threads", threads, low=1)
   rows, cols, (n, _) = _coo(A, num_nodes)
   t0 = time.perf_counter()
   out = _cpu.reorder(
@@ -331,9 +380,9 @@ def reorder(
     cols,
     n,
     method,
-    int(seed) % (1 << 64),
-    _threads() if threads is None else max(1, int(threads)),
-    0 if lookahead is None else int(lookahead),
+    seed % (1 << 64),
+    _threads() if threads is None else min(threads, _MAX_THREADS),
+    0 if lookahead is None else lookahead,
   )
   seconds = time.perf_counter() - t0
   perm = np.asarray(out["perm"])
@@ -342,7 +391,7 @@ def reorder(
     perm=perm,
     inverse=inv,
     method=method,
-    seed=int(seed),
+    seed=seed,
     before=_stats(rows, cols, n, n),
     after=_stats(rows, cols, n, n, inv, inv),
     before_t=_stats(cols, rows, n, n),

@@ -101,7 +101,7 @@ def _custom_call_attrs(fn, *args) -> str:
 @pytest.mark.parametrize("choice,code", [("auto", 0), ("cuda_core", 1), ("tensor_core", 2)])
 def test_kernel_options_become_ffi_attributes(choice, code):
   g = _long_row_graph()
-  A = jst.SparseMatrix.from_scipy(g)
+  A = jst.SparseMatrix.from_scipy(g).astype(jnp.float16)  # float16 values: the float16 kernels
   x = jnp.ones((g.shape[1], 16), jnp.float16)
   opts = jst.KernelOptions(spmm=choice, sddmm=choice)
   call = _custom_call_attrs(lambda A, x: jst.spmm(A, x, options=opts), A, x)
@@ -114,7 +114,7 @@ def test_kernel_options_become_ffi_attributes(choice, code):
 def test_kernel_options_choose_the_workspace():
   """The long row needs a row-kernel workspace; forcing the window kernels sizes theirs."""
   g = _long_row_graph()
-  A = jst.SparseMatrix.from_scipy(g)
+  A = jst.SparseMatrix.from_scipy(g).astype(jnp.float16)  # float16 values: the float16 kernels
   x = jnp.ones((g.shape[1], 64), jnp.float16)
   sizes = {
     c: _results(lambda A, x: jst.spmm(A, x, options=jst.KernelOptions(spmm=c)), A, x)[1]

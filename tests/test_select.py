@@ -414,7 +414,8 @@ def _gpu(tree):
 
 
 def _csr64(A, dtype):
-  """A as a float64 scipy matrix after the cast its values get inside the operators."""
+  """A's values in `dtype` (the dtype the tests give both operands), as a float64 scipy
+  matrix."""
   v = np.asarray(A.values.astype(dtype), np.float64)
   return sp.csr_matrix((v, (np.asarray(A.rows), np.asarray(A.cols))), shape=A.shape)
 
@@ -426,7 +427,7 @@ def _csr64(A, dtype):
 @pytest.mark.parametrize("kind", KINDS)
 def test_gpu_spmm_and_sddmm_default_options(rng, kind, dt, d):
   dtype, precision, tol = DTYPES[dt]
-  A = _matrix(rng, kind)
+  A = _matrix(rng, kind).astype(dtype)  # values in X's dtype: that dtype's kernels run
   m, n = A.shape
   x = jnp.asarray(rng.standard_normal((n, d)), dtype)
   out = jax.jit(lambda A, x: jst.spmm(A, x, precision=precision))(_gpu(A), _gpu(x))
@@ -455,7 +456,7 @@ def test_gpu_dense_communities_default_options(rng, dt):
   dtype, precision, tol = DTYPES[dt]
   rows, cols, shape = _communities(rng, m=2**14, degree=32)
   vals = rng.uniform(-1, 1, rows.size).astype(np.float32)
-  A = SparseMatrix.from_coo(rows, cols, vals, shape=shape)
+  A = SparseMatrix.from_coo(rows, cols, vals, shape=shape).astype(dtype)
   plan = jst.kernel_plan(A, 128, dtype, precision=precision)
   assert (plan.spmm, plan.sddmm) == ("tensor_core", "tensor_core")
   x = jnp.asarray(rng.standard_normal((shape[1], 128)), dtype)

@@ -34,12 +34,11 @@ def dense64(A):
 @pytest.mark.parametrize("m,n,d", CASES)
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16])
 def test_spmm_matches_float64(rng, m, n, d, dtype):
-  A = make(rng, m, n)
+  A = make(rng, m, n).astype(dtype)  # both operands in the dtype: its kernels run
   x = jnp.asarray(rng.standard_normal((n, d)), dtype)
   out = jst.spmm(A, x)
   assert out.shape == (m, d) and out.dtype == dtype
-  a = dense64(A.with_values(A.values.astype(dtype)))  # A's values are cast to X's dtype
-  ref = a @ np.asarray(x, np.float64)
+  ref = dense64(A) @ np.asarray(x, np.float64)
   assert rel_err(out, ref) < TOL[dtype]
   np.testing.assert_allclose(np.asarray(A @ x, np.float64), np.asarray(out, np.float64))
 
@@ -55,10 +54,14 @@ def test_sddmm_matches_float64(rng, m, n, d, dtype):
   full = np.asarray(x, np.float64) @ np.asarray(y, np.float64).T
   r, c = np.asarray(A.rows), np.asarray(A.cols)
   assert rel_err(S.values, full[r, c]) < TOL[dtype]
+  # Scaled by float32 values: computed and returned in the promoted dtype (float32).
   scaled = jst.sddmm(A, x, y, scale_by_values=True)
-  assert (
-    rel_err(scaled.values, full[r, c] * np.asarray(A.values.astype(dtype), np.float64)) < TOL[dtype]
-  )
+  assert scaled.values.dtype == jnp.float32
+  assert rel_err(scaled.values, full[r, c] * np.asarray(A.values, np.float64)) < 1e-5
+  A16 = A.astype(dtype)  # values in X's dtype: a result in it
+  scaled = jst.sddmm(A16, x, y, scale_by_values=True)
+  assert scaled.values.dtype == dtype
+  assert rel_err(scaled.values, full[r, c] * np.asarray(A16.values, np.float64)) < TOL[dtype]
 
 
 def test_real_graph(rng, cora):

@@ -47,6 +47,21 @@ def dense_operand(op: str, name: str, x, A, *, expected_rows: int) -> None:
     )
 
 
+def promoted_dtype(op: str, A, x, x_dtype=None):
+  """The dtype a product of A's values and the dense operand x (taken as `x_dtype` where
+  given) is computed in: jnp.matmul's promotion of the two dtypes."""
+  x_dtype = x.dtype if x_dtype is None else np.dtype(x_dtype)
+  # Dtypes, not arrays: A's values never count as weakly typed.
+  dtype = jnp.result_type(A.values.dtype, x_dtype)
+  if not is_supported_float(dtype):
+    raise OperandError(
+      f"{op}: A's values ({A.values.dtype}) and X (shape {x.shape}, {x_dtype}) promote to "
+      f"{dtype}, which the kernels do not take; supported: float32, float16, bfloat16, "
+      "float64 (CPU)"
+    )
+  return np.dtype(dtype)
+
+
 def same_dense(op: str, x, y, names=("X", "Y")) -> None:
   a, b = names
   if x.dtype != y.dtype:

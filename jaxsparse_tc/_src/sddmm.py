@@ -28,11 +28,21 @@ def sddmm(
 ):
   """(X @ Y.T) sampled at A's nonzeros, as a SparseMatrix on A's pattern.
 
-  X [m, d] or [H, m, d], Y [n, d] or [H, n, d], one float dtype. With `scale_by_values`, the
-  result is multiplied by A's values. Values come out in X's dtype (float32 accumulation), or
-  unrounded as float32 with `preferred_element_type=jnp.float32`. `precision` as in spmm
-  (None follows `jax.default_matmul_precision`). `options`: a KernelOptions forcing the GPU
-  kernel family (None: the launch plan's choice).
+  X [m, d] or [H, m, d], Y [n, d] or [H, n, d], one float dtype. Values come out in X's dtype
+  (float32 accumulation), or unrounded as float32 with `preferred_element_type=jnp.float32`
+  (16-bit X); A's values play no part.
+
+  With `scale_by_values`, the result is multiplied by A's values ([nnz], or [H, nnz] with
+  the same H as X and Y, or with 2-D X and Y) and, as in spmm, in the promotion of the two
+  dtypes: `jnp.result_type(product dtype, A.dtype)`, the product dtype being X's or
+  `preferred_element_type`. Where that is wider than the product's, the product is computed
+  in it (16-bit X with float32 values: the kernel's unrounded float32 accumulator, as with
+  `preferred_element_type=jnp.float32`; otherwise X and Y are cast to it), so nothing is
+  rounded to the narrower dtype on the way; the result has the promoted dtype. Cast A
+  (`A.astype(X.dtype)`) for a 16-bit result. Gradients come back in each operand's dtype.
+
+  `precision` as in spmm (None follows `jax.default_matmul_precision`). `options`: a
+  KernelOptions forcing the GPU kernel family (None: the launch plan's choice).
   """
   if hasattr(A, "__jaxsparse_tc_op__"):  # a container of matrices (distributed.ShardedMatrix)
     return A.__jaxsparse_tc_op__(
@@ -58,6 +68,21 @@ def sddmm(
   hx = x.shape[0] if x.ndim == 3 else 1
   hy = y.shape[0] if y.ndim == 3 else 1
   checks.heads_match("sddmm", A, x, hx, hy, other=y)
+  if scale_by_values:
+    hv = A.values.shape[0] if A.values.ndim == 2 else 1
+    h = max(hx, hy)
+    if hv > 1 and h > 1 and hv != h:
+      raise checks.OperandError(
+        f"sddmm: scale_by_values=True multiplies the products of X (shape {x.shape}) and Y "
+        f"(shape {y.shape}), {h} heads, by A's values of shape {A.values.shape}, {hv} heads: "
+        "head counts must be equal (or one of them absent)"
+      )
+    scaled = checks.promoted_dtype("sddmm", A, x, out_dtype)
+    if scaled != out_dtype:
+      if x.dtype.itemsize == 2 and scaled == jnp.float32:
+        out_dtype = scaled  # the kernel's float32 accumulator, unrounded
+      else:
+        x, y, out_dtype = x.astype(scaled), y.astype(scaled), scaled
   out = sddmm_p.bind(
     *vma.match(
       x.reshape((hx,) + x.shape[-2:]), y.reshape((hy,) + y.shape[-2:]), *A.pattern_operands()

@@ -20,9 +20,14 @@ __all__ = ["spmm", "spmm_p"]
 def spmm(A, x, *, precision=None, options=None):
   """A @ X: A a SparseMatrix [m, n] (values [nnz] or [H, nnz]), X [n, d] or [H, n, d].
 
-  Returns [m, d], or [H, m, d] when A or X has a head axis, in X's dtype (A's values are cast
-  to it); accumulation is float32. On GPU, float32 inputs are exact where the CUDA-core
-  kernels run (sparse blocks: docs/FORMAT.md) and use tf32 tensor cores otherwise, unless
+  Returns [m, d], or [H, m, d] when A or X has a head axis. Dtypes promote as in jnp.matmul:
+  the product is computed in `jnp.result_type(A.dtype, X.dtype)`, both operands are cast to it
+  and the result has it (float16 X with float32 values computes in float32; float16 with
+  bfloat16 in float32). For the 16-bit kernels give both operands the 16-bit dtype, e.g.
+  `spmm(A.astype(jnp.float16), X)` (`SparseMatrix.astype` refuses values past the target's
+  range). Gradients come back in each operand's own dtype. Accumulation is float32 (float64
+  for float64 on CPU). On GPU, float32 inputs are exact where the CUDA-core kernels run
+  (sparse blocks: docs/FORMAT.md) and use tf32 tensor cores otherwise, unless
   `precision="highest"` (or jax.lax.Precision.HIGHEST) asks for exact float32 everywhere.
   precision=None follows `jax.default_matmul_precision` (read at trace time, as jnp.matmul).
   `options`: a KernelOptions forcing the GPU kernel family (None: the launch plan's choice).
@@ -32,7 +37,8 @@ def spmm(A, x, *, precision=None, options=None):
   x = jnp.asarray(x)
   m, n = A.shape
   checks.dense_operand("spmm", "X", x, A, expected_rows=n)
-  values = A.values.astype(x.dtype)
+  dtype = checks.promoted_dtype("spmm", A, x)
+  values, x = A.values.astype(dtype), x.astype(dtype)
   hv = values.shape[0] if values.ndim == 2 else 1
   hx = x.shape[0] if x.ndim == 3 else 1
   checks.heads_match("spmm", A, x, hv, hx)

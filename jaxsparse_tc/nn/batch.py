@@ -46,6 +46,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import math
+import operator
 from typing import Any, Iterator, NamedTuple, Sequence
 
 import jax
@@ -64,19 +65,121 @@ _TILE = 8  # dummy entries fill dense 8x8 tiles (one block each, in A and in A^T
 _MAX_TILES_PER_WINDOW = 32  # keeps grouped schedules possible and dummy rows short
 
 
-class Graph(NamedTuple):
-  """One graph on the host (PyG's `Data`).
-
-  edge_index: int [2, e], a message flows from `edge_index[0]` to `edge_index[1]`.
-  num_nodes: node count. x: node features [n, ...] or None. edge_attr: edge features [e, ...]
-  (input order) or None. y: a graph label (scalar or array), node labels [n, ...], or None.
-  """
-
+class _GraphFields(NamedTuple):
   edge_index: np.ndarray
   num_nodes: int
   x: Any = None
   edge_attr: Any = None
   y: Any = None
+
+
+class Graph(_GraphFields):
+  """One graph on the host (PyG's `Data`), checked when constructed.
+
+  edge_index: [2, e] of an integer dtype (kept as a numpy array), node ids in [0, num_nodes);
+  a message flows from `edge_index[0]` to `edge_index[1]`. num_nodes: node count (an
+  integer >= 0). x: node features [num_nodes, ...] or None. edge_attr: edge features
+  [e, ...] (input order) or None. y: a graph label (scalar or array), node labels
+  [num_nodes, ...], or None. x, edge_attr and y hold numbers (bool, integer or float).
+  Anything else raises ValueError naming the field, what it expects and what it got;
+  `_replace` checks again.
+  """
+
+  __slots__ = ()
+
+  def __new__(cls, edge_index, num_nodes, x=None, edge_attr=None, y=None):
+    return super().__new__(cls, *_checked_fields("Graph", edge_index, num_nodes, x, edge_attr, y))
+
+  @classmethod
+  def _make(cls, iterable):
+    return cls(*iterable)
+
+
+def _numeric(where: str, name: str, v) -> np.ndarray:
+  a = np.asarray(v)
+  kind = a.dtype.kind
+  if kind not in "biuf" and a.dtype != jnp.bfloat16:
+    raise ValueError(
+      f"{where}: {name} must hold numbers (bool, integer or float); got dtype {a.dtype}"
+    )
+  return a
+
+
+def _checked_fields(where: str, edge_index, num_nodes, x, edge_attr, y) -> tuple:
+  """A graph's fields, checked (see Graph); edge_index as a numpy integer array."""
+  if isinstance(num_nodes, (bool, np.bool_)):
+    raise ValueError(f"{where}: num_nodes must be a non-negative integer; got {num_nodes!r}")
+  try:
+    n = operator.index(num_nodes)
+  except TypeError:
+    raise ValueError(
+      f"{where}: num_nodes must be a non-negative integer; got {num_nodes!r} "
+      f"({type(num_nodes).__name__})"
+    ) from None
+  if n < 0:
+    raise ValueError(f"{where}: num_nodes must be a non-negative integer; got {n}")
+  ei = np.asarray(edge_index)
+  if ei.ndim != 2 or ei.shape[0] != 2:
+    raise ValueError(f"{where}: edge_index must have shape [2, E]; got shape {ei.shape}")
+  if ei.size == 0 and ei.dtype.kind in "biuf":
+    ei = ei.astype(np.int64)  # no ids to misread (np.zeros((2, 0)) is float)
+  if ei.dtype.kind not in "iu":
+    raise ValueError(
+      f"{where}: edge_index must have an integer dtype (node ids); got dtype {ei.dtype} "
+      "(cast integral ids explicitly, e.g. edge_index.astype(np.int64))"
+    )
+  if ei.size:
+    lo, hi = int(ei.min()), int(ei.max())
+    if lo < 0 or hi >= n:
+      raise ValueError(
+        f"{where}: edge_index holds node ids in [{lo}, {hi}], outside [0, num_nodes={n})"
+      )
+  e = ei.shape[1]
+  if x is not None:
+    a = _numeric(where, "x", x)
+    if a.ndim < 1 or a.shape[0] != n:
+      raise ValueError(
+        f"{where}: x must have shape [num_nodes={n}, ...] (one row per node); got shape {a.shape}"
+      )
+  if edge_attr is not None:
+    a = _numeric(where, "edge_attr", edge_attr)
+    if a.ndim < 1 or a.shape[0] != e:
+      raise ValueError(
+        f"{where}: edge_attr must have shape [E={e}, ...] (one row per edge of edge_index); "
+        f"got shape {a.shape}"
+      )
+  if y is not None:
+    _numeric(where, "y", y)
+  return ei, n, x, edge_attr, y
+
+
+def _as_graphs(graphs, where: str) -> list:
+  """`graphs` as a list of checked Graphs: Graph instances are checked when built; any other
+  object with Graph's fields (e.g. PyG-like records) is checked here, named by its index."""
+  if isinstance(graphs, Graph):
+    raise TypeError(f"{where} takes a sequence of graphs; got a single Graph")
+  out = []
+  for i, g in enumerate(graphs):
+    if not isinstance(g, Graph):
+      try:
+        fields = [
+          getattr(g, f) if f in ("edge_index", "num_nodes") else getattr(g, f, None)
+          for f in Graph._fields
+        ]
+      except AttributeError:
+        raise TypeError(
+          f"{where}: graphs[{i}] is a {type(g).__name__}, not a Graph (edge_index, num_nodes, "
+          "x, edge_attr, y)"
+        ) from None
+      g = _GraphFields.__new__(Graph, *_checked_fields(f"{where}: graphs[{i}]", *fields))
+    out.append(g)
+  return out
+
+
+def _positive_int(where: str, name: str, v) -> int:
+  if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 1:
+    raise ValueError(f"{where}: {name} must be a positive integer; got {v!r}")
+  return int(v)
 
 
 def _ceil8(k: int) -> int:
@@ -124,6 +227,11 @@ class Budget:
       v = getattr(self, name)
       if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
         raise ValueError(f"Budget.{name} must be a positive integer; got {v!r}")
+    md = self.max_degree
+    if md is not None and (not isinstance(md, (int, np.integer)) or isinstance(md, bool) or md < 0):
+      raise ValueError(f"Budget.max_degree must be None or an integer >= 0; got {md!r}")
+    if self.grouped is not None and not isinstance(self.grouped, (bool, np.bool_)):
+      raise ValueError(f"Budget.grouped must be None, True or False; got {self.grouped!r}")
     if self.grouped and not self._can_group():
       raise ValueError(
         f"Budget(grouped=True) needs fewer than {pattern_lib.SMALL_GRAPH_NNZ} nonzeros (this "
@@ -145,10 +253,16 @@ class Budget:
     batch's sum (so most shuffled batches hold batch_size graphs; GraphLoader closes the rare
     larger one early), and at least the largest graph.
     """
-    if batch_size < 1:
-      raise ValueError(f"batch_size must be positive; got {batch_size}")
+    _positive_int("Budget.for_dataset", "batch_size", batch_size)
+    if (
+      isinstance(slack, bool)
+      or not isinstance(slack, (int, float, np.number))
+      or not (math.isfinite(slack) and slack >= 0)
+    ):
+      raise ValueError(f"Budget.for_dataset: slack must be a finite number >= 0; got {slack!r}")
+    graphs = _as_graphs(graphs, "Budget.for_dataset")
     if not graphs:
-      raise ValueError("for_dataset needs at least one graph")
+      raise ValueError("Budget.for_dataset needs at least one graph")
     n = np.array([int(g.num_nodes) for g in graphs], np.float64)
     e = np.array([np.shape(g.edge_index)[1] for g in graphs], np.float64)
 
@@ -350,7 +464,17 @@ def padded_matrix(
   budget.nnz nonzeros, format arrays at their budget lengths) and the edge slots' index
   [2, budget.edges] (padding slots point at dummy entries).
   """
-  ei = np.asarray(edge_index, np.int64)
+  ei = np.asarray(edge_index)
+  if ei.ndim != 2 or ei.shape[0] != 2 or (ei.size and ei.dtype.kind not in "iu"):
+    raise ValueError(
+      f"padded_matrix: edge_index must be an integer array [2, E]; got {ei.dtype} {ei.shape}"
+    )
+  if ei.size and (ei.min() < 0 or ei.max() >= num_real_nodes):
+    raise ValueError(
+      f"padded_matrix: edge_index holds node ids in [{ei.min()}, {ei.max()}], outside "
+      f"[0, num_real_nodes={num_real_nodes})"
+    )
+  ei = ei.astype(np.int64)
   e = ei.shape[1]
   n_slots, nnz = budget.num_nodes, budget.nnz
   if num_real_nodes > budget.nodes or e > budget.edges:
@@ -360,6 +484,8 @@ def padded_matrix(
     )
   src, dst = ei
   vals = np.ones(e, np.float32) if edge_values is None else np.asarray(edge_values, np.float32)
+  if vals.shape != (e,):
+    raise ValueError(f"padded_matrix: edge_values must have shape [{e}]; got {vals.shape}")
   rows, cols = [dst], [src]
   if budget.add_self_loops:
     vals = np.where(src == dst, np.float32(0), vals)  # PyG: existing loops are replaced
@@ -401,10 +527,12 @@ def _stack_padded(parts, total: int, what: str):
   """Concatenates per-graph arrays ([k_i, ...]) and zero-pads the first axis to `total`."""
   arrs = [np.asarray(p) for p in parts]
   tail = arrs[0].shape[1:]
-  for a in arrs:
+  for i, a in enumerate(arrs):
     if a.shape[1:] != tail:
       raise ValueError(
-        f"{what} must have the same trailing shape in every graph; got {tail} and {a.shape[1:]}"
+        f"{what} must have the same trailing shape in every graph of a batch; the batch's "
+        f"first graph has [..., {', '.join(map(str, tail))}] and its graph {i} "
+        f"[..., {', '.join(map(str, a.shape[1:]))}]"
       )
   cat = np.concatenate(arrs) if arrs else np.zeros((0,) + tail)
   if not np.issubdtype(cat.dtype, np.floating) and not np.issubdtype(cat.dtype, np.integer):
@@ -424,7 +552,9 @@ def batch_graphs(graphs: Sequence[Graph], budget: Budget) -> GraphBatch:
   labels when each graph's `y` has no node axis (a scalar or fixed-size array per graph), as
   node labels when its first axis has num_nodes entries.
   """
-  graphs = list(graphs)
+  if not isinstance(budget, Budget):
+    raise TypeError(f"batch_graphs: budget must be a Budget; got {type(budget).__name__}")
+  graphs = _as_graphs(graphs, "batch_graphs")
   if not graphs:
     raise ValueError("batch_graphs needs at least one graph")
   if len(graphs) > budget.graphs:
@@ -432,17 +562,7 @@ def batch_graphs(graphs: Sequence[Graph], budget: Budget) -> GraphBatch:
   counts = np.array([int(g.num_nodes) for g in graphs], np.int64)
   offsets = np.concatenate([[0], np.cumsum(counts)])
   n_real = int(offsets[-1])
-  eis = []
-  for g, off in zip(graphs, offsets):
-    ei = np.asarray(g.edge_index)
-    if ei.ndim != 2 or ei.shape[0] != 2:
-      raise ValueError(f"Graph.edge_index must have shape [2, E]; got {ei.shape}")
-    if ei.size and (ei.min() < 0 or ei.max() >= g.num_nodes):
-      raise ValueError(
-        f"Graph.edge_index holds node {int(ei.max())} (or a negative one) "
-        f"but the graph has {g.num_nodes} nodes"
-      )
-    eis.append(ei.astype(np.int64) + off)
+  eis = [g.edge_index.astype(np.int64) + off for g, off in zip(graphs, offsets)]
   ei = np.concatenate(eis, axis=1)
   A, slots = padded_matrix(ei, n_real, budget)
   n_slots, e_slots, g_slots = budget.num_nodes, budget.edges, budget.graphs
@@ -466,8 +586,17 @@ def batch_graphs(graphs: Sequence[Graph], budget: Budget) -> GraphBatch:
   if ys is not None:
     node_level = all(np.ndim(v) >= 1 and np.shape(v)[0] == g.num_nodes for v, g in zip(ys, graphs))
     if node_level:
-      y = _stack_padded(ys, n_slots, "Graph.y")
+      y = _stack_padded(ys, n_slots, "Graph.y (node labels)")
     else:
+      first = np.shape(ys[0])
+      for i, (v, g) in enumerate(zip(ys, graphs)):
+        if np.shape(v) != first:
+          raise ValueError(
+            "Graph.y is read as one label per graph (not every graph's y has num_nodes rows), "
+            f"so it must have one shape in every graph of a batch; the batch's first graph has "
+            f"y of shape {first} ({graphs[0].num_nodes} nodes) and its graph {i} {np.shape(v)} "
+            f"({g.num_nodes} nodes)"
+          )
       y = _stack_padded([np.asarray(v)[None] for v in ys], g_slots, "Graph.y")
   host = {
     "x": x,
@@ -497,6 +626,11 @@ def unbatch_nodes(values, batch: GraphBatch) -> list:
   """Per-graph slices of node-level `values` [num_nodes, ...] (host arrays; real graphs only)."""
   values = np.asarray(values)
   graph = np.asarray(batch.node_graph)
+  if values.ndim < 1 or values.shape[0] != graph.shape[0]:
+    raise ValueError(
+      f"unbatch_nodes: values must have shape [num_nodes={graph.shape[0]}, ...] (the batch's "
+      f"node slots); got {values.shape}"
+    )
   return [values[graph == g] for g in range(int(np.sum(np.asarray(batch.graph_mask))))]
 
 
@@ -520,17 +654,28 @@ class GraphLoader:
     drop_last: bool = False,
     prefetch: int = 2,
   ):
-    if batch_size < 1 or batch_size > budget.graphs:
+    if not isinstance(budget, Budget):
+      raise TypeError(f"GraphLoader: budget must be a Budget; got {type(budget).__name__}")
+    batch_size = _positive_int("GraphLoader", "batch_size", batch_size)
+    if batch_size > budget.graphs:
       raise ValueError(
-        f"batch_size must be in [1, budget.graphs={budget.graphs}]; got {batch_size}"
+        f"GraphLoader: batch_size must be in [1, budget.graphs={budget.graphs}]; got {batch_size}"
       )
-    self.graphs = list(graphs)
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
+      raise ValueError(f"GraphLoader: seed must be a non-negative integer; got {seed!r}")
+    if (
+      isinstance(prefetch, (bool, np.bool_))
+      or not isinstance(prefetch, (int, np.integer))
+      or prefetch < 0
+    ):
+      raise ValueError(f"GraphLoader: prefetch must be an integer >= 0; got {prefetch!r}")
+    self.graphs = _as_graphs(graphs, "GraphLoader")
     self.budget = budget
     self.batch_size = batch_size
-    self.shuffle = shuffle
-    self.seed = seed
-    self.drop_last = drop_last
-    self.prefetch = max(0, int(prefetch))
+    self.shuffle = bool(shuffle)
+    self.seed = int(seed)
+    self.drop_last = bool(drop_last)
+    self.prefetch = int(prefetch)
     self.epoch = 0
     self._sizes = [(int(g.num_nodes), int(np.shape(g.edge_index)[1])) for g in self.graphs]
     for i, (n, e) in enumerate(self._sizes):
@@ -583,5 +728,10 @@ class GraphLoader:
 def masked_mean(values, mask):
   """Mean of `values` [k, ...] over rows where `mask` [k] is True (0 when none is)."""
   mask = jnp.asarray(mask)
+  if mask.ndim != 1 or jnp.ndim(values) < 1 or mask.shape[0] != jnp.shape(values)[0]:
+    raise ValueError(
+      f"masked_mean: mask must have shape [k] for values [k, ...]; got mask {mask.shape} and "
+      f"values {jnp.shape(values)}"
+    )
   w = mask.reshape(mask.shape + (1,) * (jnp.ndim(values) - 1)).astype(jnp.result_type(values))
   return jnp.sum(values * w, axis=0) / jnp.maximum(jnp.sum(mask), 1)

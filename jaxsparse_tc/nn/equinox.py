@@ -13,7 +13,8 @@ weights copy across leaf by leaf. Layers are called `layer(A, x, *, key=None)` (
 targets, messages flow edge_index[0] -> edge_index[1]); `key` feeds dropout and is needed only
 while dropout is active (turn it off with `eqx.nn.inference_mode(model)`). The equinox MLP has
 no BatchNorm (equinox keeps batch statistics in a separate state); use LayerNorm-free MLPs or
-the Flax layers for BatchNorm models.
+the Flax layers for BatchNorm models. Layers compute in the dtype of their features: GCN, SAGE
+and GIN cast A's values to it (`nn.functional`).
 """
 
 from __future__ import annotations

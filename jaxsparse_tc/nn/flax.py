@@ -14,9 +14,10 @@ Transformer also take a bipartite pair `(x_src, x_dst)` with A [n_dst, n_src]). 
 values (the normalized adjacency, `graph.gcn_norm`); GIN and SAGE sum or average over A (build
 it with `graph.message_passing_matrix(edge_index, n)`); the attention layers use only its
 pattern, and GAT/GATv2 with `add_self_loops=True` (PyG's default) require the self-loops in it
-(`graph.message_passing_matrix(edge_index, n, add_self_loops=True)`). Dropout follows nnx:
-active until `model.eval()`, drawn from the `dropout` stream of the `rngs` given at
-construction.
+(`graph.message_passing_matrix(edge_index, n, add_self_loops=True)`). Layers compute in the
+dtype of their features: GCN, SAGE and GIN cast A's values to it (`nn.functional`). Dropout
+follows nnx: active until `model.eval()`, drawn from the `dropout` stream of the `rngs` given
+at construction.
 
 Semantics and initializations follow PyTorch Geometric's GCNConv, GATConv, GATv2Conv,
 AGNNConv, SAGEConv, GINConv and TransformerConv; weights are stored [in, out]

@@ -11,6 +11,12 @@ attention coefficients ([H, nnz], format order).
 Only the library's operators touch the graph: `spmm`, `sddmm`, `edge_softmax`,
 `sparse_attention`. Gathers by `A.rows` / `A.cols` build per-edge logits from per-node scores.
 Operand errors are raised at trace time and say how to build the right operand.
+
+Dtypes: a layer computes in the dtype of its features. The layers that use A's values (GCN,
+SAGE, GIN) cast them to the dtype of the features they propagate (`SparseMatrix.astype`, which
+refuses concrete values past that dtype's range), so a float16 model runs the 16-bit kernels
+with a float32 `gcn_norm` matrix, as PyG computes its normalisation in the features' dtype.
+The attention layers build their coefficients from the features and use only A's pattern.
 """
 
 from __future__ import annotations
@@ -103,6 +109,44 @@ def check_inputs(op: str, A, x, *, bipartite: bool = False):
       f"{op}: A has shape {A.shape}, so x must have {n} rows; got x with shape {x.shape}"
     )
   return x, x
+
+
+def _in_dtype(A, dtype):
+  """A with its values in `dtype`, the features' dtype the layer computes in (spmm would
+  otherwise promote float16 features with float32 values to float32)."""
+  if A.values.dtype == dtype or not jnp.issubdtype(dtype, jnp.floating):
+    return A  # non-float features: spmm names them in its error
+  if isinstance(A, SparseMatrix):
+    return A.astype(dtype)  # refuses concrete values past dtype's range
+  return A.with_values(A.values.astype(dtype))  # a container of matrices (ShardedMatrix)
+
+
+def _one_value_set(op: str, A) -> None:
+  """The layers that weight messages by A's values take one value set: values [H, nnz] would
+  give every output a head axis the layer does not expect."""
+  if jnp.ndim(A.values) != 1:
+    raise ValueError(
+      f"{op}: A's values have shape {jnp.shape(A.values)}; a message-passing matrix holds one "
+      f"value per entry, [{A.nnz}] (pick one value set: A.with_values(A.values[h]))"
+    )
+
+
+def _check_heads(op: str, name: str, width: int, heads: int) -> None:
+  if not isinstance(heads, (int, np.integer)) or isinstance(heads, bool) or heads < 1:
+    raise ValueError(f"{op}: heads must be a positive integer; got {heads!r}")
+  if width % heads:
+    raise ValueError(
+      f"{op}: {name} has {width} output features, not a multiple of heads={heads} "
+      "(kernels are [in, heads * channels])"
+    )
+
+
+def _check_att(op: str, name: str, att, heads: int, channels: int) -> None:
+  if att is not None and jnp.shape(att) != (heads, channels):
+    raise ValueError(
+      f"{op}: {name} must have shape [heads, channels] = [{heads}, {channels}]; got "
+      f"{jnp.shape(att)}"
+    )
 
 
 def _exchanged_features(A, x) -> bool:
@@ -205,14 +249,17 @@ def gcn_conv(A: SparseMatrix, x, kernel, bias=None):
   equal widths x is propagated first, so that where x needs no gradient (input features) the
   backward needs no SpMM at all: the gradient of `kernel` is (A x)^T g. With a ShardedMatrix, x
   may be already exchanged (`distributed.exchange(A, x)`, e.g. input features exchanged once
-  before training): the layer then exchanges nothing.
+  before training): the layer then exchanges nothing. A's values are cast to the dtype of
+  the features propagated (module docstring).
   """
   if not _exchanged_features(A, x):
     x, _ = check_inputs("GCNConv", A, x)
+  _one_value_set("GCNConv", A)
   if kernel.shape[0] <= kernel.shape[1]:
-    out = jst.spmm(A, x) @ kernel
+    out = jst.spmm(_in_dtype(A, x.dtype), x) @ kernel
   else:
-    out = jst.spmm(A, x @ kernel)
+    h = x @ kernel
+    out = jst.spmm(_in_dtype(A, h.dtype), h)
   return out if bias is None else out + bias
 
 
@@ -251,6 +298,12 @@ def gat_conv(
   holding the coefficients [H, nnz] (before dropout; `alpha.values_to_input()` for input order).
   """
   x_src, x_dst = check_inputs("GATConv", A, x, bipartite=True)
+  _check_heads("GATConv", "kernel", kernel.shape[-1], heads)
+  channels = kernel.shape[-1] // heads
+  _check_att("GATConv", "att_src", att_src, heads, channels)
+  _check_att("GATConv", "att_dst", att_dst, heads, channels)
+  if edge_attr is not None:
+    _check_att("GATConv", "att_edge", att_edge, heads, channels)
   if add_self_loops:
     _check_self_loops("GATConv", A)
   h_src = _split_heads(x_src @ kernel, heads)  # [H, n_src, C]
@@ -310,6 +363,8 @@ def gatv2_conv(
   inputs, edge features and `return_attention_weights` as in `gat_conv`.
   """
   x_src, x_dst = check_inputs("GATv2Conv", A, x, bipartite=True)
+  _check_heads("GATv2Conv", "kernel_src", kernel_src.shape[-1], heads)
+  _check_att("GATv2Conv", "att", att, heads, kernel_src.shape[-1] // heads)
   if add_self_loops:
     _check_self_loops("GATv2Conv", A)
   lin = lambda z, k, b: z @ k if b is None else z @ k + b
@@ -339,13 +394,14 @@ def agnn_conv(A: SparseMatrix, x, beta):
 
 
 def _aggregate(A: SparseMatrix, x, aggr: str):
-  """Neighbourhood aggregation at targets: "add"/"sum" (A's values weight), "mean" (divided by
-  the row's value sum: the in-degree for a 0/1 matrix), "max" (over the pattern, 0 for a row
-  without entries)."""
+  """Neighbourhood aggregation at targets in x's dtype: "add"/"sum" (A's values weight),
+  "mean" (divided by the row's value sum: the in-degree for a 0/1 matrix), "max" (over the
+  pattern, 0 for a row without entries)."""
   if aggr in ("add", "sum"):
-    return jst.spmm(A, x)
+    return jst.spmm(_in_dtype(A, x.dtype), x)
   if aggr == "mean":
-    deg = jax.ops.segment_sum(A.values.astype(x.dtype), A.rows, num_segments=A.shape[0])
+    A = _in_dtype(A, x.dtype)
+    deg = jax.ops.segment_sum(A.values, A.rows, num_segments=A.shape[0])
     return jst.spmm(A, x) / jnp.where(deg == 0, 1, deg)[:, None]
   if aggr == "max":
     msg = x[A.cols]
@@ -372,9 +428,14 @@ def sage_conv(
   aggr "mean" (default), "add" or "max" over A's edges j -> i (A a 0/1
   `message_passing_matrix`; no self-loops). kernel_l [in_src, out] with `bias` (PyG's lin_l),
   kernel_r [in_dst, out] (lin_r, no bias; None for root_weight=False). `normalize`:
-  L2-normalised outputs. Bipartite: x = (x_src, x_dst).
+  L2-normalised outputs. Bipartite: x = (x_src, x_dst). The aggregation runs in the dtype of
+  the features aggregated (A's values are cast to it).
   """
   x_src, x_dst = check_inputs("SAGEConv", A, x, bipartite=True)
+  if aggr not in ("add", "sum", "mean", "max"):
+    raise ValueError(f"SAGEConv: aggr must be 'add', 'sum', 'mean' or 'max'; got {aggr!r}")
+  if aggr != "max":
+    _one_value_set("SAGEConv", A)
   if aggr != "max" and kernel_l.shape[0] > kernel_l.shape[1]:
     out = _aggregate(A, x_src @ kernel_l, aggr)  # linear aggregations: propagate the narrower
   else:
@@ -393,10 +454,11 @@ def gin_conv(A: SparseMatrix, x, nn: Callable[[jax.Array], jax.Array], eps=0.0):
 
   The sum is A @ x (A a 0/1 `message_passing_matrix` without self-loops; its values weight the
   sum). `nn` is any function of [n, f] (the layer's MLP); `eps` a number or a trainable scalar.
-  Bipartite: x = (x_src, x_dst).
+  Bipartite: x = (x_src, x_dst). The sum runs in x_src's dtype (A's values are cast to it).
   """
   x_src, x_dst = check_inputs("GINConv", A, x, bipartite=True)
-  return nn((1 + eps) * x_dst + jst.spmm(A, x_src))
+  _one_value_set("GINConv", A)
+  return nn((1 + eps) * x_dst + jst.spmm(_in_dtype(A, x_src.dtype), x_src))
 
 
 def multihead_attention(
@@ -447,6 +509,8 @@ def transformer_conv(
   SparseMatrix [H, nnz] on A's pattern (before dropout).
   """
   x_src, x_dst = check_inputs("TransformerConv", A, x, bipartite=True)
+  for name, p in (("query", query), ("key", key), ("value", value)):
+    _check_heads("TransformerConv", f"{name} kernel", p[0].shape[-1], heads)
   lin = lambda z, p: z @ p[0] if p[1] is None else z @ p[0] + p[1]  # noqa: E731
   q = _split_heads(lin(x_dst, query), heads)
   k, v = (_split_heads(lin(x_src, p), heads) for p in (key, value))

@@ -68,13 +68,36 @@ def _edge_index(edge_index) -> np.ndarray:
     raise ValueError(f"edge_index must have shape [2, E]; got {ei.shape}")
   if ei.size and not np.issubdtype(ei.dtype, np.integer):
     raise ValueError(f"edge_index must hold integers; got dtype {ei.dtype}")
+  if ei.size and ei.min() < 0:
+    raise ValueError(f"edge_index holds a negative node id ({int(ei.min())})")
   return ei.astype(np.int64, copy=False)
 
 
+def _count(name: str, v) -> int:
+  """A non-negative integer argument (num_nodes); ValueError naming it otherwise."""
+  if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 0:
+    raise ValueError(f"{name} must be a non-negative integer; got {v!r}")
+  return int(v)
+
+
 def _num_nodes(ei: np.ndarray, num_nodes: int | None) -> int:
-  if num_nodes is not None:
-    return int(num_nodes)
-  return int(ei.max()) + 1 if ei.size else 0
+  """num_nodes (default: the largest id + 1), checked against edge_index's ids (which ops such
+  as to_undirected's key packing would otherwise mix up silently)."""
+  hi = int(ei.max()) + 1 if ei.size else 0
+  if num_nodes is None:
+    return hi
+  n = _count("num_nodes", num_nodes)
+  if hi > n:
+    raise ValueError(f"edge_index holds node id {hi - 1}, outside [0, num_nodes={n})")
+  return n
+
+
+def _edge_rows(name: str, a, count: int) -> np.ndarray:
+  """A per-edge host array [count, ...] (edge_attr, edge_weight of a host operation)."""
+  a = np.asarray(a)
+  if a.ndim < 1 or a.shape[0] != count:
+    raise ValueError(f"{name} must have {count} rows (one per edge); got shape {a.shape}")
+  return a
 
 
 def _flow(flow: str) -> bool:
@@ -112,7 +135,8 @@ def remove_self_loops(edge_index, edge_weight=None):
   """Drops edges i -> i. Returns (edge_index, edge_weight) (edge_weight None if given None)."""
   ei = _edge_index(edge_index)
   keep = ei[0] != ei[1]
-  return ei[:, keep], None if edge_weight is None else np.asarray(edge_weight)[keep]
+  w = None if edge_weight is None else _edge_rows("edge_weight", edge_weight, ei.shape[1])[keep]
+  return ei[:, keep], w
 
 
 def add_self_loops(
@@ -332,11 +356,21 @@ def degree(index, num_nodes: int | None = None, dtype=jnp.float32):
   index = jnp.asarray(index)
   if index.ndim != 1:
     raise ValueError(f"degree takes one row of an edge_index, shape [E]; got {index.shape}")
+  if index.size and not jnp.issubdtype(index.dtype, jnp.integer):
+    raise ValueError(f"degree: index must hold integers (node ids); got dtype {index.dtype}")
+  if num_nodes is not None:
+    num_nodes = _count("num_nodes", num_nodes)
+  if not isinstance(index, jax.core.Tracer) and index.size:
+    lo, hi = int(index.min()), int(index.max())
+    if lo < 0 or (num_nodes is not None and hi >= num_nodes):
+      raise ValueError(
+        f"degree: index holds node ids in [{lo}, {hi}], outside [0, num_nodes={num_nodes})"
+      )
   if num_nodes is None:
     if isinstance(index, jax.core.Tracer):
       raise TypeError("degree: pass num_nodes when index is traced")
     num_nodes = int(index.max()) + 1 if index.size else 0
-  return jax.ops.segment_sum(jnp.ones(index.shape, dtype), index, num_segments=int(num_nodes))
+  return jax.ops.segment_sum(jnp.ones(index.shape, dtype), index, num_segments=num_nodes)
 
 
 def to_undirected(edge_index, edge_attr=None, num_nodes: int | None = None, *, reduce: str = "add"):
@@ -345,6 +379,8 @@ def to_undirected(edge_index, edge_attr=None, num_nodes: int | None = None, *, r
   Returns edge_index [2, E'] sorted by (source, target), and edge_attr [E', ...] merged by
   `reduce` ("add" or "mean") when given. Host (numpy) operation.
   """
+  if reduce not in ("add", "mean"):
+    raise ValueError(f"reduce must be 'add' or 'mean'; got {reduce!r}")
   ei = _edge_index(edge_index)
   n = _num_nodes(ei, num_nodes)
   both = np.concatenate([ei, ei[::-1]], axis=1)
@@ -353,17 +389,13 @@ def to_undirected(edge_index, edge_attr=None, num_nodes: int | None = None, *, r
   out = np.stack([uniq // max(n, 1), uniq % max(n, 1)])
   if edge_attr is None:
     return out
-  attr = np.asarray(edge_attr)
-  if attr.shape[0] != ei.shape[1]:
-    raise ValueError(f"edge_attr must have {ei.shape[1]} rows (one per edge); got {attr.shape}")
+  attr = _edge_rows("edge_attr", edge_attr, ei.shape[1])
   attr = np.concatenate([attr, attr])
   merged = np.zeros((uniq.size,) + attr.shape[1:], np.float64)
   np.add.at(merged, inverse, attr)
   if reduce == "mean":
     counts = np.bincount(inverse, minlength=uniq.size).reshape((-1,) + (1,) * (attr.ndim - 1))
     merged = merged / counts
-  elif reduce != "add":
-    raise ValueError(f"reduce must be 'add' or 'mean'; got {reduce!r}")
   return out, merged.astype(attr.dtype)
 
 
@@ -383,6 +415,18 @@ def subgraph(
       raise ValueError(f"a boolean subset must have shape [{n}]; got {subset.shape}")
     mask = subset
   else:
+    if subset.size and subset.dtype.kind not in "iu":
+      raise ValueError(
+        f"subset must be node ids (an integer dtype) or a boolean mask [{n}]; got dtype "
+        f"{subset.dtype}"
+      )
+    if subset.ndim > 1:
+      raise ValueError(f"subset must be one-dimensional; got shape {subset.shape}")
+    if subset.size and (subset.min() < 0 or subset.max() >= n):
+      raise ValueError(
+        f"subset holds node ids in [{subset.min()}, {subset.max()}], outside [0, {n}) (pass "
+        "num_nodes for nodes past edge_index's largest id)"
+      )
     mask = np.zeros(n, bool)
     mask[subset.astype(np.int64)] = True
   edge_mask = mask[ei[0]] & mask[ei[1]]
@@ -391,7 +435,7 @@ def subgraph(
     new_id = np.full(n, -1, np.int64)
     new_id[mask] = np.arange(int(mask.sum()))
     out = new_id[out]
-  attr = None if edge_attr is None else np.asarray(edge_attr)[edge_mask]
+  attr = None if edge_attr is None else _edge_rows("edge_attr", edge_attr, ei.shape[1])[edge_mask]
   return out, attr, edge_mask
 
 

@@ -8,13 +8,17 @@ Each function also takes the batch itself: `global_add_pool(h, batch)`.
 
 from __future__ import annotations
 
+import operator
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = ["global_add_pool", "global_mean_pool", "global_max_pool"]
 
 
 def _args(x, graph_index, num_graphs):
+  batch = None
   if hasattr(graph_index, "node_graph") and hasattr(graph_index, "graph_mask"):
     batch = graph_index
     if num_graphs is not None:
@@ -25,12 +29,27 @@ def _args(x, graph_index, num_graphs):
       "num_graphs (the static number of graph slots) is required with a "
       "graph_index array; or pass the GraphBatch itself"
     )
+  given = num_graphs
+  try:
+    if isinstance(given, (bool, np.bool_)):
+      raise TypeError
+    num_graphs = operator.index(given)
+  except TypeError:
+    num_graphs = -1
+  if num_graphs < 0:
+    raise ValueError(
+      f"num_graphs must be a static non-negative integer (the graph slots); got {given!r}"
+    )
   x = jnp.asarray(x)
   graph_index = jnp.asarray(graph_index)
+  if x.ndim < 1:
+    raise ValueError(f"x must hold node features [num_nodes, ...]; got shape {x.shape}")
   if graph_index.ndim != 1 or graph_index.shape[0] != x.shape[0]:
+    what = "the batch's node slots" if batch is not None else "one graph per node of x"
     raise ValueError(
-      f"graph_index must have shape [{x.shape[0]}] (one graph per node of x, "
-      f"shape {x.shape}); got {graph_index.shape}"
+      f"x has shape {x.shape}, so graph_index must have shape [{x.shape[0]}] ({what}); got "
+      f"{graph_index.shape}"
+      + (": pool the features of this batch's nodes, batch.x's rows" if batch is not None else "")
     )
   if not jnp.issubdtype(graph_index.dtype, jnp.integer):
     raise TypeError(f"graph_index must hold integers; got {graph_index.dtype}")
