@@ -455,6 +455,8 @@ def sddmm_check(case: Case, rng, dtype=np.float32, tol=TOL) -> Check:
       f32 = lambda x, y: jst.sddmm(A, x, y, preferred_element_type=jnp.float32).values
       out["f32"] = f32(i["x"], i["y"])
       out["f32_grad"] = jax.grad(lambda x, y: jnp.sum(f32(x, y) * i["w32"]), (0, 1))(i["x"], i["y"])
+    else:  # X's own dtype asked for
+      out["same"] = jst.sddmm(A, i["x"], i["y"], preferred_element_type=dtype).values
     return out
 
   def verify(got):
@@ -473,6 +475,9 @@ def sddmm_check(case: Case, rng, dtype=np.float32, tol=TOL) -> Check:
     TX, TY, TV = lead(ins["tx"], 2, ho), lead(ins["ty"], 2, ho), lead(ins["tv"], 1, ho)
     dS = case.gather(TX @ T(Y) + X @ T(TY))
     assert_close(got["jvp"], shaped(dS * V + S * TV, ho), tol, "sddmm: jvp")
+    if not wide:
+      assert got["same"].dtype == dtype
+      assert_close(got["same"], shaped(S, hs), tol, "sddmm(preferred_element_type=X's dtype)")
     if wide:  # float32 out of the fp32 accumulator: products of 16-bit numbers are exact
       assert got["f32"].dtype == np.float32
       assert_close(got["f32"], shaped(S, hs), 1e-5, "sddmm(preferred_element_type=float32)")
