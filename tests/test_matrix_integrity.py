@@ -174,3 +174,10 @@ def test_astype_refuses_values_past_the_target_range(rng):
   # Traced values cast as jnp.astype does.
   out = jax.jit(lambda v: A.with_values(v).astype(jnp.float16).values)(A.values / 1e3)
   assert out.dtype == jnp.float16
+
+
+def test_ahead_of_time_lowering_takes_a_matrix(rng):
+  A = _matrix(rng)
+  x = jnp.ones((A.shape[1], 3), jnp.float32)
+  compiled = jax.jit(lambda A, x: A @ x).lower(A, x).compile()
+  np.testing.assert_allclose(compiled(A, x), _reference(A, x), rtol=1e-5, atol=1e-5)

@@ -54,9 +54,11 @@ def array_like(x) -> bool:
 
 
 def is_concrete(x) -> bool:
+  """A numpy or jax array holding values (not a tracer, a ShapeDtypeStruct or the argument
+  descriptions ahead-of-time lowering rebuilds pytrees with)."""
   import jax
 
-  return array_like(x) and not isinstance(x, (jax.core.Tracer, jax.ShapeDtypeStruct))
+  return isinstance(x, (np.ndarray, jax.Array)) and not isinstance(x, jax.core.Tracer)
 
 
 def check_dims(m: int, n: int, what: str = "shape") -> None:
