@@ -242,10 +242,12 @@ def build(
   want_grouped = None if options is None else options.grouped
   fits = grouped_schedule_fits(raw["window_block_ptr"], nnz)
   if want_grouped and not fits:
+    counts = np.diff(np.asarray(raw["window_block_ptr"], np.int64))
+    most = int(counts.max()) if counts.size else 0
     raise ValueError(
       f"FormatOptions(grouped=True): a grouped schedule needs fewer than {SMALL_GRAPH_NNZ} "
-      f"nonzeros and at most {GROUPED_MAX_BLOCKS} blocks per window; this pattern has {nnz} "
-      f"nonzeros"
+      f"nonzeros and at most {GROUPED_MAX_BLOCKS} blocks per window in both orientations; "
+      f"the {m} x {n} orientation has {nnz} nonzeros and a window of {most} blocks"
     )
   grouped = fits and want_grouped is not False and forced_size is None
   size = split_blocks(nnz) if forced_size is None else forced_size
