@@ -478,7 +478,7 @@ def test_attention_backward_keeps_operands_16bit(rng, dtype):
     q,
     k,
     v,
-    jnp.zeros((1, 1), dtype),
+    jnp.zeros((1, 1), jnp.float32),
     *A.pattern_operands(),
     shape=A.shape,
     scale=0.25,
@@ -489,7 +489,7 @@ def test_attention_backward_keeps_operands_16bit(rng, dtype):
   )
   jaxpr = jax.make_jaxpr(
     functools.partial(attention._edge_pass, shape=A.shape, scale=0.25, has_bias=False)
-  )(q, k, v, jnp.zeros((1, 1), dtype), o, lse, o, *A.pattern_operands()).jaxpr
+  )(q, k, v, jnp.zeros((1, 1), jnp.float32), o, lse, o, *A.pattern_operands()).jaxpr
   composed = list(_all_eqns(jaxpr))
   sddmms = [e for e in composed if e.primitive is sddmm_p]
   assert sddmms and all(e.params["float32_out"] for e in sddmms)

@@ -2,9 +2,15 @@
 //   forward  O = softmax_row(mask_A(scale * Q K^T + bias)) V, LSE = row log-sum-exp (fp32)
 //   jvp      dO for tangents (dQ, dK, dV, dbias), from the saved LSE
 // (The backward is composed from the SpMM/SDDMM kernels: jaxsparse_tc/_src/attention.py.)
-// Operands carry a head axis [H_i, ...] with H_i in {1, H}; float32 math throughout.
-// Rows without nonzeros: O = 0, LSE = -inf, no gradient. Windows are split across XLA's
-// intra-op threads (cpu/parallel.h); the kernels are in cpu/kernels_impl.inc.
+// Operands carry a head axis [H_i, ...] with H_i in {1, H}; float32 math throughout. The bias
+// and its tangent are float32 [Hb, nnz] whatever Q's dtype (a [1, 1] placeholder without bias).
+// Rows, by their logits s = scale Q_i.K_j + bias_ij:
+//   - any s NaN or +inf: O_i, LSE_i and dO_i are NaN;
+//   - no entries, or every s -inf (fully masked): O_i = 0, dO_i = 0, LSE_i = +inf, so that the
+//     backward's P_ij = exp(s_ij - LSE_i) is exactly 0 on such a row;
+//   - otherwise the max-subtracted softmax; an s of -inf gets weight exactly 0.
+// Windows are split across XLA's intra-op threads (cpu/parallel.h); the kernels are in
+// cpu/kernels_impl.inc.
 #include "cpu/ffi_common.h"
 #include "cpu/parallel.h"
 
@@ -16,16 +22,16 @@ cpu::Operand dense(const ffi::AnyBuffer& b) {
   return {b.untyped_data(), d[0], d[1], d[2]};
 }
 
-cpu::Operand per_edge(const ffi::AnyBuffer& b) {
+cpu::Operand per_edge(const ffi::Buffer<ffi::F32>& b) {
   const auto d = b.dimensions();
-  return {b.untyped_data(), d[0], 1, d[1]};
+  return {b.typed_data(), d[0], 1, d[1]};
 }
 
 }  // namespace
 
 static ffi::Error attention_fwd_cpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                                    ffi::AnyBuffer v, ffi::AnyBuffer bias, I32 wcp, I32 wc, I32 wbp,
-                                    U32 bitmap, I32 bvp, I32 schedule,
+                                    ffi::AnyBuffer v, ffi::Buffer<ffi::F32> bias, I32 wcp, I32 wc,
+                                    I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
                                     ffi::Result<ffi::AnyBuffer> o,
                                     ffi::Result<ffi::Buffer<ffi::F32>> lse, float scale,
                                     int32_t has_bias) {
@@ -48,10 +54,11 @@ static ffi::Error attention_fwd_cpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi:
 // dO_i = sum_j P_ij dS_ij V_j - (sum_j P_ij dS_ij) O_i + sum_j P_ij dV_j,
 // dS_ij = scale (dQ_i . K_j + Q_i . dK_j) + dbias_ij, P_ij = exp(scale Q_i.K_j + bias_ij - LSE_i).
 static ffi::Error attention_jvp_cpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                                    ffi::AnyBuffer v, ffi::AnyBuffer bias, ffi::AnyBuffer /*o*/,
-                                    ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dq, ffi::AnyBuffer dk,
-                                    ffi::AnyBuffer dvv, ffi::AnyBuffer dbias, I32 wcp, I32 wc,
-                                    I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
+                                    ffi::AnyBuffer v, ffi::Buffer<ffi::F32> bias,
+                                    ffi::AnyBuffer /*o*/, ffi::Buffer<ffi::F32> lse,
+                                    ffi::AnyBuffer dq, ffi::AnyBuffer dk, ffi::AnyBuffer dvv,
+                                    ffi::Buffer<ffi::F32> dbias, I32 wcp, I32 wc, I32 wbp,
+                                    U32 bitmap, I32 bvp, I32 schedule,
                                     ffi::Result<ffi::AnyBuffer> dout, float scale,
                                     int32_t has_bias) {
   const int dtype = cpu_dtype(q.element_type(), /*allow_f64=*/false);
@@ -76,10 +83,10 @@ static ffi::Error attention_jvp_cpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi:
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionFwdCpu, attention_fwd_cpu,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // q [Hq, m, d]
-                                  .Arg<ffi::AnyBuffer>()  // k [Hk, n, d]
-                                  .Arg<ffi::AnyBuffer>()  // v [Hv, n, dv]
-                                  .Arg<ffi::AnyBuffer>()  // bias [Hb, nnz] (or a dummy)
+                                  .Arg<ffi::AnyBuffer>()         // q [Hq, m, d]
+                                  .Arg<ffi::AnyBuffer>()         // k [Hk, n, d]
+                                  .Arg<ffi::AnyBuffer>()         // v [Hv, n, dv]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // bias [Hb, nnz] (or [1, 1])
                               JAXSPARSE_TC_PATTERN_ARGS
                                   .Ret<ffi::AnyBuffer>()         // o [H, m, dv]
                                   .Ret<ffi::Buffer<ffi::F32>>()  // lse [H, m]
@@ -92,13 +99,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionJvpCpu, attention_jvp_cpu,
                                   .Arg<ffi::AnyBuffer>()         // q
                                   .Arg<ffi::AnyBuffer>()         // k
                                   .Arg<ffi::AnyBuffer>()         // v
-                                  .Arg<ffi::AnyBuffer>()         // bias
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // bias [Hb, nnz] (or [1, 1])
                                   .Arg<ffi::AnyBuffer>()         // o
                                   .Arg<ffi::Buffer<ffi::F32>>()  // lse
                                   .Arg<ffi::AnyBuffer>()         // dq
                                   .Arg<ffi::AnyBuffer>()         // dk
                                   .Arg<ffi::AnyBuffer>()         // dv
-                                  .Arg<ffi::AnyBuffer>()         // dbias
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // dbias, as bias
                               JAXSPARSE_TC_PATTERN_ARGS
                                   .Ret<ffi::AnyBuffer>()  // do [H, m, dv]
                                   .Attr<float>("scale")

@@ -44,12 +44,12 @@ struct SoftmaxArgs {  // forward: out = softmax(y); backward: out = y * (t - row
 
 struct AttentionArgs {
   PatternView p;
-  Operand q, k, v, bias;      // [Hq, m, d], [Hk, n, d], [Hv, n, dv], [Hb, nnz]
-  Operand dq, dk, dv, dbias;  // the JVP's tangents (same shapes)
+  Operand q, k, v, bias;      // [Hq, m, d], [Hk, n, d], [Hv, n, dv], [Hb, nnz] float32
+  Operand dq, dk, dv, dbias;  // the JVP's tangents (same shapes and dtypes)
   const float* lse_in;        // JVP: [Hl, m]
   int64_t lse_heads;
   void* out;   // forward o / JVP do: [H, m, dv]
-  float* lse;  // forward: [H, m]
+  float* lse;  // forward: [H, m]; +inf for rows with no entries or only -inf logits
   int64_t heads, m;
   float scale;
   bool has_bias;

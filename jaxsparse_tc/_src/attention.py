@@ -5,7 +5,9 @@ Three primitives, each with a CPU reference and a CUDA kernel:
 * `attention_fwd_p(q, k, v, bias) -> (o, lse)`: the fused forward (on GPU: SDDMM -> online
   softmax in fp32 -> SpMM per 8-row window, never writing the nnz-sized score matrix). `lse`
   (float32 [H, m], row log-sum-exp) is saved for differentiation; it is internal (its tangent
-  is declared zero: sparse_attention never returns it).
+  is declared zero: sparse_attention never returns it). lse_i is +inf for a row with no entries
+  or only -inf logits (so that every backward's P_ij = exp(s_ij - lse_i) is exactly 0 there),
+  nan for a row with a nan or +inf logit, else max_j s_ij + log(sum_j exp(s_ij - max_j s_ij)).
 * `attention_jvp_p(q, k, v, bias, o, lse, dq, dk, dv, dbias) -> do`: the JVP, linear in the
   tangents (dq, dk, dv, dbias), computed by one fused kernel from the saved lse.
 * `attention_grads_p(q, k, v, bias, o, lse, do) -> (dq, dk, dv, dbias)`: the backward on
@@ -13,6 +15,19 @@ Three primitives, each with a CPU reference and a CUDA kernel:
   window format; on CPU (and on CUDA for other operands) the composed backward below.
 * `attention_bwd_p(q, k, v, bias, o, lse, do) -> (p, ds)`: the composed backward's per-edge
   pass (one kernel on CUDA; on CPU composed from SDDMMs), followed by three SpMMs.
+
+Operands at the primitive level: q, k, v (and their tangents, o, do) [H_i, rows, features] in
+one dtype; bias float32 [Hb, nnz] whatever q's dtype (a 16-bit bias is widened exactly, a
+float32 one keeps its range), or the float32 [1, 1] placeholder when has_bias is False; the
+JVP's dbias tangent likewise float32. The per-edge outputs (p, ds, dbias) are in q's dtype;
+the bias's cotangent is cast back to the bias's own dtype by jnp (the astype's transpose).
+
+Rows (the logits s_ij = scale q_i.k_j + bias_ij over row i's entries), forward and every
+derivative alike:
+1. a nan or +inf logit: the whole output row is nan (as jax.nn.softmax);
+2. no entries, or every logit -inf (fully masked): the output row is 0 and every gradient
+   through the row (to q, k, v, bias) is exactly 0;
+3. otherwise the max-subtracted softmax; a -inf logit gets weight exactly 0 and no gradient.
 
 How the transformations compose: `attention_fwd_p`'s JVP rule runs the fused forward and emits
 `attention_jvp_p` for the tangent; `jax.jvp` evaluates that kernel. `jax.grad`/`jax.vjp`
@@ -65,10 +80,13 @@ def sparse_attention(A, Q, K, V, *, scale=None, bias=None, options=None):
 
   A: SparseMatrix [m, n] (its pattern is the mask; its values are not used).
   Q [m, d], K [n, d], V [n, dv], or with a head axis [H, ...] (1 or H heads each).
-  bias: optional per-edge logits in A's format order, [nnz] or [H, nnz].
+  bias: optional per-edge logits in A's format order, [nnz] or [H, nnz], any float dtype; the
+  kernels add it in float32 (a float32 bias keeps its range and precision with 16-bit Q), and
+  its gradient comes back in its own dtype. -inf masks an entry.
   scale: defaults to 1/sqrt(d). float32 softmax; output [m, dv] or [H, m, dv] in Q's dtype.
-  Rows of A without nonzeros give zeros. `options`: a KernelOptions (the backward's kernels,
-  split-window merging; None: the launch plans' choices).
+  Rows of A without nonzeros, and rows whose logits are all -inf, give zeros and zero
+  gradients; a nan (or +inf) logit makes its whole row nan. `options`: a KernelOptions (the
+  backward's kernels, split-window merging; None: the launch plans' choices).
   """
   if hasattr(A, "__jaxsparse_tc_op__"):  # a container of matrices (distributed.ShardedMatrix)
     return A.__jaxsparse_tc_op__(
@@ -81,6 +99,11 @@ def sparse_attention(A, Q, K, V, *, scale=None, bias=None, options=None):
   checks.dense_operand("sparse_attention", "V", v, A, expected_rows=n)
   checks.softmax_dtype("sparse_attention", "Q", q)
   checks.same_dense("sparse_attention", q, k, names=("Q", "K"))
+  if q.shape[-1] == 0:
+    raise checks.OperandError(
+      f"sparse_attention: Q {q.shape} and K {k.shape} have no features (d = 0); the "
+      "logits Q K^T need d >= 1"
+    )
   if v.dtype != q.dtype:
     raise checks.OperandError(
       f"sparse_attention: Q ({q.shape}, {q.dtype}) and V ({v.shape}, "
@@ -96,10 +119,12 @@ def sparse_attention(A, Q, K, V, *, scale=None, bias=None, options=None):
         f"shape [{A.nnz}] or [H, {A.nnz}]; got {b.shape}"
       )
     if not jnp.issubdtype(b.dtype, jnp.floating):
-      raise checks.OperandError(f"sparse_attention: bias has non-float dtype {b.dtype}")
-    b = b.astype(q.dtype).reshape(-1, A.nnz)
+      raise checks.OperandError(
+        f"sparse_attention: bias (shape {b.shape}) has non-float dtype {b.dtype}"
+      )
+    b = b.astype(jnp.float32).reshape((b.shape[0] if b.ndim == 2 else 1, A.nnz))
   else:
-    b = jnp.zeros((1, 1), q.dtype)
+    b = jnp.zeros((1, 1), jnp.float32)
   hs.append(b.shape[0])
   try:
     heads.num_heads(*hs)
@@ -134,7 +159,15 @@ _MERGE = {"merge_split_windows": lambda p: np.int32(p["options"].merge_split_win
 
 
 # -- forward ----------------------------------------------------------------------------------
+def _check_bias(prim, bias):
+  if bias.dtype != jnp.float32:
+    raise checks.OperandError(
+      f"{prim.name}: the bias operand must be float32 (shape {bias.shape}), got {bias.dtype}"
+    )
+
+
 def _fwd_abstract(q, k, v, bias, *pattern, shape, scale, has_bias, grouped, grouped_t, options):
+  _check_bias(attention_fwd_p, bias)
   h = heads.num_heads(q.shape[0], k.shape[0], v.shape[0], bias.shape[0])
   m = shape[0]
   return (
@@ -226,6 +259,8 @@ def _jvp_abstract(
   grouped_t,
   options,
 ):
+  _check_bias(attention_jvp_p, bias)
+  _check_bias(attention_jvp_p, dbias)
   h = heads.num_heads(
     q.shape[0],
     k.shape[0],
@@ -266,7 +301,8 @@ def _jvp_transpose(ct, q, k, v, bias, o, lse, dq, dk, dv, dbias, *pattern, **par
     if ad.is_undefined_primal(tangent):
       if pos == 9 and not params["has_bias"]:
         g = jnp.zeros(tangent.aval.shape, tangent.aval.dtype)
-      outs[pos] = heads.sum_to_heads(g, tangent.aval.shape[0])
+      # dbias comes in q's dtype, the float32 bias tangent's cotangent in float32
+      outs[pos] = heads.sum_to_heads(g.astype(tangent.aval.dtype), tangent.aval.shape[0])
   return outs
 
 
@@ -305,6 +341,7 @@ _BWD_ROW_BYTES = 512  # the CUDA kernel's widest row (d and dv): 32 lanes x 16 b
 
 
 def _bwd_abstract(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
+  _check_bias(attention_bwd_p, bias)
   h = heads.num_heads(
     q.shape[0], k.shape[0], v.shape[0], bias.shape[0], o.shape[0], lse.shape[0], do.shape[0]
   )
@@ -313,7 +350,8 @@ def _bwd_abstract(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
 
 
 def _edge_pass(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
-  """attention_bwd_p composed from the library's SDDMM."""
+  """attention_bwd_p composed from the library's SDDMM. Rows with lse +inf (no entries or fully
+  masked) get P = 0 and dS = 0; a nan lse (a nan row) makes them nan."""
   f32 = jnp.float32
   dtype = q.dtype
   # 16-bit operands: products are exact in the fp32 accumulator, which the SDDMM hands out as
@@ -327,7 +365,7 @@ def _edge_pass(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
   )
   logits = scale * sddmm(q, k, *pattern).astype(f32)
   if has_bias:
-    logits = logits + bias.astype(f32)
+    logits = logits + bias
   p = jnp.exp(logits - lse[:, rows])
   dp = sddmm(do, v, *pattern).astype(f32)
   delta = jnp.sum(do.astype(f32) * o.astype(f32), axis=-1)
@@ -388,6 +426,7 @@ def _grads_on_tensor_cores(q, v, P: PatternOperands, m: int, options) -> bool:
 def _grads_abstract(
   q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias, grouped, grouped_t, options
 ):
+  _check_bias(attention_grads_p, bias)
   h = heads.num_heads(
     q.shape[0], k.shape[0], v.shape[0], bias.shape[0], o.shape[0], lse.shape[0], do.shape[0]
   )

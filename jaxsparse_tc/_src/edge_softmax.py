@@ -3,6 +3,12 @@
 `Y[h, e] = exp(X[h, e] - max_row) / sum_row exp(X - max_row)` over the nonzeros e of each row
 (float32 math, output in the input dtype). Rows without nonzeros have no values at all.
 
+Rows, as attention.py's (forward and every derivative):
+1. a nan or +inf value: every value of the row is nan (as jax.nn.softmax);
+2. every value -inf (fully masked): the row's values are 0, and so are their gradients
+   (Y = 0 makes the JVP map below 0);
+3. otherwise the max-subtracted softmax; a -inf value gets weight exactly 0 and no gradient.
+
 Differentiation. The JVP is `dY = Y * (dX - rowsum(Y * dX))`, computed by a second primitive
 `edge_softmax_bwd_p(Y, t) = Y * (t - rowsum(Y * t))`. That map is linear in `t` and
 self-adjoint (per row it is `diag(Y) - Y Y^T`), so its transpose is itself: `jax.grad`
@@ -27,7 +33,9 @@ def edge_softmax(A, values=None):
   """Row-wise softmax over the nonzeros of A (a SparseMatrix on the same pattern).
 
   Uses A's values ([nnz] or [H, nnz], format order), or `values` when given. float32 math,
-  max-subtracted; the result has the input dtype (float32, float16 or bfloat16).
+  max-subtracted; the result has the input dtype (float32, float16 or bfloat16). A row with a
+  nan (or +inf) value comes out all nan; a row of -inf values comes out 0, with zero gradients;
+  a -inf value gets weight 0.
   """
   if hasattr(A, "__jaxsparse_tc_op__"):  # a container of matrices (distributed.ShardedMatrix)
     return A.__jaxsparse_tc_op__("edge_softmax", values)
@@ -38,7 +46,8 @@ def edge_softmax(A, values=None):
       f"values must have shape [{A.nnz}] or [H, {A.nnz}]; got {v.shape}"
     )
   checks.softmax_dtype("edge_softmax", "values", v)
-  out = edge_softmax_p.bind(*vma.match(v.reshape(-1, A.nnz), *A.pattern_operands()))
+  h = v.shape[0] if v.ndim == 2 else 1
+  out = edge_softmax_p.bind(*vma.match(v.reshape((h, A.nnz)), *A.pattern_operands()))
   return A.with_values(out if v.ndim == 2 else out[0])
 
 
