@@ -702,15 +702,8 @@ def test_float64_spmm_sddmm(rng, x64):
 
 # Matrices without nonzeros (0 x n and m x 0 included) and the head count of their values.
 EMPTY = [((6, 9), None), ((0, 5), 2), ((4, 0), 3)]
-NO_NONZERO_BUG = (
-  "a matrix without nonzeros: `reshape(-1, A.nnz)` of the [0] / [H, 0] values (bias) raises "
-  "ZeroDivisionError (integer modulo by zero) in jnp's reshape"
-)
 
 
-@pytest.mark.xfail(
-  strict=True, raises=ZeroDivisionError, reason="edge_softmax on " + NO_NONZERO_BUG
-)
 @pytest.mark.parametrize("shape,heads", EMPTY)
 def test_edge_softmax_without_nonzeros(rng, shape, heads):
   values = np.zeros((0,) if heads is None else (heads, 0), np.float32)
@@ -722,9 +715,6 @@ def test_edge_softmax_without_nonzeros(rng, shape, heads):
   assert g.shape == values.shape
 
 
-@pytest.mark.xfail(
-  strict=True, raises=ZeroDivisionError, reason="sparse_attention's bias on " + NO_NONZERO_BUG
-)
 @pytest.mark.parametrize("shape,heads", EMPTY)
 def test_attention_bias_without_nonzeros(rng, shape, heads):
   (m, n), d = shape, 3
