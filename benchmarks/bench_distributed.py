@@ -50,6 +50,7 @@ device counts hold which width.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -656,7 +657,8 @@ def device_counts(args) -> list[int]:
   """--devices as a list of counts (0: all visible devices)."""
   import jax
 
-  if args.cpu_devices:
+  if args.cpu_devices:  # XLA's CPU client needs 2 threads a device (distributed.check_host_mesh)
+    os.environ.setdefault("PJRT_NPROC", str(max(2 * args.cpu_devices, os.cpu_count() or 1)))
     jax.config.update("jax_platforms", "cpu")
     jax.config.update("jax_num_cpu_devices", args.cpu_devices)
   visible = len(jax.devices())

@@ -5,7 +5,8 @@ primitives inside a user's shard_map.
 
 The host platform's device count is fixed when jax starts, and the rest of the suite runs in
 one process with one device; so the multi-device cases run in a child process (this file, run
-as a script with `--cpu-devices 4`: jax's `jax_num_cpu_devices` option), once per session, each
+as a script with `--cpu-devices 4`: jax's `jax_num_cpu_devices` option, and PJRT_NPROC=8 in its
+environment, the threads XLA's CPU client needs for a 4-device mesh), once per session, each
 reporting PASS or FAIL with its message; every case is one test here. Cases that need no
 second device (padding) run in-process.
 
@@ -439,6 +440,153 @@ def case_train_gat_equinox():
   _train_case("gat", "equinox")
 
 
+# A 4-CPU-device step of the graph below runs some 8x slower than it is dispatched: a loop that
+# never waits is 32 steps ahead (XLA:CPU's limit in flight) after ~40, and every step after can
+# deadlock a CPU client of too few threads (with 4 threads: 3 aborts in 3 runs of 200 steps).
+UNBLOCKED_STEPS = 200
+
+
+def case_train_gcn_steps_without_blocking():
+  """UNBLOCKED_STEPS jitted GCN training steps (forward, gradients, SGD update; edge values and
+  features on the mesh) dispatched one after the other with nothing waiting on their results,
+  as a training loop is written, give the losses and parameters of the same steps on one device.
+  On host devices such a loop used to abort the process ("Termination timeout for all gather"):
+  XLA's CPU client needs 2 threads per device of the mesh (distributed.check_host_mesh)."""
+  import jax
+  import jax.numpy as jnp
+  import scipy.sparse as sp
+
+  import jaxsparse_tc as jst
+  from jaxsparse_tc import distributed as dist
+
+  seed = int(np.random.SeedSequence().entropy % (2**32))
+  rng = np.random.default_rng(seed)
+  n, d, hidden, classes = 3000, 16, 16, 4
+  g = _graph(n, 8 / n, seed=int(rng.integers(1 << 30)))
+  g.data = rng.uniform(0.5, 1.0, g.nnz).astype(np.float32)
+  g = sp.diags(1.0 / np.asarray(g.sum(axis=1)).ravel()).astype(np.float32) @ g  # rows average
+  A = _matrix(g.tocsr())
+  SA = dist.shard_matrix(A, dist.make_mesh(DEVICES))
+  x = rng.standard_normal((n, d)).astype(np.float32)
+  # Labels a GCN can learn: a random teacher GCN's classes.
+  teacher = g @ np.maximum(g @ x @ rng.standard_normal((d, hidden)), 0)
+  labels = np.argmax(teacher @ rng.standard_normal((hidden, classes)), axis=1).astype(np.int32)
+  train = rng.random(n) < 0.5
+  p0 = {
+    "w1": rng.standard_normal((d, hidden)).astype(np.float32) / np.sqrt(d),
+    "b1": np.zeros(hidden, np.float32),
+    "w2": rng.standard_normal((hidden, classes)).astype(np.float32) / np.sqrt(hidden),
+  }
+
+  def loss_fn(p, M, x, labels, mask):
+    dot = lambda a, b: jnp.dot(a, b, precision=HIGHEST)  # noqa: E731
+    h = jnp.tanh(jst.spmm(M, dot(x, p["w1"]), precision=HIGHEST) + p["b1"])
+    logits = jst.spmm(M, dot(h, p["w2"]), precision=HIGHEST)
+    ce = -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1)[:, 0]
+    return jnp.sum(jnp.where(mask, ce, 0.0)) / jnp.sum(mask)
+
+  @jax.jit
+  def step(p, M, x, labels, mask):
+    loss, grads = jax.value_and_grad(loss_fn)(p, M, x, labels, mask)
+    return jax.tree_util.tree_map(lambda w, g: w - 0.5 * g, p, grads), loss
+
+  def train_loop(M, x, labels, mask):
+    p, losses = jax.tree_util.tree_map(jnp.asarray, p0), []
+    for _ in range(UNBLOCKED_STEPS):  # no float(), no block_until_ready: steps queue up
+      p, loss = step(p, M, x, labels, mask)
+      losses.append(loss)
+    return p, jnp.stack(losses)
+
+  p1, l1 = train_loop(A, jnp.asarray(x), jnp.asarray(labels), jnp.asarray(train))
+  Ps, Ls = train_loop(
+    SA, SA.shard_rows(x), SA.shard_rows(labels), SA.shard_rows(train) & SA.row_mask()
+  )
+  tag = f"seed {seed}"
+  assert float(Ls[-1]) < 0.9 * float(Ls[0]), f"{tag}: the loss did not go down: {Ls}"
+  _close(f"{tag} losses", Ls, l1, tol=1e-5)
+  for k in p0:
+    _close(f"{tag} {k}", Ps[k], p1[k], tol=1e-5)
+
+
+def case_host_mesh_needs_two_threads_per_device():
+  """A mesh of N host devices is refused, naming PJRT_NPROC=2N, where XLA's CPU client has fewer
+  than 2 N threads (the check reads PJRT_NPROC, lowered here), by make_mesh and by shard_matrix
+  on a mesh made by jax; with 2 N threads, or on half the devices, it is accepted."""
+  import jax
+  from jax.sharding import Mesh
+
+  from jaxsparse_tc import distributed as dist
+
+  if jax.devices()[0].platform != "cpu" or DEVICES < 2:
+    return
+  A = _matrix(_graph())
+  mesh = Mesh(np.array(jax.devices()[:DEVICES]), ("x",))
+  saved = os.environ.get("PJRT_NPROC")
+  try:
+    os.environ["PJRT_NPROC"] = str(2 * DEVICES - 1)
+    for build in (lambda: dist.make_mesh(DEVICES), lambda: dist.shard_matrix(A, mesh)):
+      try:
+        build()
+      except ValueError as e:
+        msg = str(e)
+        assert f"PJRT_NPROC={2 * DEVICES}" in msg and f"it has {2 * DEVICES - 1}" in msg, msg
+        assert "deadlock" in msg and f"{DEVICES} host (CPU) devices" in msg, msg
+      else:
+        raise AssertionError("expected a ValueError")
+    os.environ["PJRT_NPROC"] = "1"  # the pool still has a thread per CPU device
+    dist.check_host_mesh(dist.make_mesh(DEVICES // 2))
+    os.environ["PJRT_NPROC"] = str(2 * DEVICES)
+    dist.check_host_mesh(mesh)
+  finally:
+    if saved is None:
+      os.environ.pop("PJRT_NPROC", None)
+    else:
+      os.environ["PJRT_NPROC"] = saved
+
+
+def case_operands_on_other_devices():
+  """Operands committed to devices other than the ShardedMatrix's mesh (or to its devices in
+  another order) are refused by name, eagerly; the same arrays moved to the mesh are accepted."""
+  import jax
+  from jax.sharding import Mesh, NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  import jaxsparse_tc as jst
+  from jaxsparse_tc import distributed as dist
+  from jaxsparse_tc._src import checks
+
+  if DEVICES < 2:
+    return
+  SA = dist.shard_matrix(_matrix(_graph()), dist.make_mesh(DEVICES))
+  X = SA.shard_rows(np.random.default_rng(12).standard_normal((150, 8)).astype(np.float32))
+  reversed_mesh = Mesh(np.array(jax.devices()[:DEVICES][::-1]), ("shards",))
+  on_other = (
+    ("reversed", jax.device_put(X, NamedSharding(reversed_mesh, P("shards")))),
+    ("one device", jax.device_put(X, jax.devices()[1])),
+  )
+  for tag, Xo in on_other:
+    for op, fn in (
+      ("spmm", lambda: jst.spmm(SA, Xo)),
+      ("exchange", lambda: dist.exchange(SA, Xo)),
+      ("sddmm", lambda: jst.sddmm(SA, X, Xo)),
+    ):
+      try:
+        fn()
+      except checks.OperandError as e:
+        assert op in str(e) and "lives on devices" in str(e), (tag, str(e))
+      else:
+        raise AssertionError(f"{tag} {op}: expected an OperandError")
+  v = jax.device_put(SA.values, jax.devices()[0])
+  try:
+    jst.edge_softmax(SA, v)
+  except checks.OperandError as e:
+    assert "values" in str(e) and "lives on devices" in str(e), str(e)
+  else:
+    raise AssertionError("edge_softmax: expected an OperandError")
+  moved = jax.device_put(on_other[0][1], X.sharding)
+  _close("moved", jst.spmm(SA, moved, precision=HIGHEST), jst.spmm(SA, X, precision=HIGHEST))
+
+
 def case_train_main_job_devices_flag():
   """The main job's --devices N: a few sharded epochs train (the loss goes down)."""
   from jaxsparse_tc.examples import train
@@ -693,6 +841,82 @@ def test_padded_pattern_runs_like_the_original(rng):
     )
 
 
+def test_cpu_client_threads_counted_as_xla_does(monkeypatch):
+  """XLA's CPU client pool: PJRT_NPROC, else NPROC (unparsable ones skipped), else the
+  schedulable CPUs; never fewer threads than CPU devices."""
+  from jaxsparse_tc.distributed import matrix
+
+  monkeypatch.delenv("PJRT_NPROC", raising=False)
+  monkeypatch.delenv("NPROC", raising=False)
+  cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  assert matrix._cpu_client_threads(1)[0] == cpus
+  assert matrix._cpu_client_threads(cpus + 3)[0] == cpus + 3
+  monkeypatch.setenv("NPROC", str(cpus + 5))
+  assert matrix._cpu_client_threads(1)[0] == cpus + 5
+  monkeypatch.setenv("PJRT_NPROC", "3")
+  assert matrix._cpu_client_threads(1) == (3, "PJRT_NPROC=3, 1 CPU devices")
+  assert matrix._cpu_client_threads(7)[0] == 7
+  monkeypatch.setenv("PJRT_NPROC", "many")
+  assert matrix._cpu_client_threads(1)[0] == cpus + 5
+
+
+def test_sharded_matrix_refuses_wrong_operands(rng):
+  """The layout helpers and operators of a ShardedMatrix refuse operands of the wrong length,
+  dtype or layout by name (in jit too, at trace time), where they used to return wrong rows or
+  values: unshard_rows, shard_rows, values_from_input, values_to_input, with_values,
+  node_positions, edge_softmax's values, sparse_attention's bias, exchange_bytes; and bad
+  build arguments (partition_rows' counts, halo_threshold)."""
+  import jax
+  import jax.numpy as jnp
+
+  import jaxsparse_tc as jst
+  from jaxsparse_tc import distributed as dist
+  from jaxsparse_tc._src.checks import OperandError
+
+  n = 61
+  rows, cols = rng.integers(0, n, 300), rng.integers(0, n, 300)
+  rows[1], cols[1] = rows[0], cols[0]  # a duplicate: fewer values in the layout than entries
+  vals = rng.uniform(0.5, 1.5, 300).astype(np.float32)
+  SA = dist.shard_coo(rows, cols, vals, num_nodes=n, mesh=dist.make_mesh(1))
+  R, E = SA.layout.padded_rows, rows.size
+  assert SA.nnz < E, (SA.nnz, E)
+  x = rng.standard_normal((n, 4)).astype(np.float32)
+  X = SA.shard_rows(x)
+  np.testing.assert_array_equal(np.asarray(SA.unshard_rows(X)), x)  # the right ones pass
+  cases = [
+    (lambda: SA.unshard_rows(X[: R - 8]), rf"\[{R}, \.\.\.\].*\({R - 8}, 4\)"),
+    (lambda: SA.unshard_rows(np.ones((R + 1, 4))), rf"got shape \({R + 1}, 4\)"),
+    (lambda: SA.unshard_rows(jnp.ones((n, 4))), "already in global order"),
+    (lambda: SA.unshard_rows(jnp.ones((2, R - 1, 4))), rf"\[H, {R}, d\]"),
+    (lambda: jax.jit(SA.unshard_rows)(X[1:]), rf"got shape \({R - 1}, 4\)"),
+    (lambda: SA.unshard_rows(np.float32(1)), r"got shape \(\)"),
+    (lambda: SA.shard_rows(x[1:]), rf"\[{n}, \.\.\.\].*\({n - 1}, 4\)"),
+    (lambda: SA.shard_rows(np.asarray(X)), "already sharded"),
+    (lambda: SA.values_from_input(vals[:-1]), rf"\[{E}\] or \[H, {E}\].*\({E - 1},\)"),
+    (lambda: SA.values_from_input(vals[:1]), r"\(1,\)"),
+    (lambda: SA.values_from_input(SA.values), "already mapped"),
+    (lambda: SA.values_to_input(SA.values[:-1]), rf"\[{SA.nnz}\].*\({SA.nnz - 1},\)"),
+    (lambda: SA.values_to_input(jnp.asarray(vals)), "builder's input order"),
+    (lambda: SA.with_values(jnp.ones(SA.nnz, jnp.int32)), "non-float dtype int32"),
+    (lambda: SA.with_values(jnp.asarray(vals)), "values_from_input maps it"),
+    (lambda: jst.edge_softmax(SA, jnp.asarray(vals)), rf"values \[{SA.nnz}\].*\({E},\)"),
+    (lambda: jst.sparse_attention(SA, X, X, X, bias=jnp.asarray(vals)), rf"bias \[{SA.nnz}\]"),
+  ]
+  for fn, pattern in cases:
+    with pytest.raises(OperandError, match=pattern):
+      fn()
+  with pytest.raises(ValueError, match=rf"node ids must be in \[0, {n}\).*from -1 to {n}"):
+    SA.node_positions([0, -1, n])
+  with pytest.raises(ValueError, match="must be integers; got dtype float64"):
+    SA.node_positions(np.array([0.0, 1.5]))
+  with pytest.raises(ValueError, match="exchange must be"):
+    SA.exchange_bytes(8, 4, "all-gather")
+  with pytest.raises(ValueError, match="finite counts >= 0"):
+    dist.partition_rows(np.array([3, -1, 2]), 2)
+  with pytest.raises(ValueError, match="halo_threshold must be >= 0"):
+    dist.shard_coo(rows, cols, vals, num_nodes=n, mesh=dist.make_mesh(1), halo_threshold=-0.5)
+
+
 def _main(argv) -> int:
   import argparse
 
@@ -706,6 +930,10 @@ def _main(argv) -> int:
   ap.add_argument("cases", nargs="*")
   a = ap.parse_args(argv)
   if a.cpu_devices:  # before jax starts its backends
+    # XLA's CPU client needs 2 threads per device of a mesh (distributed.check_host_mesh); it
+    # sizes its pool from the CPUs, which may be fewer.
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    os.environ.setdefault("PJRT_NPROC", str(max(2 * a.cpu_devices, cpus or 1)))
     jax.config.update("jax_platforms", "cpu")
     jax.config.update("jax_num_cpu_devices", a.cpu_devices)
   DEVICES = a.cpu_devices or a.devices

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import os
 from typing import Any, NamedTuple
 
 import jax
@@ -47,7 +48,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxsparse_tc import sparse_matrix as sm
-from jaxsparse_tc._src import padding
+from jaxsparse_tc._src import checks, padding
 from jaxsparse_tc._src import pattern as pattern_lib
 from jaxsparse_tc._src.pattern import Pattern
 from jaxsparse_tc.options import FormatOptions
@@ -59,6 +60,7 @@ __all__ = [
   "PartLayout",
   "PartArrays",
   "make_mesh",
+  "check_host_mesh",
   "partition_rows",
   "shard_coo",
   "shard_matrix",
@@ -92,7 +94,60 @@ def make_mesh(devices=None, axis_name: str = DEFAULT_AXIS) -> Mesh:
     devs = all_devs[: int(devices)]
   else:
     devs = list(devices)
-  return Mesh(np.array(devs), (axis_name,))
+  mesh = Mesh(np.array(devs), (axis_name,))
+  check_host_mesh(mesh, "make_mesh")
+  return mesh
+
+
+# XLA's CPU client runs every device's part of a multi-device step as a task on one pool of T
+# threads, T = max(PJRT_NPROC, else NPROC, else the schedulable CPUs; the CPU device count), sized
+# when JAX starts its CPU backend. A step's collectives wait until the tasks of all N devices run
+# at once. The task that dispatches a step onto a device first waits, on a pool thread, while 32
+# steps are in flight on that device; so a loop that runs more than 32 steps ahead (nothing
+# blocks on its results) holds up to N pool threads in that wait, and with T < 2 N the oldest
+# step never gets its N threads: its collective waits for ever, and XLA aborts the process after
+# 40 s ("Termination timeout for all gather ... only K of them arrived", K = T - blocked). This is
+# XLA's, not the kernels': a plain JAX loop (shard_map + all_gather) hangs the same way, and with
+# 2 N threads both run through. So host meshes are refused where T < 2 N.
+_CPU_INFLIGHT_STEPS = 32  # XLA's max_inflight_computations_per_device
+
+
+def _cpu_client_threads(cpu_devices: int) -> tuple[int, str]:
+  """XLA's CPU client pool size T (above), as XLA computes it, and where it comes from."""
+  for var in ("PJRT_NPROC", "NPROC"):
+    value = os.environ.get(var)
+    if value is None:
+      continue
+    try:
+      threads = max(int(value), 0)
+    except ValueError:
+      continue
+    return max(threads, cpu_devices), f"{var}={value}, {cpu_devices} CPU devices"
+  cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+  return max(cpus, cpu_devices), f"{cpus} schedulable CPUs, {cpu_devices} CPU devices"
+
+
+def check_host_mesh(mesh: Mesh, op: str = "distributed") -> None:
+  """Raises ValueError where a mesh of host (CPU) devices can deadlock XLA's CPU client: N >= 2
+  devices of this process need a client pool of 2 N threads (the comment above says why)."""
+  here = jax.process_index()
+  n = sum(d.platform == "cpu" and d.process_index == here for d in np.asarray(mesh.devices).flat)
+  if n < 2:
+    return
+  threads, source = _cpu_client_threads(len(jax.local_devices(backend="cpu")))
+  if threads >= 2 * n:
+    return
+  fewer = f", or shard over at most {threads // 2} devices" if threads >= 4 else ""
+  raise ValueError(
+    f"{op}: a mesh of {n} host (CPU) devices needs XLA's CPU client to run on at least {2 * n} "
+    f"threads; it has {threads} (the larger of {source}). Each device's part of a step takes "
+    f"one of those threads, a step's collectives wait until all {n} run, and a step dispatched "
+    f"while {_CPU_INFLIGHT_STEPS} are in flight on a device holds one more thread waiting: with "
+    f"fewer than 2 x {n} threads a loop that runs more than {_CPU_INFLIGHT_STEPS} steps ahead "
+    "of the devices deadlocks (XLA aborts after 40 s: 'Termination timeout for all gather'). "
+    f"Start the process with PJRT_NPROC={2 * n} in its environment (XLA reads it when JAX "
+    f"starts its CPU backend){fewer}"
+  )
 
 
 def partition_rows(row_nnz, num_shards: int, *, row_weight: float = 1.0) -> np.ndarray:
@@ -107,6 +162,10 @@ def partition_rows(row_nnz, num_shards: int, *, row_weight: float = 1.0) -> np.n
   counts = np.asarray(row_nnz, np.float64)
   if counts.ndim != 1:
     raise ValueError(f"row_nnz must be one-dimensional; got shape {counts.shape}")
+  if counts.size and not (np.all(np.isfinite(counts)) and counts.min() >= 0):
+    raise ValueError(
+      f"row_nnz must be finite counts >= 0; got values from {counts.min()} to {counts.max()}"
+    )
   if num_shards < 1:
     raise ValueError(f"num_shards must be at least 1; got {num_shards}")
   n = counts.shape[0]
@@ -166,6 +225,8 @@ class ShardLayout:
   def exchange_rows(self, exchange: str | None = None) -> int:
     """Dense rows each shard receives per exchange of X (the largest over shards)."""
     ex = self.exchange if exchange is None else exchange
+    if ex not in ("allgather", "halo", "none"):
+      raise ValueError(f"exchange must be 'allgather', 'halo' or 'none' (or None); got {ex!r}")
     P = self.num_shards
     if ex == "allgather":
       return (P - 1) * self.rows_per_shard
@@ -291,12 +352,23 @@ class ShardedMatrix(sm.SparseMatrix):
     """The same shards with new values ([P*nnz_pad] or [H, P*nnz_pad], sharded layout)."""
     values = jnp.asarray(values)
     if values.ndim not in (1, 2) or values.shape[-1] != self.nnz:
-      raise ValueError(
-        f"values must have shape [{self.nnz}] or [H, {self.nnz}] (the sharded "
+      raise checks.OperandError(
+        f"with_values: values must have shape [{self.nnz}] or [H, {self.nnz}] (the sharded "
         f"layout: {self.num_shards} shards x {self.layout.nnz_per_shard}); got "
-        f"{values.shape}"
+        f"{values.shape}{self._value_hint(values.shape)}"
+      )
+    if not jnp.issubdtype(values.dtype, jnp.floating):
+      raise checks.OperandError(
+        f"with_values: values (shape {values.shape}) have non-float dtype {values.dtype}"
       )
     return ShardedMatrix(values, self.arrays, self.layout)
+
+  def _value_hint(self, shape) -> str:
+    """Names the other value layout where `shape` has its length."""
+    pos = self.layout.input_positions
+    if pos is not None and shape[-1:] == (len(pos),) != (self.nnz,):
+      return f" (the builder's input order, {len(pos)} entries: values_from_input maps it)"
+    return ""
 
   def _per_part(self, fn):
     """fn(part layout, part arrays) -> [P, part nnz], concatenated over parts, flattened."""
@@ -397,6 +469,17 @@ class ShardedMatrix(sm.SparseMatrix):
     layout."""
     pos = self._input_positions()
     values = jnp.asarray(values)
+    if values.ndim not in (1, 2) or values.shape[-1] != len(pos):
+      also = (
+        " (the sharded layout's length: already mapped?)"
+        if values.shape[-1:] == (self.nnz,)
+        else ""
+      )
+      raise checks.OperandError(
+        f"values_from_input: this ShardedMatrix was built from {len(pos)} entries, so values "
+        f"must have shape [{len(pos)}] or [H, {len(pos)}] (the builder's input order); got "
+        f"{values.shape}{also}"
+      )
     out = jnp.zeros(values.shape[:-1] + (self.nnz,), values.dtype)
     out = out.at[..., pos].add(values)
     return jax.device_put(out, NamedSharding(self.mesh, _edge_spec(out.ndim, self.axis_name)))
@@ -405,12 +488,31 @@ class ShardedMatrix(sm.SparseMatrix):
     """Sharded-layout values (default: this matrix's) in the builder's input order."""
     pos = self._input_positions()
     values = self.values if values is None else jnp.asarray(values)
+    if values.ndim not in (1, 2) or values.shape[-1] != self.nnz:
+      raise checks.OperandError(
+        f"values_to_input: values must have shape [{self.nnz}] or [H, {self.nnz}] (the sharded "
+        f"layout: {self.num_shards} shards x {self.layout.nnz_per_shard}); got "
+        f"{values.shape}{self._value_hint(values.shape)}"
+      )
     return values[..., pos]
 
   # -- the padded node layout -----------------------------------------------------------------
   def node_positions(self, nodes) -> np.ndarray:
     """Padded positions (int32, host) of global node ids `nodes`."""
-    nodes = np.asarray(nodes, np.int64)
+    nodes = np.asarray(nodes)
+    if nodes.size:
+      if not np.issubdtype(nodes.dtype, np.integer):
+        raise ValueError(
+          f"node_positions: node ids must be integers; got dtype {nodes.dtype} (shape "
+          f"{nodes.shape})"
+        )
+      lo, hi = int(nodes.min()), int(nodes.max())
+      if lo < 0 or hi >= self.layout.num_nodes:
+        raise ValueError(
+          f"node_positions: node ids must be in [0, {self.layout.num_nodes}) (the graph's "
+          f"nodes); got ids from {lo} to {hi}"
+        )
+    nodes = nodes.astype(np.int64)
     b = np.asarray(self.layout.bounds, np.int64)
     owner = np.searchsorted(b, nodes, side="right") - 1
     return (owner * self.layout.rows_per_shard + nodes - b[owner]).astype(np.int32)
@@ -440,8 +542,16 @@ class ShardedMatrix(sm.SparseMatrix):
     host = isinstance(x, np.ndarray)
     ndim = np.ndim(x)
     ax = _node_axis(ndim)
-    if np.shape(x)[ax] != lay.num_nodes:
-      raise ValueError(f"expected {lay.num_nodes} rows along axis {ax}; got shape {np.shape(x)}")
+    if ndim == 0 or np.shape(x)[ax] != lay.num_nodes:
+      also = (
+        f" (the padded layout's {lay.padded_rows} rows: already sharded?)"
+        if ndim and np.shape(x)[ax] == lay.padded_rows
+        else ""
+      )
+      raise checks.OperandError(
+        f"shard_rows: x must hold the graph's {lay.num_nodes} nodes in global order, shape "
+        f"[{lay.num_nodes}, ...] or [H, {lay.num_nodes}, d]; got shape {np.shape(x)}{also}"
+      )
     shape = [1] * ndim
     shape[ax] = src.size
     mask = valid.reshape(shape)
@@ -459,8 +569,22 @@ class ShardedMatrix(sm.SparseMatrix):
 
   def unshard_rows(self, y):
     """The inverse of shard_rows: [P*M, ...] / [H, P*M, d] to global order [n, ...]."""
-    ndim = np.ndim(y)
-    pos = self.node_positions(np.arange(self.layout.num_nodes))
+    lay = self.layout
+    shape, ndim = np.shape(y), np.ndim(y)
+    rows = lay.padded_rows
+    if ndim == 0 or shape[_node_axis(ndim)] != rows:
+      got = shape[_node_axis(ndim)] if ndim else None
+      also = {
+        lay.num_nodes: f" (the graph's {lay.num_nodes} nodes: already in global order?)",
+        self.exchanged_rows: " (an exchanged operand, distributed.exchange's result: unshard "
+        "the rows it was made from)",
+      }.get(got, "")
+      raise checks.OperandError(
+        f"unshard_rows: y must be in this ShardedMatrix's padded layout, shape [{rows}, ...] "
+        f"or [H, {rows}, d] ({lay.num_shards} shards x {lay.rows_per_shard} rows); got shape "
+        f"{shape}{also}"
+      )
+    pos = self.node_positions(np.arange(lay.num_nodes))
     if isinstance(y, np.ndarray):
       return np.take(y, pos, axis=_node_axis(ndim))
     return jnp.take(jnp.asarray(y), jnp.asarray(pos), axis=_node_axis(ndim))
@@ -616,6 +740,9 @@ def shard_coo(
   axis = mesh.axis_names[0] if axis_name is None else axis_name
   if axis not in mesh.axis_names:
     raise ValueError(f"axis {axis!r} is not an axis of the mesh {mesh.axis_names}")
+  if not halo_threshold >= 0:
+    raise ValueError(f"halo_threshold must be >= 0; got {halo_threshold}")
+  check_host_mesh(mesh, "shard_coo")
   P = int(mesh.shape[axis])
   n = int(num_nodes)
   rows, cols = sm._index_array("rows", rows), sm._index_array("cols", cols)

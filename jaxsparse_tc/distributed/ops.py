@@ -15,7 +15,7 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxsparse_tc._src import checks
 from jaxsparse_tc._src.attention import sparse_attention as _attention
@@ -178,9 +178,43 @@ def _part_operand(layout, arrays, part_layout, x, exchanged=False):
   return x[(slice(None),) * node + (rows,)]
 
 
+def _check_devices(op: str, name: str, SA: ShardedMatrix, x) -> None:
+  """An array committed to devices other than SA's mesh (another mesh's ShardedMatrix built it,
+  say) is refused by name, where jit would name only its position in a flattened call."""
+  if isinstance(x, jax.core.Tracer) or not isinstance(x, jax.Array) or not x.committed:
+    return
+  mesh_devices = tuple(SA.mesh.devices.flat)
+  sharding = x.sharding
+  named = isinstance(sharding, NamedSharding)
+  devices = tuple(sharding.mesh.devices.flat if named else sharding.device_set)
+  same = sharding.device_set == set(mesh_devices)
+  if same and named:  # jit also needs the devices in the mesh's order
+    same = devices == mesh_devices
+  if not same:
+    ids = lambda ds: [d.id for d in ds]  # noqa: E731
+    got = ids(devices) if named else sorted(ids(devices))
+    raise checks.OperandError(
+      f"{op}: {name} (shape {x.shape}) lives on devices {got}, but this ShardedMatrix is "
+      f"sharded over devices {ids(mesh_devices)} in that order (mesh axis {SA.axis_name!r}); "
+      "build its operands with ShardedMatrix.shard_rows"
+    )
+
+
+def _check_edge(op: str, name: str, SA: ShardedMatrix, v) -> None:
+  """Values-like operands: [P*nnz_pad] or [H, P*nnz_pad], the sharded value layout."""
+  if v.ndim not in (1, 2) or v.shape[-1] != SA.nnz:
+    raise checks.OperandError(
+      f"{op}: a ShardedMatrix with {SA.nnz} (padded) nonzeros takes {name} [{SA.nnz}] or "
+      f"[H, {SA.nnz}] in its sharded value layout; got {name} with shape {v.shape}"
+      f"{SA._value_hint(v.shape)}"
+    )
+  _check_devices(op, name, SA, v)
+
+
 def _check_dense(op: str, name: str, SA: ShardedMatrix, x, exchanged_ok: bool = False) -> bool:
   """Checks a dense operand's layout; True where it is already exchanged (exchanged_ok: the
   operand is one whose rows the local matrices' columns index, and has SA.exchanged_rows)."""
+  _check_devices(op, name, SA, x)
   rows = SA.layout.padded_rows
   if x.ndim in (2, 3) and x.shape[-2] == rows:
     return False
@@ -295,11 +329,7 @@ def sddmm(
 def edge_softmax(SA: ShardedMatrix, values=None) -> ShardedMatrix:
   """Row softmax over SA's nonzeros (its values, or `values` in the sharded layout)."""
   v = SA.values if values is None else jnp.asarray(values)
-  if v.ndim not in (1, 2) or v.shape[-1] != SA.nnz:
-    raise checks.OperandError(
-      f"edge_softmax: a ShardedMatrix with {SA.nnz} (padded) nonzeros "
-      f"takes values [{SA.nnz}] or [H, {SA.nnz}]; got {v.shape}"
-    )
+  _check_edge("edge_softmax", "values", SA, v)
   _single_part("edge_softmax", SA)
   lay = SA.layout
 
@@ -320,6 +350,9 @@ def sparse_attention(SA: ShardedMatrix, Q, K, V, *, scale=None, bias=None, optio
   q, k, v = (jnp.asarray(a) for a in (Q, K, V))
   for name, a in (("Q", q), ("K", k), ("V", v)):
     _check_dense("sparse_attention", name, SA, a)
+  if bias is not None:
+    bias = jnp.asarray(bias)
+    _check_edge("sparse_attention", "bias", SA, bias)
   _single_part("sparse_attention", SA)
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
   lay = SA.layout
