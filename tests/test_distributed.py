@@ -942,3 +942,29 @@ def _main(argv) -> int:
 
 if __name__ == "__main__":
   raise SystemExit(_main(sys.argv[1:]))
+
+
+def test_sharded_operators_promote_and_check_like_single_device(rng):
+  """dist.spmm / dist.sddmm(scale_by_values=True) compute in the promoted dtype of the values
+  and the features (a float32 value of 1e5 times float16 features of 1e-3 stays finite), and
+  attention without features raises OperandError, as the single-device operators do."""
+  import jax.numpy as jnp
+
+  from jaxsparse_tc import distributed as dist
+  from jaxsparse_tc._src.checks import OperandError
+
+  n = 40
+  rows, cols = rng.integers(0, n, 200), rng.integers(0, n, 200)
+  vals = rng.uniform(0.5, 1.5, 200).astype(np.float32) * 1e5
+  SA = dist.shard_coo(rows, cols, vals, num_nodes=n, mesh=dist.make_mesh(1))
+  x = np.full((n, 4), 1e-3, np.float16)
+  X = SA.shard_rows(x)
+  y = SA.unshard_rows(dist.spmm(SA, X))
+  assert y.dtype == jnp.float32
+  ref = np.zeros((n, 4))
+  np.add.at(ref, rows, vals[:, None].astype(np.float64) * x[cols].astype(np.float64))
+  np.testing.assert_allclose(np.asarray(y), ref, rtol=2e-3)
+  S = dist.sddmm(SA, X, X, scale_by_values=True)
+  assert S.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(S.values)))
+  with pytest.raises(OperandError, match="no features"):
+    dist.sparse_attention(SA, X[:, :0], X[:, :0], X)

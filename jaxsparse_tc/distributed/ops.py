@@ -264,7 +264,8 @@ def spmm(SA: ShardedMatrix, x, *, precision=None, options=None):
   also be `exchange(SA, X)` ([P*n_ext, d]): then nothing is exchanged."""
   x = jnp.asarray(x)
   exchanged = _check_dense("spmm", "X", SA, x, exchanged_ok=True)
-  values = SA.values.astype(x.dtype)
+  dtype = checks.promoted_dtype("spmm", SA, x)  # as the single-device spmm
+  values, x = SA.values.astype(dtype), x.astype(dtype)
   lay = SA.layout
 
   def body(arrays, values, x):
@@ -301,6 +302,22 @@ def sddmm(
   x, y = jnp.asarray(x), jnp.asarray(y)
   _check_dense("sddmm", "X", SA, x)
   y_exchanged = _check_dense("sddmm", "Y", SA, y, exchanged_ok=True)
+  if scale_by_values:  # the single-device sddmm's rule: the product in the promoted dtype
+    hv = SA.values.shape[0] if SA.values.ndim == 2 else 1
+    h = max(x.shape[0] if x.ndim == 3 else 1, y.shape[0] if y.ndim == 3 else 1)
+    if hv > 1 and h > 1 and hv != h:
+      raise checks.OperandError(
+        f"sddmm: scale_by_values=True multiplies the products of X (shape {x.shape}) and Y "
+        f"(shape {y.shape}), {h} heads, by SA's values of shape {SA.values.shape}, {hv} heads: "
+        "head counts must be equal (or one of them absent)"
+      )
+    product = x.dtype if preferred_element_type is None else jnp.dtype(preferred_element_type)
+    target = checks.promoted_dtype("sddmm", SA, x, product)
+    if target != product:
+      if x.dtype.itemsize == 2 and target == jnp.float32:
+        preferred_element_type = jnp.float32
+      else:
+        x, y = x.astype(target), y.astype(target)
   lay = SA.layout
 
   def body(arrays, x, y):
@@ -354,6 +371,11 @@ def sparse_attention(SA: ShardedMatrix, Q, K, V, *, scale=None, bias=None, optio
     bias = jnp.asarray(bias)
     _check_edge("sparse_attention", "bias", SA, bias)
   _single_part("sparse_attention", SA)
+  if q.shape[-1] == 0 or k.shape[-1] == 0:
+    raise checks.OperandError(
+      f"sparse_attention: Q (shape {q.shape}) and K (shape {k.shape}) have no features; "
+      "attention needs d >= 1"
+    )
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
   lay = SA.layout
   fuse = k.shape[:-1] == v.shape[:-1] and k.dtype == v.dtype
