@@ -395,7 +395,9 @@ def test_gpu_attention_softmax_rule_forward(rng, dtype, d, backward):
   A = on_gpu(Ac)
   scale = 0.3
   opts = jst.KernelOptions(attention_backward=backward)
-  f = jax.jit(lambda A, *a: jst.sparse_attention(A, *a, scale=scale, options=opts))
+  f = jax.jit(
+    lambda A, q, k, v, b: jst.sparse_attention(A, q, k, v, bias=b, scale=scale, options=opts)
+  )
   out = np.asarray(f(A, q, k, v, bias), np.float64)
   assert np.all(np.isnan(out[0, rows["nan"]])) and np.all(np.isnan(out[1, rows["inf"]]))
   assert np.all(np.isfinite(out[1, rows["nan"]])) and np.all(np.isfinite(out[0, rows["inf"]]))
@@ -522,14 +524,15 @@ def test_gpu_attention_float32_bias(rng, dtype, d):
   q, k, v = (gpu(x) for x in qkv(rng, Ac, d=d, dv=d, dtype=dtype, h=2))
   bias = gpu(jnp.asarray(rng.uniform(-1e5, 1e5, (2, Ac.nnz)), jnp.float32))
   w = gpu(jnp.asarray(rng.standard_normal((2, 80, d)), jnp.float32))
-  out = jax.jit(lambda A, *a: jst.sparse_attention(A, *a))(A, q, k, v, bias)
+  out = jax.jit(lambda A, q, k, v, b: jst.sparse_attention(A, q, k, v, bias=b))(A, q, k, v, bias)
   out = np.asarray(out, np.float64)
   assert np.all(np.isfinite(out))
   ref, (_, _, ref_dv, _) = rule_attention_ref(Ac, q, k, v, 1.0 / np.sqrt(d), bias, w)
   assert rel_err(out, ref) < 2 * TOL[dtype]
   grads = jax.jit(
     jax.grad(
-      lambda *a: jnp.sum(jst.sparse_attention(A, *a).astype(jnp.float32) * w), argnums=(0, 1, 2, 3)
+      lambda q, k, v, b: jnp.sum(jst.sparse_attention(A, q, k, v, bias=b).astype(jnp.float32) * w),
+      argnums=(0, 1, 2, 3),
     )
   )(q, k, v, bias)
   assert all(np.all(np.isfinite(np.asarray(g, np.float32))) for g in grads)
