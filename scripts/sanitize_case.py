@@ -1,17 +1,24 @@
 """A small SpMM/SDDMM/edge-softmax/attention case for `compute-sanitizer --tool memcheck`
 (scripts/gpu_check.sh --sanitize): every dtype and precision, a split window, a partial last
 window, d not a multiple of 8, rows that lane groups, CTAs and several CTAs walk, and a graph
-past 2^18 nonzeros whose row kernels run streams (`python3 -m scripts.sanitize_case
-streams`: that part alone; `grads`: the attention backward's grouped and large-graph parts
-alone). Buffers come from plain cudaMalloc (platform allocator) so out-of-bounds accesses are
-seen.
+past 2^18 nonzeros whose row kernels run streams; then every operator and kernel family on
+patterns whose integer arrays were corrupted inside jax.jit (`corrupt`: the kernels must stay in
+bounds whatever those arrays hold; the results are ignored). `python3 -m scripts.sanitize_case
+PART ...` runs those parts alone (main, streams, grads: the attention backward's grouped and
+large-graph parts, corrupt); `--compile-only` lowers and compiles the corrupt part's programs
+without running them (any machine). Buffers come from plain cudaMalloc (platform allocator) so
+out-of-bounds accesses are seen.
 """
 
+import argparse
+import dataclasses
 import os
 import sys
+from collections.abc import Callable
 
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
+if __name__ == "__main__":  # before jax starts its backends: plain cudaMalloc per buffer
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
 
 import jax
 import jax.numpy as jnp
@@ -110,8 +117,9 @@ def grads_large(rng) -> None:
     assert ok
 
 
-def main() -> None:
-  rng = np.random.default_rng(0)
+def main_case(rng) -> None:
+  """Every dtype and precision on a small graph, then streams(), grouped(), grads_large() and
+  edge softmax and attention finite in every dtype."""
   m, n = 21, 3001
   # rows 0-7: CTA items of the row kernels; row 9 (~1100 distinct columns): several CTA items
   rows = np.concatenate([np.repeat(np.arange(8), 400), np.full(1300, 9), rng.integers(8, m, 60)])
@@ -169,14 +177,339 @@ def main() -> None:
       ok = all(bool(jnp.all(jnp.isfinite(a.astype(jnp.float32)))) for a in (p, pt, o, t, *g))
       print(f"{np.dtype(dtype).name:9s} d={d:3d} edge_softmax/attention finite: {ok}")
       assert ok
-  print("sanitize case ok")
+
+
+# -- corrupt patterns ---------------------------------------------------------------------------
+# Inside a traced function a SparseMatrix's integer arrays are tracers, so nothing checks their
+# values, and user code can change them (jax.tree.map(lambda a, b: a + b, A, A) adds them too).
+# Every kernel must stay in bounds whatever they hold (csrc/cuda/common/bounds.cuh); what it
+# computes from them is undefined. Each case below changes one array (or one column of one) of A
+# or A^T inside jax.jit, keeping its dtype and shape; one program per graph and dtype runs every
+# operator and kernel family on the corrupted matrix, the case picked by a traced index.
+
+I32_MAX, I32_MIN = int(np.iinfo(np.int32).max), int(np.iinfo(np.int32).min)
+
+
+def _few(n: int) -> np.ndarray:
+  """A few positions of an axis of n: its ends and its middle."""
+  return np.unique(np.clip([0, 1, n // 2, n - 2, n - 1], 0, max(n - 1, 0)))
+
+
+def _extremes(x):
+  """A few elements set to int32's extremes and to -1, the rest kept. (Setting a few rather than
+  all keeps a corrupt range end from making every item walk the whole array.)"""
+  f = _few(x.shape[0])
+  return x.at[f[0::3]].set(I32_MAX).at[f[1::3]].set(I32_MIN).at[f[2::3]].set(-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Corruption:
+  """`fn` rewrites leaf `field` of orientation `side` ("a": A's pattern, "t": A^T's, "top": the
+  matrix's own arrays such as perm_t); column `col` only where given."""
+
+  name: str
+  side: str
+  field: str
+  fn: Callable
+  col: int | None = None
+
+
+# Per-element rewrites of any int32 column: off by one (pointers one past the end, columns = n,
+# positions = nnz), garbage bits (values past every bound, or negative), a few extremes.
+_INT_KINDS = {
+  "plus1": lambda x: x + 1,
+  "xor": lambda x: x ^ np.int32(0x2D2D2D2D),
+  "extremes": _extremes,
+}
+# Whole-array rewrites where the element kinds leave cases out: all past the end, all negative,
+# decreasing pointers, items in reverse order.
+_BIG = 1 << 24
+
+
+def _column_cases(side: str, field: str, cols: int | None, kinds: dict) -> list[Corruption]:
+  if cols is None:
+    return [Corruption(f"{side}.{field} {k}", side, field, f) for k, f in kinds.items()]
+  return [
+    Corruption(f"{side}.{field}[:, {c}] {k}", side, field, f, c)
+    for c in range(cols)
+    for k, f in kinds.items()
+  ]
+
+
+def _side_cases(side: str) -> list[Corruption]:
+  """The corruptions of one orientation's arrays."""
+  cases = []
+  for field in ("window_col_ptr", "window_block_ptr", "block_value_ptr"):
+    cases += _column_cases(side, field, None, {**_INT_KINDS, "reversed": lambda x: x[::-1]})
+  cases += _column_cases(
+    side,
+    "window_cols",
+    None,
+    {**_INT_KINDS, "past_n": lambda x: x + _BIG, "negative": lambda x: -x - 1},
+  )
+  cases += _column_cases(
+    side,
+    "block_bitmap",
+    None,
+    {
+      "all_bits": lambda x: jnp.full_like(x, 0xFFFFFFFF),
+      "xor": lambda x: x ^ np.uint32(0x5A5A5A5A),
+      "shifted": lambda x: (x << 1) | np.uint32(1),
+    },
+  )
+  # schedule items (window, block_begin, block_end, split, col_begin, col_end, first, pieces)
+  cases += _column_cases(side, "schedule", 8, _INT_KINDS)
+  idx = lambda x: jnp.arange(x.shape[0], dtype=jnp.int32)  # noqa: E731
+  cases += [
+    Corruption(f"{side}.schedule reversed", side, "schedule", lambda x: x[::-1]),
+    # pieces that disagree (a CTA merge must not wait for a warp that does not come)
+    Corruption(f"{side}.schedule pieces+odd", side, "schedule", lambda x: x + idx(x) % 2, 7),
+    Corruption(f"{side}.schedule split^odd", side, "schedule", lambda x: x ^ idx(x) % 2, 3),
+    Corruption(f"{side}.schedule first=group", side, "schedule", lambda x: x // 4 * 4, 6),
+    Corruption(f"{side}.schedule first=item-1", side, "schedule", lambda x: idx(x) - 1, 6),
+    Corruption(
+      f"{side}.schedule all split, 4 pieces",
+      side,
+      "schedule",
+      lambda x: x.at[:, 3].set(1).at[:, 6].set(idx(x) // 4 * 4).at[:, 7].set(4),
+    ),
+  ]
+  cases += [
+    Corruption(f"{side}.rows plus9", side, "rows", lambda x: x + 9),
+    Corruption(f"{side}.rows negative", side, "rows", lambda x: -x - 1),
+  ]
+  # the row view: entries (column, position); items (row, begin, end, slot)
+  cases += _column_cases(
+    side,
+    "row_entries",
+    2,
+    {**_INT_KINDS, "past_end": lambda x: x + _BIG, "negative": lambda x: -x - 1},
+  )
+
+  # row_schedule items (row, begin, end, slot). Garbage in a range end makes the item walk to the
+  # array's end: a few items only, else the large graph would take quadratic time.
+  def few_xor(x):
+    f = _few(x.shape[0])
+    return x.at[f].set(x[f] ^ np.int32(0x2D2D2D2D))
+
+  for c in _column_cases(side, "row_schedule", 4, _INT_KINDS):
+    ends = c.col in (1, 2) and c.name.endswith("xor")
+    cases.append(dataclasses.replace(c, fn=few_xor) if ends else c)
+  cases += [
+    Corruption(f"{side}.row_schedule reversed", side, "row_schedule", lambda x: x[::-1]),
+    Corruption(
+      f"{side}.row_schedule begin<->end",
+      side,
+      "row_schedule",
+      lambda x: x.at[:, 1].set(x[:, 2]).at[:, 2].set(x[:, 1]),
+    ),
+    Corruption(f"{side}.row_schedule row past m", side, "row_schedule", lambda x: x + _BIG, 0),
+    Corruption(f"{side}.row_schedule slot 0", side, "row_schedule", jnp.zeros_like, 3),
+    Corruption(f"{side}.row_schedule slot big", side, "row_schedule", lambda x: x + _BIG, 3),
+    Corruption(f"{side}.row_schedule slot -5", side, "row_schedule", lambda x: x * 0 - 5, 3),
+  ]
+  return cases
+
+
+def corruptions() -> list[Corruption]:
+  """Every case: A's arrays, A^T's (the gradients read them), perm_t, and the whole matrix added
+  to itself (jax.tree.map(lambda a, b: a + b, A, A), side "all")."""
+  top = [
+    Corruption(f"perm_t {k}", "top", "perm_t", f)
+    for k, f in {**_INT_KINDS, "past_end": lambda x: x + _BIG, "negative": lambda x: -x - 1}.items()
+  ]
+  return [*_side_cases("a"), *_side_cases("t"), *top, Corruption("A + A", "all", "", None)]
+
+
+def corrupted(A, case, cases: list[Corruption]):
+  """A with cases[case] applied (case: a traced int32 index), rebuilt from its leaves with
+  tree_unflatten: the same dtypes and shapes, any values."""
+
+  def leaf(x, side, field):
+    for k, c in enumerate(cases):
+      if c.side == side and c.field == field:
+        y = c.fn(x) if c.col is None else x.at[:, c.col].set(c.fn(x[:, c.col]))
+        x = jnp.where(case == k, y.astype(x.dtype), x)
+    return x
+
+  def pattern(P, side):
+    return type(P)(*(leaf(x, side, f) for f, x in zip(P._fields, P)))
+
+  leaves = jax.tree_util.tree_leaves(
+    (
+      A.values,
+      pattern(A.pattern, "a"),
+      pattern(A.pattern_t, "t"),
+      leaf(A.perm_t, "top", "perm_t"),
+      A.perm_t_inv,
+      A.input_to_format,
+    )
+  )
+  assert [(x.shape, x.dtype) for x in leaves] == [
+    (x.shape, x.dtype) for x in jax.tree_util.tree_leaves(A)
+  ], "SparseMatrix's leaves are not in the order corrupted() assumes"
+  B = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(A), leaves)
+  doubled = jax.tree.map(lambda a, b: a + b, A, A)
+  k = next(i for i, c in enumerate(cases) if c.side == "all")
+  return jax.tree.map(lambda b, d: jnp.where(case == k, d, b), B, doubled)
+
+
+def corrupt_program(dtype, cases: list[Corruption]):
+  """One program: every operator and kernel family of `dtype` on the corrupted matrix (case: a
+  traced index into `cases`), with gradients (A^T's kernels, the backward kernels) and a jvp."""
+  f32 = jnp.float32
+  half = dtype != jnp.float32
+  # The row kernels, the composed backward and split windows done whole by their first piece;
+  # the window kernels, the fused backward and split windows merged.
+  rows_k = jst.KernelOptions(
+    spmm="cuda_core", sddmm="cuda_core", attention_backward="composed", merge_split_windows=False
+  )
+  tc_k = jst.KernelOptions(spmm="tensor_core", sddmm="tensor_core", attention_backward="fused")
+
+  def sum32(y):
+    return jnp.sum(y.astype(f32))
+
+  def program(A, case, x, x_odd, q, k, v, bias):
+    B = corrupted(A, case, cases)
+    w = B.values.astype(dtype)
+    out = []
+    for opts in (rows_k, tc_k):
+      for prec in (None,) if half else (None, "highest"):
+
+        def mm(w, x, opts=opts, prec=prec):
+          return jst.spmm(B.with_values(w), x, precision=prec, options=opts)
+
+        out += [mm(w, x), *jax.grad(lambda w, x, mm=mm: sum32(mm(w, x)), argnums=(0, 1))(w, x)]
+        out.append(jst.sddmm(B, q[0], x, precision=prec, options=opts).values)
+    # rows that are not 16-byte multiples: the tensor-core SpMM's register gathers
+    out.append(jst.spmm(B.with_values(w), x_odd, options=tc_k))
+
+    def soft(w):
+      return jst.edge_softmax(B.with_values(w)).values
+
+    out += [soft(w), jax.grad(lambda w: sum32(soft(w) * w))(w)]
+    # 16-bit: the tensor-core forward, the fused and the composed backward; float32: the scalar
+    # forward and the composed backward
+    for opts in (rows_k, tc_k) if half else (rows_k,):
+
+      def att(q, k, v, b, opts=opts):
+        return jst.sparse_attention(B, q, k, v, bias=b, options=opts)
+
+      out.append(att(q, k, v, bias))
+      out += jax.grad(lambda *a, att=att: sum32(att(*a)), argnums=(0, 1, 2, 3))(q, k, v, bias)
+    out.append(jax.jvp(lambda q: jst.sparse_attention(B, q, k, v, bias=bias), (q,), (q,))[1])
+    return out
+
+  return program
+
+
+def corrupt_graphs(rng):
+  """(name, SparseMatrix): split windows merged through workspaces and rows cut into several CTA
+  items (small), windows merged inside CTAs (grouped), and row streams past 2^18 nonzeros."""
+  m, n = 21, 3001
+  rows = np.concatenate([np.repeat(np.arange(8), 400), np.full(1300, 9), rng.integers(8, m, 60)])
+  small = jst.SparseMatrix.from_coo(rows, rng.integers(0, n, rows.size), shape=(m, n))
+  r, c, shape = window_blocks_coo(rng, 32, n=2000, keep=0.5)
+  grouped = jst.SparseMatrix.from_coo(r, c, shape=shape)
+  assert grouped.grouped[0], "window_blocks_coo should give a grouped schedule"
+  big_m, big_n = 17011, 2003
+  deg = rng.integers(0, 33, big_m)
+  deg[3], deg[[7, 8, 9]] = 1500, (40, 64, 65)
+  br = np.repeat(np.arange(big_m), deg)
+  large = jst.SparseMatrix.from_coo(br, rng.integers(0, big_n, br.size), shape=(big_m, big_n))
+  assert (1 << 18) <= large.nnz, large.nnz
+  return [("small", small), ("grouped", grouped), ("large", large)]
+
+
+# (dtype, d): fp16 d = 64 and bf16 d = 128 take the tensor-core attention, float32 the scalar one
+CORRUPT_DTYPES = ((jnp.float16, 64), (jnp.bfloat16, 128), (jnp.float32, 40))
+
+
+def corrupt_operands(rng, A, dtype, d: int) -> tuple:
+  """corrupt_program's dense operands for A: x [n, d], x_odd [n, 17], q [2, m, d], k and v
+  [2, n, d], a float32 bias [2, nnz]."""
+  m, n = A.shape
+  x = jnp.asarray(rng.standard_normal((n, d)), dtype)
+  x_odd = jnp.asarray(rng.standard_normal((n, 17)), dtype)
+  q = jnp.asarray(rng.standard_normal((2, m, d)), dtype)
+  k, v = (jnp.asarray(rng.standard_normal((2, n, d)), dtype) for _ in range(2))
+  return x, x_odd, q, k, v, jnp.asarray(rng.standard_normal((2, A.nnz)), jnp.float32)
+
+
+def run_corrupt_cases(A, dtype, operands, cases, compile_only: bool = False) -> int:
+  """Every case of `cases` through one program on A (results waited for, then dropped); with
+  compile_only the program is only lowered and compiled. Returns the number of cases."""
+  program = jax.jit(corrupt_program(dtype, cases))
+  if compile_only:
+    program.lower(A, jnp.int32(0), *operands).compile()
+    return len(cases)
+  for i, c in enumerate(cases):
+    try:
+      jax.block_until_ready(program(A, jnp.int32(i), *operands))
+    except Exception:
+      print(f"sanitize_case: corrupt case {c.name!r} failed ({np.dtype(dtype).name})")
+      raise
+  return len(cases)
+
+
+def corrupt(rng, compile_only: bool = False) -> int:
+  """Every case on every graph and dtype (the large graph: fp16 and float32); returns how many
+  ran (or, with compile_only, were compiled without running)."""
+  cases = corruptions()
+  count = 0
+  for name, A in corrupt_graphs(rng):
+    for dtype, d in CORRUPT_DTYPES:
+      if A.nnz >= 1 << 18 and dtype == jnp.bfloat16:
+        continue  # the large graph's own paths are fp16's
+      ops = corrupt_operands(rng, A, dtype, d)
+      count += run_corrupt_cases(A, dtype, ops, cases, compile_only)
+      print(f"corrupt: {name:8s} {np.dtype(dtype).name:9s} {len(cases)} cases")
+  return count
+
+
+PARTS = {
+  "main": main_case,
+  "streams": streams,
+  "grads": lambda rng: (grouped(rng), grads_large(np.random.default_rng(1))),
+  "corrupt": corrupt,
+}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(
+    prog="python3 -m scripts.sanitize_case", description=__doc__.split("\n\n")[0]
+  )
+  parser.add_argument(
+    "parts",
+    nargs="*",
+    metavar="PART",
+    help=f"parts to run, of {', '.join(PARTS)} (default: main corrupt)",
+  )
+  parser.add_argument(
+    "--compile-only",
+    action="store_true",
+    help="corrupt: lower and compile its programs without running them (any machine)",
+  )
+  args = parser.parse_args(argv)
+  unknown = [p for p in args.parts if p not in PARTS]
+  if unknown:
+    parser.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+  args.parts = args.parts or ["main", "corrupt"]
+  return args
+
+
+def main(argv: list[str]) -> None:
+  args = parse_args(argv)
+  last = "sanitize case ok"
+  for part in args.parts:
+    rng = np.random.default_rng(0)
+    if part == "corrupt":
+      n = corrupt(rng, args.compile_only)
+      last = f"sanitize_case: {n} corrupt cases {'compiled' if args.compile_only else 'ran'}"
+    else:
+      PARTS[part](rng)
+  print(last)
 
 
 if __name__ == "__main__":
-  if sys.argv[1:] == ["streams"]:  # that part alone
-    streams(np.random.default_rng(0))
-  elif sys.argv[1:] == ["grads"]:  # the attention backward's parts alone
-    grouped(np.random.default_rng(0))
-    grads_large(np.random.default_rng(1))
-  else:
-    main()
+  main(sys.argv[1:])

@@ -310,3 +310,231 @@ def test_gpu_attention_large_pattern(rng, d, backward):
   assert rel_err(out, ref_out) < 2 * TOL[jnp.float16]
   for name, g, r in zip("qkv", grads, ref_grads):
     assert rel_err(g, r) < 1e-2, name
+
+
+# -- one softmax rule for NaN, masked and empty rows --------------------------------------------
+# A row's softmax runs over its stored entries' logits s = scale <q_i, k_j> + bias_ij. A NaN or
+# +inf logit makes the whole row NaN (as jax.nn.softmax); a row without entries or whose logits
+# are all -inf gives zeros and exactly zero gradients (its saved lse is +inf); -inf entries get
+# weight 0 and zero gradient. Every kernel family must agree with the CPU kernels on it.
+
+
+def rule_attention_ref(A, q, k, v, scale, bias, w):
+  """float64 attention by the rule, and the gradients (dq, dk, dv, dbias) of sum(out * w), per
+  edge. q [H, m, d], k [H, n, d], v [H, n, dv], bias [H, nnz] (format order), w [H, m, dv]; the
+  gradients are meaningful where no row is NaN."""
+  r, c = np.asarray(A.rows), np.asarray(A.cols)
+  q, k, v, b, w = (np.asarray(x, np.float64) for x in (q, k, v, bias, w))
+  H, m, _ = q.shape
+  out = np.zeros(w.shape)
+  dq, dk, dv, db = (np.zeros(x.shape) for x in (q, k, v, b))
+  with np.errstate(invalid="ignore", over="ignore"):
+    for h in range(H):
+      s = scale * np.einsum("ed,ed->e", q[h][r], k[h][c]) + b[h]
+      mx = np.full(m, -np.inf)
+      np.maximum.at(mx, r, s)  # NaN propagates into the row's max
+      live = np.isfinite(mx)  # rows with a finite max: the usual softmax
+      e = np.where(live[r], np.exp(s - np.where(live, mx, 0.0)[r]), 0.0)
+      p = e / np.where(live, np.bincount(r, e, m), 1.0)[r]
+      p[(np.isnan(mx) | (mx == np.inf))[r]] = np.nan
+      np.add.at(out[h], r, p[:, None] * v[h][c])
+      np.add.at(dv[h], c, p[:, None] * w[h][r])
+      ds = p * (np.einsum("ed,ed->e", w[h][r], v[h][c]) - np.einsum("id,id->i", w[h], out[h])[r])
+      np.add.at(dq[h], r, scale * ds[:, None] * k[h][c])
+      np.add.at(dk[h], c, scale * ds[:, None] * q[h][r])
+      db[h] = ds
+  return out, (dq, dk, dv, db)
+
+
+def _rule_case(rng, dtype, d, nan_rows: bool):
+  """A pattern with empty rows, and a float32 bias [2, nnz] that masks one row entirely (-inf)
+  and half of another; with nan_rows, head 0 of a third row has a NaN logit and head 1 of a
+  fourth a +inf one. Returns A, q, k, v, bias, w and the rows (masked, partial, nan, inf,
+  empty)."""
+  A = make_pattern(rng, 70, 60, density=0.12, empty_rows=6)
+  r = np.asarray(A.rows)
+  counts = np.bincount(r, minlength=70)
+  masked, partial, nan, inf = rng.choice(np.flatnonzero(counts >= 2), 4, replace=False)
+  bias = rng.standard_normal((2, A.nnz)).astype(np.float32)
+  bias[:, r == masked] = -np.inf
+  bias[:, np.flatnonzero(r == partial)[::2]] = -np.inf
+  if nan_rows:
+    bias[0, np.flatnonzero(r == nan)[0]] = np.nan
+    bias[1, np.flatnonzero(r == inf)[-1]] = np.inf
+  q, k, v = (gpu(x) for x in qkv(rng, A, d=d, dv=d, dtype=dtype, h=2))
+  w = gpu(jnp.asarray(rng.standard_normal((2, 70, d)), jnp.float32))
+  rows = dict(masked=masked, partial=partial, nan=nan, inf=inf, empty=np.flatnonzero(counts == 0))
+  return A, q, k, v, gpu(jnp.asarray(bias)), w, rows
+
+
+# (dtype, d, backward): the tensor-core forward (16-bit, d in {32, 64, 128}) with the fused and the
+# composed backward; the scalar forward (float32, or a d the tensor cores do not take)
+RULE_FAMILIES = [
+  (jnp.float16, 64, "fused"),
+  (jnp.bfloat16, 32, "fused"),
+  (jnp.float16, 64, "composed"),
+  (jnp.float32, 24, "composed"),
+  (jnp.float16, 24, "composed"),
+]
+RULE_IDS = ["f16-tc-fused", "bf16-tc-fused", "f16-tc-composed", "f32-scalar", "f16-scalar"]
+
+
+def _on_cpu(f, *args):
+  cpu = jax.devices("cpu")[0]
+  with jax.default_device(cpu):
+    return f(*jax.device_put(args, cpu))
+
+
+@pytest.mark.parametrize("dtype,d,backward", RULE_FAMILIES, ids=RULE_IDS)
+def test_gpu_attention_softmax_rule_forward(rng, dtype, d, backward):
+  """NaN and +inf logits make their row (and only that head's) NaN; masked and empty rows are
+  zeros with lse +inf; the rest is the usual softmax: against float64 and the CPU kernels."""
+  from jaxsparse_tc._src import attention
+
+  Ac, q, k, v, bias, w, rows = _rule_case(rng, dtype, d, nan_rows=True)
+  A = on_gpu(Ac)
+  scale = 0.3
+  opts = jst.KernelOptions(attention_backward=backward)
+  f = jax.jit(
+    lambda A, q, k, v, b: jst.sparse_attention(A, q, k, v, bias=b, scale=scale, options=opts)
+  )
+  out = np.asarray(f(A, q, k, v, bias), np.float64)
+  assert np.all(np.isnan(out[0, rows["nan"]])) and np.all(np.isnan(out[1, rows["inf"]]))
+  assert np.all(np.isfinite(out[1, rows["nan"]])) and np.all(np.isfinite(out[0, rows["inf"]]))
+  for r in (rows["masked"], *rows["empty"]):
+    np.testing.assert_array_equal(out[:, r], 0.0)
+  ref, _ = rule_attention_ref(Ac, q, k, v, scale, bias, w)
+  np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+  ok = ~np.isnan(ref)
+  assert rel_err(out[ok], ref[ok]) < 2 * TOL[dtype]
+  cpu = np.asarray(_on_cpu(lambda A, *a: f(A, *a), Ac, q, k, v, bias), np.float64)
+  np.testing.assert_array_equal(np.isnan(out), np.isnan(cpu))
+  assert rel_err(out[ok], cpu[ok]) < 2 * TOL[dtype]
+  # the saved row log-sum-exp: +inf without a finite logit, NaN with a NaN or +inf one
+  _, lse = jax.jit(
+    lambda A, *a: attention.attention_fwd_p.bind(
+      *a,
+      *A.pattern_operands(),
+      shape=A.shape,
+      scale=scale,
+      has_bias=True,
+      grouped=A.grouped[0],
+      grouped_t=A.grouped[1],
+      options=opts,
+    )
+  )(A, q, k, v, bias)
+  lse = np.asarray(lse)
+  for r in (rows["masked"], *rows["empty"]):
+    np.testing.assert_array_equal(lse[:, r], np.inf)
+  assert np.isnan(lse[0, rows["nan"]]) and np.isnan(lse[1, rows["inf"]])
+  assert np.isfinite(lse[:, rows["partial"]]).all()
+
+
+@pytest.mark.parametrize("dtype,d,backward", RULE_FAMILIES, ids=RULE_IDS)
+def test_gpu_attention_softmax_rule_grads(rng, dtype, d, backward):
+  """Gradients (the fused or composed backward) and the jvp with masked, half-masked and empty
+  rows: finite, exactly zero where a row has no finite logit and at -inf entries (dq, dbias),
+  against float64 and the CPU kernels."""
+  Ac, q, k, v, bias, w, rows = _rule_case(rng, dtype, d, nan_rows=False)
+  A = on_gpu(Ac)
+  scale = 0.3
+  opts = jst.KernelOptions(attention_backward=backward)
+
+  def loss(A, q, k, v, b, w):
+    out = jst.sparse_attention(A, q, k, v, bias=b, scale=scale, options=opts)
+    return jnp.sum(out.astype(jnp.float32) * w)
+
+  grad = jax.jit(jax.grad(loss, argnums=(1, 2, 3, 4)))
+  got = [np.asarray(g, np.float64) for g in grad(A, q, k, v, bias, w)]
+  for g in got:
+    assert np.all(np.isfinite(g))
+  dead = np.concatenate([[rows["masked"]], rows["empty"]])
+  np.testing.assert_array_equal(got[0][:, dead], 0.0)  # dq of rows without finite logits
+  np.testing.assert_array_equal(got[3][:, np.isinf(np.asarray(bias)).any(0)], 0.0)  # dbias
+  _, ref = rule_attention_ref(Ac, q, k, v, scale, bias, w)
+  cpu = _on_cpu(grad, Ac, q, k, v, bias, w)
+  tol = {jnp.float32: 1e-4, jnp.float16: 1e-2, jnp.bfloat16: 3e-2}[dtype]
+  for name, g, rf, c in zip("qkvb", got, ref, cpu):
+    assert rel_err(g, rf) < tol, name
+    assert rel_err(g, c) < tol, name
+  # jvp: the tangent of masked and empty rows is zero
+  dq = gpu(jnp.asarray(rng.standard_normal(q.shape), q.dtype))
+  _, t = jax.jit(
+    lambda A, q, dq: jax.jvp(
+      lambda q: jst.sparse_attention(A, q, k, v, bias=bias, scale=scale), (q,), (dq,)
+    )
+  )(A, q, dq)
+  t = np.asarray(t, np.float64)
+  assert np.all(np.isfinite(t))
+  np.testing.assert_array_equal(t[:, dead], 0.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_edge_softmax_rule(rng, dtype):
+  """edge_softmax: a row with a NaN or +inf value is all NaN, a row of -inf values zeros (and
+  zero gradient), -inf values weight 0: against the rule in float64 and the CPU kernels."""
+  Ac = make_pattern(rng, 60, 50, density=0.12, empty_rows=4)
+  r = np.asarray(Ac.rows)
+  nan, inf, masked, partial = rng.choice(
+    np.flatnonzero(np.bincount(r, minlength=60) >= 2), 4, replace=False
+  )
+  x = rng.standard_normal((2, Ac.nnz)) * 3
+  x[0, np.flatnonzero(r == nan)[0]] = np.nan
+  x[1, np.flatnonzero(r == inf)[0]] = np.inf
+  x[:, r == masked] = -np.inf
+  x[:, np.flatnonzero(r == partial)[::2]] = -np.inf
+  A, xv = on_gpu(Ac), gpu(jnp.asarray(x, dtype))
+  f = jax.jit(lambda A, x: jst.edge_softmax(A, x).values)
+  out = np.asarray(f(A, xv), np.float64)
+  ref = np.zeros_like(x)
+  with np.errstate(invalid="ignore"):
+    for h in range(2):
+      for i in np.unique(r):
+        s = np.asarray(xv, np.float64)[h, r == i]
+        if np.isnan(s).any() or (s == np.inf).any():
+          ref[h, r == i] = np.nan
+        elif (s > -np.inf).any():
+          e = np.exp(s - s.max())
+          ref[h, r == i] = e / e.sum()
+  np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+  assert np.isnan(out[0, r == nan]).all() and np.isnan(out[1, r == inf]).all()
+  np.testing.assert_array_equal(out[:, r == masked], 0.0)
+  ok = ~np.isnan(ref)
+  assert rel_err(out[ok], ref[ok]) < TOL[dtype] * 2
+  cpu = np.asarray(_on_cpu(f, Ac, xv), np.float64)
+  np.testing.assert_array_equal(np.isnan(out), np.isnan(cpu))
+  assert rel_err(out[ok], cpu[ok]) < TOL[dtype] * 2
+  # gradient without the NaN rows: zero through the masked row and at -inf values
+  xf = np.where(np.isnan(x) | (x == np.inf), 0.0, x)
+  t = gpu(jnp.asarray(rng.standard_normal((2, Ac.nnz)), dtype))
+  g = jax.jit(jax.grad(lambda x: jnp.sum(f(A, x).astype(jnp.float32) * t.astype(jnp.float32))))
+  dx = np.asarray(g(gpu(jnp.asarray(xf, dtype))), np.float64)
+  assert np.all(np.isfinite(dx))
+  np.testing.assert_array_equal(dx[np.isneginf(xf)], 0.0)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+@pytest.mark.parametrize("d", [64, 24])
+def test_gpu_attention_float32_bias(rng, dtype, d):
+  """A float32 bias of +-1e5 (past float16's range, far past bfloat16's precision) with 16-bit
+  Q, K, V: the kernels read it as float32 (tensor-core forward at d = 64, scalar at 24), so the
+  logits are those of float64 (one entry per row dominates)."""
+  Ac = make_pattern(rng, 80, 64, density=0.1, empty_rows=4)
+  A = on_gpu(Ac)
+  q, k, v = (gpu(x) for x in qkv(rng, Ac, d=d, dv=d, dtype=dtype, h=2))
+  bias = gpu(jnp.asarray(rng.uniform(-1e5, 1e5, (2, Ac.nnz)), jnp.float32))
+  w = gpu(jnp.asarray(rng.standard_normal((2, 80, d)), jnp.float32))
+  out = jax.jit(lambda A, q, k, v, b: jst.sparse_attention(A, q, k, v, bias=b))(A, q, k, v, bias)
+  out = np.asarray(out, np.float64)
+  assert np.all(np.isfinite(out))
+  ref, (_, _, ref_dv, _) = rule_attention_ref(Ac, q, k, v, 1.0 / np.sqrt(d), bias, w)
+  assert rel_err(out, ref) < 2 * TOL[dtype]
+  grads = jax.jit(
+    jax.grad(
+      lambda q, k, v, b: jnp.sum(jst.sparse_attention(A, q, k, v, bias=b).astype(jnp.float32) * w),
+      argnums=(0, 1, 2, 3),
+    )
+  )(q, k, v, bias)
+  assert all(np.all(np.isfinite(np.asarray(g, np.float32))) for g in grads)
+  assert grads[3].dtype == jnp.float32
+  assert rel_err(grads[2], ref_dv) < 2e-2

@@ -28,7 +28,8 @@ namespace attention {
 namespace {
 
 struct BwdParams {
-  const void *q, *k, *v, *bias, *o, *dout;
+  const void *q, *k, *v, *o, *dout;
+  const float* bias;  // [Hb, nnz] float32, or null without one
   const float* lse;
   void *pv, *ds;  // [H, nnz], A's format order
   int64_t m, n, d, dv, nnz;
@@ -67,7 +68,7 @@ __device__ __forceinline__ void row_edges(const BwdParams& p, const RowView& rv,
   row_words<T, E>(static_cast<const T*>(p.o) + h * p.o_hs + row * p.dv, f, any ? p.dv : 0, VEC, ow);
   const float lse = any ? p.lse[h * p.lse_hs + row] : 0.f;
   const int n = e - b, nmax = __reduce_max_sync(kFullWarp, n);
-  int2 en = ldg8_if(li < n, rv.entries + b + li);
+  int2 en = clamp_entry(rv, ldg8_if(li < n, rv.entries + b + li));
   float delta = 0.f;
 #pragma unroll
   for (int k = 0; k < E; ++k) delta = fmaf(word_elem<T>(dow, k), word_elem<T>(ow, k), delta);
@@ -75,14 +76,14 @@ __device__ __forceinline__ void row_edges(const BwdParams& p, const RowView& rv,
   for (int o = L / 2; o > 0; o >>= 1) delta += __shfl_xor_sync(kFullWarp, delta, o, L);
   const LaneRows<T, E, VEC> kr(static_cast<const T*>(p.k) + h * p.k_hs, f, p.d);
   const LaneRows<T, E, VEC> vr(static_cast<const T*>(p.v) + h * p.v_hs, f, p.dv);
-  const T* bh = static_cast<const T*>(p.bias) + h * p.b_hs;
+  const float* bh = p.bias + h * p.b_hs;
   T* ph = static_cast<T*>(p.pv) + int64_t(h) * p.nnz;
   T* dsh = static_cast<T*>(p.ds) + int64_t(h) * p.nnz;
 
   for (int kc = 0; kc < nmax; kc += L) {
     const int cnt = min(L, n - kc);  // this group's entries in the chunk (may be <= 0)
-    if (kc != 0) en = ldg8_if(li < cnt, rv.entries + b + kc + li);
-    const float bias = raw_to_f32<T>(load_raw_if<T>(p.bias && li < cnt, bh + en.y));
+    if (kc != 0) en = clamp_entry(rv, ldg8_if(li < cnt, rv.entries + b + kc + li));
+    const float bias = __uint_as_float(load_raw_if<float>(p.bias && li < cnt, bh + en.y));
     for (int j = 0; j < min(L, nmax - kc); j += U) {
       uint32_t kw[U][NW], vw[U][NW];
 #pragma unroll
@@ -129,7 +130,7 @@ __global__ void __launch_bounds__(kRowThreads, UNROLL >= 4 ? 2 : 4)
   const int h = blockIdx.y;
   // CTA items (the schedule's prefix), CTA-strided: group g takes the g-th share.
   for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
-    const int4 it = rv.sched[c];
+    const int4 it = row_item(rv, c);
     if (it.w == kWholeRow) break;
     const int2 share = cta_share(it.y, it.z, NG, g, p.min_share);
     row_edges<T, L, U, VEC>(p, rv, h, it.x, share.x, share.y, li);
@@ -169,15 +170,15 @@ int64_t head_stride(int64_t count, int64_t size) {
 }
 
 ffi::Error attention_bwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                              ffi::AnyBuffer bias, ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse,
-                              ffi::AnyBuffer dout, I32 row_entries, I32 row_schedule,
-                              ffi::Result<ffi::AnyBuffer> pv, ffi::Result<ffi::AnyBuffer> ds,
-                              float scale, int32_t has_bias) {
+                              ffi::Buffer<ffi::F32> bias, ffi::AnyBuffer o,
+                              ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, I32 row_entries,
+                              I32 row_schedule, ffi::Result<ffi::AnyBuffer> pv,
+                              ffi::Result<ffi::AnyBuffer> ds, float scale, int32_t has_bias) {
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   const auto pd = pv->dimensions();
   const auto dtype = q.element_type();
-  for (ffi::DataType t : {k.element_type(), v.element_type(), bias.element_type(), o.element_type(),
-                          dout.element_type(), pv->element_type(), ds->element_type()})
+  for (ffi::DataType t : {k.element_type(), v.element_type(), o.element_type(), dout.element_type(),
+                          pv->element_type(), ds->element_type()})
     if (t != dtype) return ffi::Error::InvalidArgument("attention backward: mixed dtypes");
   BwdParams p{};
   p.heads = int(pd[0]);
@@ -191,10 +192,22 @@ ffi::Error attention_bwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer 
     return ffi::Error::InvalidArgument("attention backward: d, dv past 512 bytes of a row");
   if (pd[0] > 65535) return ffi::Error::InvalidArgument("attention backward: at most 65535 heads");
   if (pd[0] == 0 || p.nnz == 0) return ffi::Error::Success();
+  // The bias has the pattern's positions (the entries' positions fold into them).
+  if (has_bias && bias.dimensions()[1] != p.nnz)
+    return ffi::Error::InvalidArgument("attention backward: bias must have the pattern's nnz");
+  // Entries gather K's and V's rows and address p, ds and the bias by position; rows read Q's.
+  const RowView rv = row_view(row_entries, row_schedule, p.m, p.n, p.nnz);
+  if (rv.num_items == 0) {  // no row (or no K row) for the entries to come from: zeros
+    const size_t bytes = size_t(pd[0] * p.nnz) * esize;
+    if (cudaMemsetAsync(pv->untyped_data(), 0, bytes, st) != cudaSuccess ||
+        cudaMemsetAsync(ds->untyped_data(), 0, bytes, st) != cudaSuccess)
+      return ffi::Error::Internal("attention backward: memset failed");
+    return ffi::Error::Success();
+  }
   p.q = q.untyped_data();
   p.k = k.untyped_data();
   p.v = v.untyped_data();
-  p.bias = has_bias ? bias.untyped_data() : nullptr;
+  p.bias = has_bias ? bias.typed_data() : nullptr;
   p.o = o.untyped_data();
   p.dout = dout.untyped_data();
   p.lse = lse.typed_data();
@@ -214,7 +227,6 @@ ffi::Error attention_bwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer 
     aligned = aligned && reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
   const int64_t e = 16 / esize;
   p.vec = aligned && p.d % e == 0 && p.dv % e == 0;
-  const RowView rv = row_view(row_entries, row_schedule);
   ffi::Error err = dispatch_device_float(dtype, "attention backward",
                                          [&](auto tag) { launch<decltype(tag)>(p, rv, st); });
   if (err.failure()) return err;
@@ -230,7 +242,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionBwdCuda, attention::attention_bwd_cuda,
                                   .Arg<ffi::AnyBuffer>()         // q [Hq, m, d]
                                   .Arg<ffi::AnyBuffer>()         // k [Hk, n, d]
                                   .Arg<ffi::AnyBuffer>()         // v [Hv, n, dv]
-                                  .Arg<ffi::AnyBuffer>()         // bias [Hb, nnz] (or a dummy)
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // bias [Hb, nnz] (or [1, 1])
                                   .Arg<ffi::AnyBuffer>()         // o [Ho, m, dv]
                                   .Arg<ffi::Buffer<ffi::F32>>()  // lse [Hl, m]
                                   .Arg<ffi::AnyBuffer>()         // do [Hd, m, dv]

@@ -51,7 +51,7 @@ int64_t head_stride(int64_t count, int64_t size) {
 }
 
 ffi::Error attention_grads_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                                ffi::AnyBuffer v, ffi::AnyBuffer bias, ffi::AnyBuffer o,
+                                ffi::AnyBuffer v, ffi::Buffer<ffi::F32> bias, ffi::AnyBuffer o,
                                 ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, I32 wcp, I32 wc,
                                 I32 wbp, U32 bitmap, I32 bvp, I32 schedule, I32 wcp_t, I32 wc_t,
                                 I32 wbp_t, U32 bitmap_t, I32 bvp_t, I32 schedule_t, I32 perm_t,
@@ -61,18 +61,29 @@ ffi::Error attention_grads_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffe
                                 int32_t has_bias, int32_t grouped, int32_t grouped_t,
                                 int32_t merge_split_windows) {
   const auto dtype = q.element_type();
-  for (ffi::DataType x : {k.element_type(), v.element_type(), bias.element_type(), o.element_type(),
-                          dout.element_type(), dq->element_type(), dk->element_type(),
-                          dv->element_type(), dbias->element_type()})
+  // The bias is float32 whatever Q's dtype; dbias has Q's.
+  for (ffi::DataType x :
+       {k.element_type(), v.element_type(), o.element_type(), dout.element_type(),
+        dq->element_type(), dk->element_type(), dv->element_type(), dbias->element_type()})
     if (x != dtype) return ffi::Error::InvalidArgument("attention gradients: mixed dtypes");
   const int64_t heads = dq->dimensions()[0], m = dq->dimensions()[1], d = dq->dimensions()[2];
   const int64_t n = k.dimensions()[1];
+  // With a bias, its positions, dbias's and perm_t's must agree: they are A's nonzeros, which
+  // the kernels' value positions fold into. (A bias without positions reads nothing.)
+  const int64_t nnz = bias.dimensions()[1];
+  const bool with_bias = has_bias && nnz > 0;
+  if (with_bias && (dbias->dimensions()[0] != heads || dbias->dimensions()[1] != nnz ||
+                    int64_t(perm_t.element_count()) != nnz))
+    return ffi::Error::InvalidArgument(
+        "attention gradients: bias, dbias and perm_t must have the pattern's nnz positions");
   if (!attention_tc_shape(dtype == ffi::DataType::F32 ? 4 : 2, d, v.dimensions()[2]))
     return ffi::Error::InvalidArgument(
         "attention gradients (tensor cores): 16-bit operands with d = dv in {32, 64, 128}");
   if (heads == 0) return ffi::Error::Success();
-  const KernelPattern a = kernel_pattern(wcp, wc, wbp, bitmap, bvp, schedule);
-  const KernelPattern at = kernel_pattern(wcp_t, wc_t, wbp_t, bitmap_t, bvp_t, schedule_t);
+  // A's columns gather K's and V's rows, A^T's Q's and dO's (and the row stats); both orders'
+  // value positions index nnz values (A^T's through perm_t).
+  const KernelPattern a = kernel_pattern(wcp, wc, wbp, bitmap, bvp, schedule, n, nnz);
+  const KernelPattern at = kernel_pattern(wcp_t, wc_t, wbp_t, bitmap_t, bvp_t, schedule_t, m, nnz);
   const AttentionGradsPlan l =
       plan_attention_grads(d, heads, m, a.num_items, at.num_items, grouped != 0, grouped_t != 0,
                            merge_split_windows != 0);
@@ -94,7 +105,7 @@ ffi::Error attention_grads_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffe
       p.q = static_cast<const T*>(q.untyped_data());
       p.k = static_cast<const T*>(k.untyped_data());
       p.v = static_cast<const T*>(v.untyped_data());
-      p.bias = static_cast<const T*>(bias.untyped_data());
+      p.bias = bias.typed_data();
       p.o = static_cast<const T*>(o.untyped_data());
       p.dout = static_cast<const T*>(dout.untyped_data());
       p.lse = lse.typed_data();
@@ -106,7 +117,8 @@ ffi::Error attention_grads_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffe
       p.row_stats = reinterpret_cast<float2*>(mem);
       p.m = m;
       p.n = n;
-      p.nnz = bias.dimensions()[1];
+      p.nnz = nnz;
+      p.last_value = last_index(nnz);
       p.heads = heads;
       p.q_hs = head_stride(q.dimensions()[0], m * d);
       p.k_hs = head_stride(k.dimensions()[0], n * d);
@@ -116,7 +128,7 @@ ffi::Error attention_grads_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffe
       p.do_hs = head_stride(dout.dimensions()[0], m * d);
       p.lse_hs = head_stride(lse.dimensions()[0], m);
       p.scale = scale;
-      p.has_bias = has_bias;
+      p.has_bias = int(with_bias);
       if (d == 32) launch_d<T, 32>(st, p, a, at, sa, s_t, pf, !memset);
       if (d == 64) launch_d<T, 64>(st, p, a, at, sa, s_t, pf, !memset);
       if (d == 128) launch_d<T, 128>(st, p, a, at, sa, s_t, pf, !memset);
@@ -143,7 +155,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionGradsCuda, attention::attention_grads_cud
                                   .Arg<ffi::AnyBuffer>()         // q [Hq, m, d]
                                   .Arg<ffi::AnyBuffer>()         // k [Hk, n, d]
                                   .Arg<ffi::AnyBuffer>()         // v [Hv, n, d]
-                                  .Arg<ffi::AnyBuffer>()         // bias [Hb, nnz] (or a dummy)
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // bias [Hb, nnz] (or [1, 1])
                                   .Arg<ffi::AnyBuffer>()         // o [Ho, m, d]
                                   .Arg<ffi::Buffer<ffi::F32>>()  // lse [Hl, m]
                                   .Arg<ffi::AnyBuffer>()         // do [Hd, m, d]

@@ -30,6 +30,7 @@
 #include "cuda/arch/dependent_launch.cuh"
 #include "cuda/arch/mma.cuh"
 #include "cuda/attention/tile.cuh"
+#include "cuda/common/bounds.cuh"
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/ffi_cuda.cuh"
 
@@ -38,7 +39,8 @@ namespace attention {
 
 template <class T>
 struct GradOperands {
-  const T *q, *k, *v, *bias, *o, *dout;
+  const T *q, *k, *v, *o, *dout;
+  const float* bias;  // [Hb, nnz] float32
   const float* lse;
   const int32_t* perm_t;  // A^T's value order -> A's (the bias in the dK/dV kernel)
   T *dq, *dk, *dv, *dbias;
@@ -47,6 +49,7 @@ struct GradOperands {
   int64_t q_hs, k_hs, v_hs, b_hs, o_hs, do_hs, lse_hs;  // head strides, 0 where broadcast
   float scale;
   int has_bias;
+  int last_value;  // nnz - 1: both orders' value positions and perm_t's entries fold into it
 };
 
 // One kernel's split-window partials: per slot (the schedule's first `cap` items) and head, NA
@@ -124,7 +127,7 @@ __device__ __forceinline__ bool merge_pieces(float (&o)[NA][D / 16][4], const At
   old = __shfl_sync(0xffffffffu, old, 0);
   if (old != it.pieces - 1) return false;
   fence_acq_rel_gpu();  // and the other pieces' partials are visible to this one
-  for (int64_t j = it.first; j < it.first + it.pieces; ++j) {
+  for (int64_t j = it.first; j < int64_t(it.first) + it.pieces; ++j) {
     if (j == item) continue;
 #pragma unroll
     for (int a = 0; a < NA; ++a)
@@ -215,7 +218,7 @@ __device__ __forceinline__ bool warp_window_item(const KernelPattern& a, int64_t
                                                  const GradSplit& sp, int64_t cta, int64_t& item,
                                                  int64_t& h, AttnItem& it) {
   return unit_item(cta * kAttnWarps + threadIdx.x / 32, a.num_items, heads, sp.grouped, item, h) &&
-         read_item(a.sched, a.wbp, item, sp.grouped, sp.cap, it);
+         read_item(a.sched, a.wbp, item, a.num_items, sp.grouped, sp.cap, a, it);
 }
 
 // dQ (and dbias) of one CTA's windows of A. PF: the next pair's columns load a pair ahead
@@ -230,11 +233,11 @@ __device__ __forceinline__ void dq_windows(const GradOperands<T>& p, const Kerne
   constexpr int W = D / 8;
   const T* kh = p.k + h * p.k_hs;
   const T* vh = p.v + h * p.v_hs;
-  const T* bh = p.bias + h * p.b_hs;
+  const float* bh = p.bias + h * p.b_hs;
 
   // The window's Q and dO rows (row g), and the stats of rows 2t, 2t+1 from its own O rows and
   // lse: this pass reads no grads_row_stats, so it runs while that kernel does.
-  const int64_t i = it.w * 8 + g, row = i < p.m ? i : -1;
+  const int64_t i = int64_t(it.w) * 8 + g, row = i < p.m ? i : -1;
   uint32_t qw[W], dw[W];
   row_words<T, D>(p.q + h * p.q_hs, row, t, qw);
   row_words<T, D>(p.dout + h * p.do_hs, row, t, dw);
@@ -245,7 +248,7 @@ __device__ __forceinline__ void dq_windows(const GradOperands<T>& p, const Kerne
     window_deltas<T, D>(dw, ow, t, dl);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int64_t ri = it.w * 8 + 2 * t + r;
+      const int64_t ri = int64_t(it.w) * 8 + 2 * t + r;
       l2[r] = ri < p.m ? p.lse[h * p.lse_hs + ri] * kLog2e : 0.f;
     }
   }
@@ -256,24 +259,25 @@ __device__ __forceinline__ void dq_windows(const GradOperands<T>& p, const Kerne
   for (int s = 0; s < D / 16; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.f;
 
   PairRows next;
-  if (PF && it.b_first < it.b_end) next = pair_rows(a.bitmap, a.wc, it, it.b_first, g);
+  if (PF && it.b_first < it.b_end) next = pair_rows(a.bitmap, a.wc, it, it.b_first, g, a.last_col);
   for (int64_t b0 = it.b_first; b0 < it.b_end; b0 += 2) {
-    const PairRows pr = PF ? next : pair_rows(a.bitmap, a.wc, it, b0, g);
+    const PairRows pr = PF ? next : pair_rows(a.bitmap, a.wc, it, b0, g, a.last_col);
     uint32_t kw0[W], kw1[W], vw0[W], vw1[W];
     row_words<T, D>(kh, pr.col[0], t, kw0);
     row_words<T, D>(kh, pr.col[1], t, kw1);
     row_words<T, D>(vh, pr.col[0], t, vw0);
     row_words<T, D>(vh, pr.col[1], t, vw1);
-    if (PF && b0 + 2 < it.b_end) next = pair_rows(a.bitmap, a.wc, it, b0 + 2, g);
+    if (PF && b0 + 2 < it.b_end) next = pair_rows(a.bitmap, a.wc, it, b0 + 2, g, a.last_col);
     float sc[4], dp[4], ds[4];
     tile_dots<T, D>(sc, kw0, kw1, qw);  // S^T: (column, row)
     tile_dots<T, D>(dp, vw0, vw1, dw);  // dP^T
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const bool on = tile_bit(pr, g, t, e);
-      const int64_t idx = p.has_bias && on ? tile_value(pr, a.bvp, b0, g, t, e) : 0;
+      const int64_t idx = p.has_bias && on ? tile_value(pr, a.bvp, b0, g, t, e, a.last_value) : 0;
       float x = sc[e] * sl2;
-      if (p.has_bias && on) x += to_f32<T>(bh[idx]) * kLog2e;
+      if (p.has_bias && on) x += bh[idx] * kLog2e;
+      // lse is +inf for a row without finite logits: pe = 0 there (and for -inf logits)
       const float pe = on ? exp2f(x - l2[e & 1]) : 0.f;
       ds[e] = pe * (dp[e] - dl[e & 1]);
       if (p.has_bias && on) p.dbias[h * p.nnz + idx] = from_f32<T>(ds[e]);
@@ -305,14 +309,14 @@ __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const Kern
   const T* qh = p.q + h * p.q_hs;
   const T* doh = p.dout + h * p.do_hs;
   const float2* stats = p.row_stats + h * p.m;
-  const T* bh = p.bias + h * p.b_hs;
+  const float* bh = p.bias + h * p.b_hs;
 
   // The window's K and V rows (key row g) as B fragments, kept in this warp's slot of shared
   // memory (in registers the pass took 222 of them at D = 128: 2 CTAs per SM, not 3).
   extern __shared__ float4 smem[];  // [kAttnWarps][kGradSlotBytes<D, 2> / 16]
   uint2* const kvw =
       reinterpret_cast<uint2*>(smem + (threadIdx.x / 32) * (kGradSlotBytes<D, 2> / 16));
-  const int64_t j = it.w * 8 + g;
+  const int64_t j = int64_t(it.w) * 8 + g;
   {
     uint32_t kw[W], vw[W];
     row_words<T, D>(p.k + h * p.k_hs, j < p.n ? j : -1, t, kw);
@@ -333,9 +337,10 @@ __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const Kern
 
   wait_prerequisites();  // grads_row_stats (stats of the gathered queries)
   PairRows next;
-  if (PF && it.b_first < it.b_end) next = pair_rows(at.bitmap, at.wc, it, it.b_first, g);
+  if (PF && it.b_first < it.b_end)
+    next = pair_rows(at.bitmap, at.wc, it, it.b_first, g, at.last_col);
   for (int64_t b0 = it.b_first; b0 < it.b_end; b0 += 2) {
-    const PairRows pr = PF ? next : pair_rows(at.bitmap, at.wc, it, b0, g);
+    const PairRows pr = PF ? next : pair_rows(at.bitmap, at.wc, it, b0, g, at.last_col);
     uint32_t qc0[W], qc1[W], dc0[W], dc1[W];
     row_words<T, D>(qh, pr.col[0], t, qc0);
     row_words<T, D>(qh, pr.col[1], t, qc1);
@@ -344,7 +349,7 @@ __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const Kern
     float2 st2[2];  // the queries of columns g and g+8: (lse, delta)
 #pragma unroll
     for (int c = 0; c < 2; ++c) st2[c] = pr.col[c] >= 0 ? stats[pr.col[c]] : make_float2(0.f, 0.f);
-    if (PF && b0 + 2 < it.b_end) next = pair_rows(at.bitmap, at.wc, it, b0 + 2, g);
+    if (PF && b0 + 2 < it.b_end) next = pair_rows(at.bitmap, at.wc, it, b0 + 2, g, at.last_col);
     float sc[4], dp[4], pe[4], ds[4];
     tile_dots<T, D>(sc, qc0, qc1, kvw, lane);                // S: (query column, key row)
     tile_dots<T, D>(dp, dc0, dc1, kvw + D / 16 * 32, lane);  // dP
@@ -353,7 +358,9 @@ __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const Kern
       const bool on = tile_bit(pr, g, t, e);
       float x = sc[e] * sl2;
       if (p.has_bias && on)
-        x += to_f32<T>(bh[p.perm_t[tile_value(pr, at.bvp, b0, g, t, e)]]) * kLog2e;
+        x += bh[clamp_last(p.perm_t[tile_value(pr, at.bvp, b0, g, t, e, p.last_value)],
+                           p.last_value)] *
+             kLog2e;
       pe[e] = on ? exp2f(x - st2[e >> 1].x) : 0.f;
       ds[e] = pe[e] * (dp[e] - st2[e >> 1].y);
     }

@@ -39,19 +39,27 @@ void launch_fwd_tc(cudaStream_t st, const AttnFwdParams<T>& p, bool pf) {
   const unsigned grid = grid_for(items_per_head(p.a.num_items, p.grouped) * p.heads);
   launch_kernel(p.split.cap == 0, kernel, grid, 32 * kAttnWarps, p.grouped ? kGroupSmemBytes<D> : 0,
                 st, p.q, p.k, p.v, p.bias, p.out, p.lse, p.a.wc, p.a.wbp, p.a.bitmap, p.a.bvp,
-                reinterpret_cast<const int32_t*>(p.a.sched), p.a.num_items, p.heads, p.hc, p.m, p.n,
-                p.nnz, p.scale, p.has_bias, p.split.ws, p.split.ws_ml, p.split.done, p.split.cap,
-                p.grouped);
+                reinterpret_cast<const int32_t*>(p.a.sched), p.a.num_items,
+                static_cast<const PatternBounds&>(p.a), p.heads, p.hc, p.m, p.n, p.nnz, p.scale,
+                p.has_bias, p.split.ws, p.split.ws_ml, p.split.done, p.split.cap, p.grouped);
+}
+
+// A's kernel arrays with their bounds: condensed columns gather K's (and V's) rows, value
+// positions read the bias.
+KernelPattern attn_pattern(I32 wcp, I32 wc, I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
+                           const ffi::AnyBuffer& k, const ffi::Buffer<ffi::F32>& bias) {
+  return kernel_pattern(wcp, wc, wbp, bitmap, bvp, schedule, k.dimensions()[1],
+                        bias.dimensions()[1]);
 }
 
 ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                              ffi::AnyBuffer bias, I32 wcp, I32 wc, I32 wbp, U32 bitmap, I32 bvp,
-                              I32 schedule, ffi::Result<ffi::AnyBuffer> o,
+                              ffi::Buffer<ffi::F32> bias, I32 wcp, I32 wc, I32 wbp, U32 bitmap,
+                              I32 bvp, I32 schedule, ffi::Result<ffi::AnyBuffer> o,
                               ffi::Result<ffi::Buffer<ffi::F32>> lse,
                               ffi::Result<ffi::AnyBuffer> workspace, float scale, int32_t has_bias,
                               int32_t grouped, int32_t merge_split_windows) {
-  const AttnShape s = attn_shape(kernel_pattern(wcp, wc, wbp, bitmap, bvp, schedule), q, k, v, bias,
-                                 o->dimensions(), scale, has_bias);
+  const AttnShape s = attn_shape(attn_pattern(wcp, wc, wbp, bitmap, bvp, schedule, k, bias), q, k,
+                                 v, bias, o->dimensions(), scale, has_bias);
   if (auto err = check_shape(s); err.failure() || s.heads == 0 || s.m == 0) return err;
   const int esize = q.element_type() == ffi::DataType::F32 ? 4 : 2;
   const AttentionFwdPlan plan = plan_attention_fwd(esize, s.d, s.dv, s.heads, s.a.num_items,
@@ -91,14 +99,21 @@ ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer 
 }
 
 ffi::Error attention_jvp_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                              ffi::AnyBuffer bias, ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse,
-                              ffi::AnyBuffer dq, ffi::AnyBuffer dk, ffi::AnyBuffer dvv,
-                              ffi::AnyBuffer dbias, I32 wcp, I32 wc, I32 wbp, U32 bitmap, I32 bvp,
-                              I32 schedule, ffi::Result<ffi::AnyBuffer> dout, float scale,
-                              int32_t has_bias) {
-  const AttnShape s = attn_shape(kernel_pattern(wcp, wc, wbp, bitmap, bvp, schedule), q, k, v, bias,
-                                 dout->dimensions(), scale, has_bias);
+                              ffi::Buffer<ffi::F32> bias, ffi::AnyBuffer o,
+                              ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dq, ffi::AnyBuffer dk,
+                              ffi::AnyBuffer dvv, ffi::AnyBuffer dbias, I32 wcp, I32 wc, I32 wbp,
+                              U32 bitmap, I32 bvp, I32 schedule, ffi::Result<ffi::AnyBuffer> dout,
+                              float scale, int32_t has_bias) {
+  const AttnShape s = attn_shape(attn_pattern(wcp, wc, wbp, bitmap, bvp, schedule, k, bias), q, k,
+                                 v, bias, dout->dimensions(), scale, has_bias);
   if (auto err = check_shape(s); err.failure() || s.heads == 0 || s.m == 0) return err;
+  // The bias's tangent: float32 like the bias, or Q's dtype; as many positions as the bias.
+  const bool dbias_f32 = dbias.element_type() == ffi::DataType::F32;
+  if (s.has_bias && ((!dbias_f32 && dbias.element_type() != q.element_type()) ||
+                     dbias.dimensions().size() != 2 || dbias.dimensions()[1] != s.nnz))
+    return ffi::Error::InvalidArgument(
+        "sparse_attention jvp: the bias's tangent must be [H, nnz] float32 (or Q's dtype), with "
+        "the bias's nnz");
   ffi::Error e = dispatch_device_float(q.element_type(), "sparse_attention", [&](auto tag) {
     using T = decltype(tag);
     AttnJvpParams<T> p{};
@@ -107,7 +122,8 @@ ffi::Error attention_jvp_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer 
     p.dq = static_cast<const T*>(dq.untyped_data());
     p.dk = static_cast<const T*>(dk.untyped_data());
     p.dvv = static_cast<const T*>(dvv.untyped_data());
-    p.dbias = static_cast<const T*>(dbias.untyped_data());
+    p.dbias = dbias.untyped_data();
+    p.dbias_f32 = int(dbias_f32);
     p.dout = static_cast<T*>(dout->untyped_data());
     p.hd =
         Heads{dq.dimensions()[0], dk.dimensions()[0], dvv.dimensions()[0], dbias.dimensions()[0]};
@@ -130,10 +146,10 @@ int64_t attention_workspace_bytes(int esize, int64_t d, int64_t dv, int64_t head
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionFwdCuda, attention::attention_fwd_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // q [Hq, m, d]
-                                  .Arg<ffi::AnyBuffer>()  // k [Hk, n, d]
-                                  .Arg<ffi::AnyBuffer>()  // v [Hv, n, dv]
-                                  .Arg<ffi::AnyBuffer>()  // bias [Hb, nnz] (or a dummy)
+                                  .Arg<ffi::AnyBuffer>()         // q [Hq, m, d]
+                                  .Arg<ffi::AnyBuffer>()         // k [Hk, n, d]
+                                  .Arg<ffi::AnyBuffer>()         // v [Hv, n, dv]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // bias [Hb, nnz] (or [1, 1])
                               JAXSPARSE_TC_PATTERN_ARGS
                                   .Ret<ffi::AnyBuffer>()         // o [H, m, dv]
                                   .Ret<ffi::Buffer<ffi::F32>>()  // lse [H, m]
@@ -150,13 +166,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionJvpCuda, attention::attention_jvp_cuda,
                                   .Arg<ffi::AnyBuffer>()         // q
                                   .Arg<ffi::AnyBuffer>()         // k
                                   .Arg<ffi::AnyBuffer>()         // v
-                                  .Arg<ffi::AnyBuffer>()         // bias
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // bias
                                   .Arg<ffi::AnyBuffer>()         // o
                                   .Arg<ffi::Buffer<ffi::F32>>()  // lse
                                   .Arg<ffi::AnyBuffer>()         // dq
                                   .Arg<ffi::AnyBuffer>()         // dk
                                   .Arg<ffi::AnyBuffer>()         // dv
-                                  .Arg<ffi::AnyBuffer>()         // dbias
+                                  .Arg<ffi::AnyBuffer>()         // dbias (float32 or Q's dtype)
                               JAXSPARSE_TC_PATTERN_ARGS
                                   .Ret<ffi::AnyBuffer>()  // dout
                                   .Attr<float>("scale")

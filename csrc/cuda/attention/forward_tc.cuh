@@ -95,13 +95,13 @@ struct PairCols {  // a block pair's bitmaps, K columns g, g+8 and V columns 2t,
 template <class T, int D, int DV, bool PF>
 __global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 3 : 4)
     attn_fwd_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ lse,
+                const float* __restrict__ bias, T* __restrict__ out, float* __restrict__ lse,
                 const int32_t* __restrict__ wc, const int32_t* __restrict__ wbp,
                 const uint32_t* __restrict__ bitmap, const int32_t* __restrict__ bvp,
-                const int32_t* __restrict__ schedule, int64_t num_items, int64_t heads, Heads hc,
-                int64_t m, int64_t n, int64_t nnz, float scale, int has_bias,
-                float* __restrict__ ws, float2* __restrict__ ws_ml, int* __restrict__ done,
-                int64_t cap, int grouped) {
+                const int32_t* __restrict__ schedule, int64_t num_items, const PatternBounds pb,
+                int64_t heads, Heads hc, int64_t m, int64_t n, int64_t nnz, float scale,
+                int has_bias, float* __restrict__ ws, float2* __restrict__ ws_ml,
+                int* __restrict__ done, int64_t cap, int grouped) {
   wait_prerequisites();  // a dependent launch: all inputs may come from the kernel before
   int64_t item, h;       // head-major (unit_item)
   if (!unit_item(int64_t(blockIdx.x) * kAttnWarps + threadIdx.x / 32, num_items, heads, grouped,
@@ -110,7 +110,9 @@ __global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 3 : 4)
   // The item carries its first condensed column and its window's end column, piece count and
   // first piece (docs/FORMAT.md), so its column indices load right after it.
   AttnItem it;
-  if (!read_item(reinterpret_cast<const int4*>(schedule), wbp, item, grouped, cap, it)) return;
+  if (!read_item(reinterpret_cast<const int4*>(schedule), wbp, item, num_items, grouped, cap, pb,
+                 it))
+    return;
   const int64_t w = it.w, b_first = it.b_first, b_end = it.b_end;
   const int64_t c_first = it.c_first, c_end = it.c_end, first = it.first, pieces = it.pieces;
   const bool local = it.local;
@@ -122,7 +124,7 @@ __global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 3 : 4)
   const T* qh = q + hsel(hc.q, h) * m * D;
   const T* kh = k + hsel(hc.k, h) * n * D;
   const T* vh = v + hsel(hc.v, h) * n * DV;
-  const T* bh = bias + hsel(hc.b, h) * nnz;
+  const float* bh = bias + hsel(hc.b, h) * nnz;
 
   const float sl2 = scale * kLog2e;
   float mrow[2] = {-INFINITY, -INFINITY};  // running max (log2 domain), rows 2t, 2t+1
@@ -136,12 +138,12 @@ __global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 3 : 4)
   // rather than two.
   auto pair_cols = [&](int64_t b0) {
     PairCols pc;
-    pc.k = pair_rows(bitmap, wc, it, b0, g);
+    pc.k = pair_rows(bitmap, wc, it, b0, g, pb.last_col);
     const int64_t cbase = c_first + 8 * (b0 - b_first);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {  // V rows: condensed columns 2t, 2t+1, 2t+8, 2t+9
       const int64_t c = cbase + 2 * t + (j & 1) + (j >> 1) * 8;
-      pc.v[j] = c < c_end ? wc[c] : -1;
+      pc.v[j] = c < c_end ? clamp_last(wc[c], pb.last_col) : -1;
     }
     return pc;
   };
@@ -174,7 +176,7 @@ __global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 3 : 4)
     for (int e = 0; e < 4; ++e) {
       const bool on = tile_bit(tile, g, t, e);
       float val = sc[e] * sl2;
-      if (has_bias && on) val += to_f32<T>(bh[tile_value(tile, bvp, b0, g, t, e)]) * kLog2e;
+      if (has_bias && on) val += bh[tile_value(tile, bvp, b0, g, t, e, pb.last_value)] * kLog2e;
       x[e] = on ? val : -INFINITY;
     }
     float p[4];
@@ -314,7 +316,9 @@ __global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 3 : 4)
       fold_partials<DV, C>(mrow, lsum, o, ml, oj);
     }
   }
-  // normalise, write rows 2t and 2t+1 (features g*DV/8 ..) and their log-sum-exp
+  // normalise, write rows 2t and 2t+1 (features g*DV/8 ..) and their log-sum-exp: +inf where the
+  // row has no finite logit (no entry, or all -inf: zeros out, and the backward's exp(s - lse) is
+  // 0), NaN where a logit is NaN or +inf (p and so the sum are NaN then, and the row's O)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float l = lsum[r];
@@ -324,7 +328,7 @@ __global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 3 : 4)
 #pragma unroll
       for (int e = 0; e < DV / 8; ++e) o[r][e] *= inv;
       store_row<T, DV / 8>(out + (h * m + i) * DV, int64_t(g) * (DV / 8), DV, true, o[r]);
-      if (g == 0) lse[h * m + i] = l > 0.f ? (mrow[r] + log2f(l)) / kLog2e : -INFINITY;
+      if (g == 0) lse[h * m + i] = l == 0.f ? INFINITY : (mrow[r] + log2f(l)) / kLog2e;
     }
   }
 }

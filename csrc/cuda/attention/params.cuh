@@ -28,7 +28,7 @@ struct SplitWorkspace {
 };
 
 // What the forward and the jvp share: A's window arrays and the shapes, q [Hq, m, d],
-// k [Hk, n, d], v [Hv, n, dv], bias [Hb, nnz] (a dummy unless has_bias); H output heads.
+// k [Hk, n, d], v [Hv, n, dv], bias [Hb, nnz] float32 (a dummy unless has_bias); H output heads.
 struct AttnShape {
   KernelPattern a;
   int64_t heads, m, n, d, dv, nnz;
@@ -37,11 +37,13 @@ struct AttnShape {
   int has_bias;
 };
 
-// The shapes of a handler's operands, `out` being its [H, m, dv] result.
+// The shapes of a handler's operands, `out` being its [H, m, dv] result; `a` A's kernel arrays
+// (kernel_pattern with K's rows and the bias's positions as its bounds). Without a bias (or with
+// an empty one) nothing reads it.
 inline AttnShape attn_shape(const KernelPattern& a, const ffi::AnyBuffer& q,
                             const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
-                            const ffi::AnyBuffer& bias, ffi::Span<const int64_t> out, float scale,
-                            int has_bias) {
+                            const ffi::Buffer<ffi::F32>& bias, ffi::Span<const int64_t> out,
+                            float scale, int has_bias) {
   return AttnShape{
       a,
       out[0],
@@ -52,20 +54,21 @@ inline AttnShape attn_shape(const KernelPattern& a, const ffi::AnyBuffer& q,
       bias.dimensions()[1],
       Heads{q.dimensions()[0], k.dimensions()[0], v.dimensions()[0], bias.dimensions()[0]},
       scale,
-      has_bias};
+      has_bias && bias.element_count() > 0};
 }
 
 template <class T>
 struct AttnOperands : AttnShape {
-  const T *q, *k, *v, *bias;
+  const T *q, *k, *v;
+  const float* bias;
 
   void set(const AttnShape& s, const ffi::AnyBuffer& q_, const ffi::AnyBuffer& k_,
-           const ffi::AnyBuffer& v_, const ffi::AnyBuffer& bias_) {
+           const ffi::AnyBuffer& v_, const ffi::Buffer<ffi::F32>& bias_) {
     static_cast<AttnShape&>(*this) = s;
     q = static_cast<const T*>(q_.untyped_data());
     k = static_cast<const T*>(k_.untyped_data());
     v = static_cast<const T*>(v_.untyped_data());
-    bias = static_cast<const T*>(bias_.untyped_data());
+    bias = bias_.typed_data();
   }
 };
 
@@ -78,12 +81,14 @@ struct AttnFwdParams : AttnOperands<T> {
   int grouped;           // attn_fwd_tc: the schedule is grouped (pieces merge inside a CTA)
 };
 
-// The jvp (attn_jvp_scalar): the primal operands, their tangents (dq, dk, dvv, dbias) and the
-// output's tangent.
+// The jvp (attn_jvp_scalar): the primal operands, their tangents (dq, dk, dvv, dbias: float32
+// like the bias where dbias_f32, else T) and the output's tangent.
 template <class T>
 struct AttnJvpParams : AttnOperands<T> {
   const float* lse;
-  const T *dq, *dk, *dvv, *dbias;
+  const T *dq, *dk, *dvv;
+  const void* dbias;
+  int dbias_f32;
   T* dout;
   Heads hd;    // head counts of the tangents
   int64_t hl;  // head count of lse

@@ -11,7 +11,9 @@
 #include "cuda/arch/barrier.cuh"
 #include "cuda/arch/mma.cuh"
 #include "cuda/common/bitmap.cuh"
+#include "cuda/common/bounds.cuh"
 #include "cuda/common/cuda_common.cuh"
+#include "cuda/common/ffi_cuda.cuh"
 
 namespace jaxsparse_tc {
 namespace attention {
@@ -51,41 +53,76 @@ __device__ __forceinline__ bool unit_item(int64_t unit, int64_t num_items, int64
 // window's piece p is item first + p of `pieces`; first < 0 where the warp covers its whole
 // window. `local`: the pieces are warps of this CTA (grouped schedule, merged in shared memory).
 struct AttnItem {
-  int64_t w, b_first, b_end, c_first, c_end, first, pieces;
+  int w, b_first, b_end, c_first, c_end, first, pieces;  // int: fewer registers across the loop
   bool local;
 };
 
-// Reads item `item`. Split pieces that can be merged neither in the CTA nor in one of the
-// `cap` workspace slots fall back to their first piece doing the whole window; the others then
-// have nothing to do (returns false).
+// Reads item `item` of `num_items`, its fields folded into the pattern's bounds (bounds.cuh):
+// blocks into [0, B], columns into [0, C], so a pair's blocks and columns (c_first + 8 (b -
+// b_first) + j, below c_end) stay inside the arrays (no window pointer is loaded for that: the
+// item's fields are what the first gathers wait on). Split pieces that can be merged neither in
+// the CTA nor in one of the `cap` workspace slots fall back to their first piece doing the whole
+// window; the others then have nothing to do (returns false).
+// A merge needs its pieces to agree, whatever the schedule holds: a workspace merge takes slots
+// [first, first + pieces), which must hold this item and fit the cap; a CTA merge (named barrier
+// of `pieces` warps, led by the first piece's) needs every piece's item to be a split item that
+// names the same first and pieces, inside this CTA's group and the schedule. Each piece checks
+// all of them, so the pieces of a group reach the same verdict and no barrier waits for a warp
+// that does not come. (One extra load of at most three items, only for a grouped split piece.)
 __device__ __forceinline__ bool read_item(const int4* sched, const int32_t* wbp, int64_t item,
-                                          bool grouped, int64_t cap, AttnItem& it) {
+                                          int64_t num_items, bool grouped, int64_t cap,
+                                          const PatternBounds& pb, AttnItem& it) {
   const int4 s0 = sched[2 * item], s1 = sched[2 * item + 1];
-  it = {s0.x, s0.y, s0.z, s1.x, s1.y, -1, 1, false};
+  const int b_first = clamp_to(s0.y, 0, pb.num_blocks), c_first = clamp_to(s1.x, 0, pb.num_cols);
+  it = {clamp_last(s0.x, pb.last_window),
+        b_first,
+        clamp_to(s0.z, b_first, pb.num_blocks),
+        c_first,
+        clamp_to(s1.y, c_first, pb.num_cols),
+        -1,
+        1,
+        false};
   if (s0.w) {
+    const int64_t first = s1.z, pieces = s1.w;  // 64-bit sums: any int32 fields
+    const bool holds = first >= 0 && first <= item && item < first + pieces;
     it.first = s1.z;
     it.pieces = s1.w;
-    it.local =
-        grouped && it.pieces <= kGroupItems && it.first % kGroupItems + it.pieces <= kGroupItems;
-    if (!it.local && it.first + it.pieces > cap) {
-      if (item != it.first) return false;
+    it.local = grouped && holds && pieces <= kGroupItems &&
+               first % kGroupItems + pieces <= kGroupItems && first + pieces <= num_items;
+    if (it.local) {
+      for (int64_t j = first; j < first + pieces; ++j) {
+        if (j == item) continue;
+        const int split = sched[2 * j].w;
+        const int4 o = sched[2 * j + 1];
+        it.local = it.local && split != 0 && o.z == s1.z && o.w == s1.w;
+      }
+    }
+    if (!it.local && (!holds || first + pieces > cap)) {
+      if (item != first) return false;
       it.first = -1;
-      it.b_end = wbp[it.w + 1];
+      it.b_end = clamp_to(wbp[it.w + 1], b_first, pb.num_blocks);
     }
   }
+  // At most a block per 8 of the columns left to the window's end (a valid item has no more), so
+  // that a corrupt block end walks no further than its window's columns; none where there are no
+  // rows to gather.
+  const int blocks = (it.c_end - it.c_first + kBlockCols - 1) / kBlockCols;
+  it.b_end = it.b_first + min(it.b_end - it.b_first, blocks);
+  if (pb.last_col < 0) it.b_end = it.b_first;
   return true;
 }
 
 // The bitmaps of blocks b0, b0 + 1 and the condensed columns g and g+8 of the pair (row layout
-// gathers; -1 past the window's end). (Repeating the window's last column there instead, which
-// spares the zero rows' register clears, made R-MAT's forward 9% slower on H100.)
+// gathers; -1 past the window's end), folded into the gathered table's rows. (Repeating the
+// window's last column there instead, which spares the zero rows' register clears, made R-MAT's
+// forward 9% slower on H100.)
 struct PairRows {
   uint64_t bits0, bits1;
   int32_t col[2];
 };
 
 __device__ __forceinline__ PairRows pair_rows(const uint32_t* bitmap, const int32_t* wc,
-                                              const AttnItem& it, int64_t b0, int g) {
+                                              const AttnItem& it, int64_t b0, int g, int last_col) {
   PairRows pr;
   pr.bits0 = load_block_bits(bitmap, b0);
   pr.bits1 = b0 + 1 < it.b_end ? load_block_bits(bitmap, b0 + 1) : 0ull;
@@ -93,7 +130,7 @@ __device__ __forceinline__ PairRows pair_rows(const uint32_t* bitmap, const int3
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int64_t c = cbase + 8 * i + g;
-    pr.col[i] = c < it.c_end ? wc[c] : -1;
+    pr.col[i] = c < it.c_end ? clamp_last(wc[c], last_col) : -1;
   }
   return pr;
 }
@@ -103,13 +140,13 @@ __device__ __forceinline__ bool tile_bit(const PairRows& pr, int g, int t, int e
   return ((e < 2 ? pr.bits0 : pr.bits1) >> (g * 8 + 2 * t + (e & 1))) & 1ull;
 }
 
-// A nonzero's index in the orientation's value order (bias and dbias only: the mask needs none of
-// this load).
+// A nonzero's index in the orientation's value order, folded into [0, last_value] (bias and dbias
+// only: the mask needs none of this load).
 __device__ __forceinline__ int64_t tile_value(const PairRows& pr, const int32_t* bvp, int64_t b0,
-                                              int g, int t, int e) {
+                                              int g, int t, int e, int last_value) {
   const uint64_t bits = e < 2 ? pr.bits0 : pr.bits1;
   const int kb = g * 8 + 2 * t + (e & 1);
-  return int64_t(bvp[e < 2 ? b0 : b0 + 1]) + __popcll(bits & ((1ull << kb) - 1ull));
+  return clamp_sum(bvp[e < 2 ? b0 : b0 + 1], __popcll(bits & ((1ull << kb) - 1ull)), last_value);
 }
 
 // Row-layout words (D/8 per thread: features t*D/4 ..) of row `row` of `base`, zeros for row < 0.

@@ -12,7 +12,9 @@
 #include <type_traits>
 
 #include "common/ffi_pattern.h"
+#include "cuda/common/bounds.cuh"
 #include "cuda/common/cuda_common.cuh"
+#include "cuda/common/ffi_cuda.cuh"
 #include "cuda/common/row_layout.h"
 
 namespace jaxsparse_tc {
@@ -26,14 +28,26 @@ struct RowView {
   const int2* entries;  // [nnz] (column, format position), CSR order
   const int4* sched;    // [R] items
   int64_t num_items;
+  // What the entries address (bounds.cuh): items' ranges fold into [0, num_entries], their rows
+  // into [0, last_row], entries' columns into [0, last_col] and positions into [0, last_pos].
+  int num_entries, last_row, last_col, last_pos;
 };
 
 constexpr int kWholeRow = -1, kCtaRow = -2;  // pattern.py WHOLE_ROW, CTA_ROW
 
-inline RowView row_view(I32 entries, I32 schedule) {
-  return {reinterpret_cast<const int2*>(entries.typed_data()),
-          reinterpret_cast<const int4*>(schedule.typed_data()),
-          int64_t(schedule.element_count()) / 4};
+// `rows`: rows the items' row field addresses; `cols`: rows of the table the entries' columns
+// gather; `values`: positions per head the entries' positions address. No item can be walked
+// where any of them is empty (the handlers write such an operator's result without the row view).
+inline RowView row_view(I32 entries, I32 schedule, int64_t rows, int64_t cols, int64_t values) {
+  RowView rv{reinterpret_cast<const int2*>(entries.typed_data()),
+             reinterpret_cast<const int4*>(schedule.typed_data()),
+             int64_t(schedule.element_count()) / 4,
+             count_int(int64_t(entries.element_count()) / 2),
+             last_index(rows),
+             last_index(cols),
+             last_index(values)};
+  if (rv.last_row < 0 || rv.last_col < 0 || rv.last_pos < 0) rv.num_items = 0;
+  return rv;
 }
 
 // The row view's FFI operands, in the order row_view() takes them.
@@ -41,11 +55,25 @@ inline RowView row_view(I32 entries, I32 schedule) {
   .Arg<::jaxsparse_tc::I32>()     /* row_entries [nnz, 2] */ \
       .Arg<::jaxsparse_tc::I32>() /* row_schedule [R, 4] */
 
+// Item i of the schedule, its row and entry range folded into bounds (slot as stored).
+__device__ __forceinline__ int4 row_item(const RowView& rv, int64_t i) {
+  int4 it = rv.sched[i];
+  it.x = clamp_last(it.x, rv.last_row);
+  it.y = clamp_to(it.y, 0, rv.num_entries);
+  it.z = clamp_to(it.z, it.y, rv.num_entries);
+  return it;
+}
+
+// An entry's column and position folded into bounds (once per loaded entry).
+__device__ __forceinline__ int2 clamp_entry(const RowView& rv, int2 e) {
+  return make_int2(clamp_last(e.x, rv.last_col), clamp_last(e.y, rv.last_pos));
+}
+
 // Whole-row item `item` of the schedule as (row, begin, end), or an empty range where the item
 // is past the schedule or a CTA item: kernels whose warps run in lockstep call their row
 // function for every group, with or without work.
 __device__ __forceinline__ int3 whole_row_or_empty(const RowView& rv, int64_t item) {
-  int4 it = item < rv.num_items ? rv.sched[item] : make_int4(0, 0, 0, kCtaRow);
+  int4 it = item < rv.num_items ? row_item(rv, item) : make_int4(0, 0, 0, kCtaRow);
   if (it.w != kWholeRow) it.y = it.z = 0;
   return make_int3(it.x, it.y, it.z);
 }
@@ -126,15 +154,15 @@ __device__ __forceinline__ uint32_t load_raw_if(bool p, const T* a) {
   return v;
 }
 
-// A group's next U entries from k (of a range ending at `end`), read by every lane of the group
-// alike: a broadcast load, so gathers need no shuffles (whose convergence checks, when the two
-// groups of a warp walk different rows, cost more than the load). Returns how many of the U
-// exist.
+// A group's next U entries from k (of a range ending at `end`, inside [0, rv.num_entries]), read
+// by every lane of the group alike: a broadcast load, so gathers need no shuffles (whose
+// convergence checks, when the two groups of a warp walk different rows, cost more than the
+// load). Columns and positions come folded into bounds. Returns how many of the U exist.
 template <int U>
-__device__ __forceinline__ int load_entries(const int2* entries, int k, int end, int2 (&en)[U]) {
-  const int2* e = entries + k;
+__device__ __forceinline__ int load_entries(const RowView& rv, int k, int end, int2 (&en)[U]) {
+  const int2* e = rv.entries + k;
 #pragma unroll
-  for (int u = 0; u < U; ++u) en[u] = ldg8_if(k + u < end, e + u);
+  for (int u = 0; u < U; ++u) en[u] = clamp_entry(rv, ldg8_if(k + u < end, e + u));
   return max(0, min(U, end - k));
 }
 

@@ -7,12 +7,14 @@
 // the same walk, two passes.
 // (The first version walked the blocks: a lane decoded its blocks' bitmaps one value at a
 // time, a chain of dependent loads per block, three times over; Cora's hub window took ~15 us.)
+#include <algorithm>
 #include <cfloat>
 #include <cstdint>
 
-#include "cuda/common/ffi_cuda.cuh"
-#include "cuda/common/cuda_common.cuh"
 #include "common/format.h"
+#include "cuda/common/bounds.cuh"
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/common/ffi_cuda.cuh"
 
 namespace jaxsparse_tc {
 namespace {
@@ -32,9 +34,13 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// The value range [begin, end) of window w (its blocks' values are contiguous).
-__device__ __forceinline__ int2 window_values(const int32_t* wbp, const int32_t* bvp, int64_t w) {
-  return make_int2(bvp[wbp[w]], bvp[wbp[w + 1]]);
+// The value range [begin, end) of window w (its blocks' values are contiguous), its block
+// pointers folded into [0, blocks] and its value pointers into [0, nnz] (bounds.cuh).
+__device__ __forceinline__ int2 window_values(const int32_t* wbp, const int32_t* bvp, int64_t w,
+                                              int blocks, int nnz) {
+  const int b0 = clamp_to(wbp[w], 0, blocks), b1 = clamp_to(wbp[w + 1], 0, blocks);
+  const int begin = clamp_to(bvp[b0], 0, nnz);
+  return make_int2(begin, clamp_to(bvp[b1], begin, nnz));
 }
 
 // A chunk of a window's values: lane `lane` holds values base + lane + 32 k, k < kHeld, and
@@ -85,14 +91,14 @@ template <class T>
 __global__ void __launch_bounds__(32 * kWarps)
     edge_softmax_kernel(const T* __restrict__ v, T* __restrict__ out, const int32_t* wbp,
                         const int32_t* bvp, const int32_t* __restrict__ rows, int64_t W,
-                        int64_t heads, int64_t nnz) {
+                        int64_t heads, int64_t nnz, int blocks, int values) {
   const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (unit >= W * heads) return;
   const int64_t w = unit / heads, h = unit % heads;
   const int lane = threadIdx.x % 32;
   const T* const src[1] = {v + h * nnz};
   T* oh = out + h * nnz;
-  const int2 range = window_values(wbp, bvp, w);
+  const int2 range = window_values(wbp, bvp, w, blocks, values);
   float mx[8], sm[8];
 #pragma unroll
   for (int r = 0; r < 8; ++r) mx[r] = -FLT_MAX, sm[r] = 0.f;
@@ -105,8 +111,14 @@ __global__ void __launch_bounds__(32 * kWarps)
   each_chunk(c, src, rows, range, lane, true, [&](int k, int) {
     at_row(c.r[k], [&](int rr) { sm[rr] += __expf(c.x[0][k] - mx[rr]); });
   });
+  // A row with a finite maximum has sum >= 1. NaN or +inf logits make the sum NaN (fmaxf drops
+  // NaN from the max, but exp(NaN - max) and exp(inf - inf) are NaN), and so every value of the
+  // row; a row without values or with only -inf ones sums to 0 and gives zeros.
 #pragma unroll
-  for (int r = 0; r < 8; ++r) sm[r] = 1.0f / warp_sum(sm[r]);  // a row with values has sum >= 1
+  for (int r = 0; r < 8; ++r) {
+    const float s = warp_sum(sm[r]);
+    sm[r] = s == 0.f ? 0.f : 1.0f / s;
+  }
   each_chunk(c, src, rows, range, lane, true, [&](int k, int i) {
     at_row(c.r[k], [&](int rr) { oh[i] = from_f32<T>(__expf(c.x[0][k] - mx[rr]) * sm[rr]); });
   });
@@ -117,14 +129,14 @@ __global__ void __launch_bounds__(32 * kWarps)
     edge_softmax_bwd_kernel(const T* __restrict__ y, const T* __restrict__ t, T* __restrict__ out,
                             const int32_t* wbp, const int32_t* bvp,
                             const int32_t* __restrict__ rows, int64_t W, int64_t heads, int64_t hy,
-                            int64_t ht, int64_t nnz) {
+                            int64_t ht, int64_t nnz, int blocks, int values) {
   const int64_t unit = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (unit >= W * heads) return;
   const int64_t w = unit / heads, h = unit % heads;
   const int lane = threadIdx.x % 32;
   const T* const src[2] = {y + (hy == 1 ? 0 : h) * nnz, t + (ht == 1 ? 0 : h) * nnz};
   T* oh = out + h * nnz;
-  const int2 range = window_values(wbp, bvp, w);
+  const int2 range = window_values(wbp, bvp, w, blocks, values);
   float dot[8];
 #pragma unroll
   for (int r = 0; r < 8; ++r) dot[r] = 0.f;
@@ -141,11 +153,27 @@ __global__ void __launch_bounds__(32 * kWarps)
 
 }  // namespace
 
+namespace {
+
+// Windows, blocks and the value positions a window's range may cover (the values' and the rows
+// array's), from the buffers' counts (bounds.cuh).
+struct SoftmaxBounds {
+  int64_t windows;
+  int blocks, values;
+};
+SoftmaxBounds softmax_bounds(I32 wbp, I32 bvp, I32 rows, int64_t nnz) {
+  return {int64_t(wbp.element_count()) - 1, count_int(int64_t(bvp.element_count()) - 1),
+          count_int(std::min<int64_t>(nnz, rows.element_count()))};
+}
+
+}  // namespace
+
 static ffi::Error edge_softmax_cuda(cudaStream_t stream, ffi::AnyBuffer values, I32 wcp, I32 wc,
                                     I32 wbp, U32 bitmap, I32 bvp, I32 schedule, I32 rows,
                                     ffi::Result<ffi::AnyBuffer> out) {
   const int64_t heads = values.dimensions()[0], nnz = values.dimensions()[1];
-  const int64_t W = int64_t(wcp.element_count()) - 1;
+  const SoftmaxBounds sb = softmax_bounds(wbp, bvp, rows, nnz);
+  const int64_t W = sb.windows;
   if (out->element_type() != values.element_type())
     return ffi::Error::InvalidArgument("edge_softmax: values and out must share a dtype");
   if (W <= 0 || heads == 0 || nnz == 0) return ffi::Error::Success();
@@ -155,7 +183,7 @@ static ffi::Error edge_softmax_cuda(cudaStream_t stream, ffi::AnyBuffer values, 
     using T = decltype(tag);
     edge_softmax_kernel<T><<<grid, 32 * kWarps, 0, stream>>>(
         static_cast<const T*>(values.untyped_data()), static_cast<T*>(out->untyped_data()),
-        wbp.typed_data(), bvp.typed_data(), rows.typed_data(), W, heads, nnz);
+        wbp.typed_data(), bvp.typed_data(), rows.typed_data(), W, heads, nnz, sb.blocks, sb.values);
   });
   if (e.failure()) return e;
   return launch_status("edge_softmax");
@@ -165,7 +193,8 @@ static ffi::Error edge_softmax_bwd_cuda(cudaStream_t stream, ffi::AnyBuffer y, f
                                         I32 wcp, I32 wc, I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
                                         I32 rows, ffi::Result<ffi::AnyBuffer> out) {
   const int64_t heads = out->dimensions()[0], nnz = out->dimensions()[1];
-  const int64_t W = int64_t(wcp.element_count()) - 1;
+  const SoftmaxBounds sb = softmax_bounds(wbp, bvp, rows, nnz);
+  const int64_t W = sb.windows;
   if (y.element_type() != t.element_type() || out->element_type() != y.element_type())
     return ffi::Error::InvalidArgument("edge_softmax_bwd: y, t and out must share a dtype");
   if (W <= 0 || heads == 0 || nnz == 0) return ffi::Error::Success();
@@ -176,7 +205,7 @@ static ffi::Error edge_softmax_bwd_cuda(cudaStream_t stream, ffi::AnyBuffer y, f
     edge_softmax_bwd_kernel<T><<<grid, 32 * kWarps, 0, stream>>>(
         static_cast<const T*>(y.untyped_data()), static_cast<const T*>(t.untyped_data()),
         static_cast<T*>(out->untyped_data()), wbp.typed_data(), bvp.typed_data(), rows.typed_data(),
-        W, heads, y.dimensions()[0], t.dimensions()[0], nnz);
+        W, heads, y.dimensions()[0], t.dimensions()[0], nnz, sb.blocks, sb.values);
   });
   if (e.failure()) return e;
   return launch_status("edge_softmax_bwd");

@@ -65,7 +65,7 @@ __device__ __forceinline__ void row_dots(const SddmmParams& p, const RowView& rv
   const int n = e - b, nmax = __reduce_max_sync(kFullWarp, n);
   for (int kc = 0; kc < nmax; kc += L) {
     const int cnt = min(L, n - kc);  // this group's entries in the chunk (may be <= 0)
-    const int2 en = ldg8_if(li < cnt, rv.entries + b + kc + li);
+    const int2 en = clamp_entry(rv, ldg8_if(li < cnt, rv.entries + b + kc + li));
     for (int j = 0; j < min(L, nmax - kc); j += U) {
       uint32_t yw[U][NS][NW];
 #pragma unroll
@@ -106,20 +106,20 @@ __device__ __forceinline__ void row_stream(const SddmmParams& p, const RowView& 
     x[s] = LaneRows<T, E, VEC>(static_cast<const T*>(p.x) + h * p.x_head_stride, f, p.d);
     y[s] = LaneRows<T, E, VEC>(static_cast<const T*>(p.y) + h * p.y_head_stride, f, p.d);
   }
-  int4 it = item < items ? rv.sched[item] : make_int4(0, 0, 0, kWholeRow);
+  int4 it = item < items ? row_item(rv, item) : make_int4(0, 0, 0, kWholeRow);
   while (item < items &&
          !streamed(it.w, it.z - it.y, p.stream_max)) {  // skip the CTA items the CTAs walk
     item += stride;
-    if (item < items) it = rv.sched[item];
+    if (item < items) it = row_item(rv, item);
   }
   bool live = item < items && it.y < it.z;
   int row = it.x, k = it.y, end = it.z;
-  int4 next = live && item + stride < items ? rv.sched[item + stride] : make_int4(0, 0, 0, 0);
+  int4 next = live && item + stride < items ? row_item(rv, item + stride) : make_int4(0, 0, 0, 0);
   uint32_t xw[NS][NW];
 #pragma unroll
   for (int s = 0; s < NS; ++s) x[s].gather(live && x[s].active, row, xw[s]);
   int2 en[U];
-  int n = load_entries<U>(rv.entries, k, live ? end : k, en);
+  int n = load_entries<U>(rv, k, live ? end : k, en);
   while (__any_sync(kFullWarp, live)) {
     uint32_t yw[U][NS][NW];
 #pragma unroll
@@ -138,11 +138,11 @@ __device__ __forceinline__ void row_stream(const SddmmParams& p, const RowView& 
       k = next.y;
       end = next.z;
       live = live && item < items && k < end;
-      if (live && item + stride < items) next = rv.sched[item + stride];
+      if (live && item + stride < items) next = row_item(rv, item + stride);
     } else {
       k += U;
     }
-    n = load_entries<U>(rv.entries, k, live ? end : k, en);
+    n = load_entries<U>(rv, k, live ? end : k, en);
     float xf[NS][E], dot[U];
 #pragma unroll
     for (int s = 0; s < NS; ++s) unpack_words<T, E>(xw[s], xf[s]);
@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(kRowThreads, SMALL     ? 1
   const int li = threadIdx.x % L, g = threadIdx.x / L;
   const int h = blockIdx.y;
   for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
-    const int4 it = rv.sched[c];
+    const int4 it = row_item(rv, c);
     if (it.w == kWholeRow) break;
     if constexpr (!SMALL) {
       if (streamed(it.w, it.z - it.y, p.stream_max)) break;  // the streams walk it

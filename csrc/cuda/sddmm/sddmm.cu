@@ -71,17 +71,21 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
   p.x = x.untyped_data();
   p.y = y.untyped_data();
   p.out = out->untyped_data();
-  static_cast<KernelPattern&>(p) = kernel_pattern(wcp, wc, wbp, bitmap, bvp, schedule);
   p.m = xd[1];
   p.d = xd[2];
   p.n = yd[1];
   p.nnz = od[1];
+  // The pattern's columns gather Y's rows, its value positions address out.
+  static_cast<KernelPattern&>(p) = kernel_pattern(wcp, wc, wbp, bitmap, bvp, schedule, p.n, p.nnz);
   const int64_t heads = od[0];
   p.heads = int(heads);
   p.x_head_stride = xd[0] == 1 ? 0 : p.m * p.d;
   p.y_head_stride = yd[0] == 1 ? 0 : p.n * p.d;
   if (heads == 0 || p.nnz == 0) return ffi::Error::Success();
-  if (p.d == 0) {  // empty dot products
+  const RowView rv = row_view(row_entries, row_schedule, p.m, p.n, p.nnz);
+  // Empty dot products; or no row of X or Y, or no item, for the values to come from (not so
+  // in a valid pattern with nonzeros; the kernels need a row for every index they fold).
+  if (p.d == 0 || p.m == 0 || p.n == 0 || p.num_items == 0 || rv.num_items == 0) {
     const size_t esize_out = out->element_type() == ffi::DataType::F32 ? 4 : 2;
     const size_t bytes = size_t(heads * p.nnz) * esize_out;
     if (cudaMemsetAsync(p.out, 0, bytes, stream) != cudaSuccess)
@@ -89,7 +93,6 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
     return ffi::Error::Success();
   }
   if (heads > 65535) return ffi::Error::InvalidArgument("sddmm: at most 65535 heads");
-  const RowView rv = row_view(row_entries, row_schedule);
   const PatternFeatures features{p.m, p.nnz, int64_t(wcp.element_count()) - 1,
                                  int64_t(bitmap.element_count()) / 2, int64_t(wc.element_count())};
   const SddmmShape shape{dtype == ffi::DataType::F32 ? 4 : 2,

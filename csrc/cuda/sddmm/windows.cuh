@@ -15,6 +15,7 @@
 #include "common/format.h"
 #include "cuda/arch/mma.cuh"
 #include "cuda/common/bitmap.cuh"
+#include "cuda/common/bounds.cuh"
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/sddmm/params.cuh"
 
@@ -31,12 +32,14 @@ __global__ void __launch_bounds__(kWarps * 32) sddmm_tc(const SddmmParams p) {
   const int64_t item = unit / p.sub;
   if (item >= p.num_items) return;
   const int4 it = p.sched[2 * item];
-  const int w = it.x;
-  const int share = ((it.z - it.y + p.sub - 1) / p.sub + 1) & ~1;  // even: whole block pairs
-  const int b0 = it.y + int(unit % p.sub) * share, b1 = min(it.z, b0 + share);
+  const int w = clamp_last(it.x, p.last_window);
+  const WindowSpan span = window_span(p, w);  // the item's blocks folded into its window's
+  const int ib = clamp_to(it.y, span.wb, span.wend), ie = clamp_to(it.z, ib, span.wend);
+  const int share = ((ie - ib + p.sub - 1) / p.sub + 1) & ~1;  // even: whole block pairs
+  const int b0 = ib + int(unit % p.sub) * share, b1 = min(ie, b0 + share);
   if (b0 >= b1) return;
-  const int wb = p.wbp[w];
-  const int cb = p.wcp[w], ncols_w = p.wcp[w + 1] - cb;
+  const int wb = span.wb;
+  const int cb = span.cb, ncols_w = span.ncols;
   const int64_t xrow = int64_t(w) * kWindowRows + g;  // this thread's X row (B operand)
   const bool xrow_ok = xrow < p.m;
 
@@ -56,7 +59,9 @@ __global__ void __launch_bounds__(kWarps * 32) sddmm_tc(const SddmmParams p) {
         bits[kb] = in ? load_block_bits(p.bitmap, blk) : 0ull;
         vbase[kb] = in ? __ldg(p.bvp + blk) : 0;
         const int c = 8 * (blk - wb) + g;
-        yrow[kb] = in && c < ncols_w ? yh + int64_t(__ldg(p.wc + cb + c)) * p.d : nullptr;
+        yrow[kb] = in && c < ncols_w
+                       ? yh + int64_t(clamp_last(__ldg(p.wc + cb + c), p.last_col)) * p.d
+                       : nullptr;
       }
       float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 4  // d=128: every chunk's gathers in flight together
@@ -94,7 +99,7 @@ __global__ void __launch_bounds__(kWarps * 32) sddmm_tc(const SddmmParams p) {
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
           const int off = bit_value_offset(bits[kb], g * 8 + 2 * t + rr);
-          if (off >= 0) oh[vbase[kb] + off] = from_f32<O>(acc[2 * kb + rr]);
+          if (off >= 0) oh[clamp_sum(vbase[kb], off, p.last_value)] = from_f32<O>(acc[2 * kb + rr]);
         }
     }
   }

@@ -5,6 +5,7 @@
 
 #include "common/format.h"
 #include "cuda/common/bitmap.cuh"
+#include "cuda/common/bounds.cuh"
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/spmm/params.cuh"
 
@@ -30,11 +31,12 @@ __global__ void __launch_bounds__(kWarps * 32) spmm_f32_exact(const SpmmParams p
       const int vbase = __ldg(p.bvp + b);
       const int cnt = __popcll(bits);
       // The block's values and column indices, one per lane, shared by shuffles.
-      const float v_lo = lane < cnt ? vh[vbase + lane] : 0.f;
-      const float v_hi = lane + 32 < cnt ? vh[vbase + lane + 32] : 0.f;
+      const float v_lo = lane < cnt ? vh[clamp_sum(vbase, lane, p.last_value)] : 0.f;
+      const float v_hi = lane + 32 < cnt ? vh[clamp_sum(vbase, lane + 32, p.last_value)] : 0.f;
       const int colbase = 8 * (b - wb);
       const int ncols = min(8, ncols_w - colbase);
-      const int mycol = lane < ncols ? __ldg(p.wc + cb + colbase + lane) : 0;
+      const int mycol =
+          lane < ncols ? clamp_last(__ldg(p.wc + cb + colbase + lane), p.last_col) : 0;
       for (int c = 0; c < ncols; ++c) {
         const int col = __shfl_sync(0xffffffffu, mycol, c);
         uint32_t xw[4] = {0u, 0u, 0u, 0u};

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "common/format.h"
+#include "cuda/common/bounds.cuh"
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/ffi_cuda.cuh"
 
@@ -34,15 +35,24 @@ struct SpmmParams : KernelPattern {
   int64_t cap;
 };
 
+// The first block of schedule item `it`'s window that the kernels see (decode_unit), and whether
+// the item starts there (its window's first piece).
+__device__ __forceinline__ bool first_piece(const SpmmParams& p, int4 it, int& w) {
+  w = clamp_last(it.x, p.last_window);
+  const WindowSpan span = window_span(p, w);
+  return clamp_to(it.y, span.wb, span.wend) == span.wb;
+}
+
 // Zeroes the workspace slot and counters of each split window and records its slot.
 __global__ void split_prep(SpmmParams p) {
   const int64_t slot_floats = int64_t(p.heads) * 8 * p.d;
   for (int64_t s = blockIdx.x; s < p.num_items; s += gridDim.x) {
     const int4 it = p.sched[2 * s];
     if (!it.w) return;  // split items are the schedule's prefix
-    if (it.y != p.wbp[it.x]) continue;
+    int w;
+    if (!first_piece(p, it, w)) continue;
     const int64_t slot = s < p.cap ? s : -1;
-    if (threadIdx.x == 0) p.slot_of[it.x] = int(slot);
+    if (threadIdx.x == 0) p.slot_of[w] = int(slot);
     if (slot < 0) continue;
     float* ws = p.ws + slot * slot_floats;
     for (int64_t i = threadIdx.x; i < slot_floats; i += blockDim.x) ws[i] = 0.f;
@@ -107,28 +117,33 @@ struct Unit {
   int w, b0, b1, h, slab, slot, wb, wend, cb, ncols;
 };
 
-// Decodes schedule item `item`. False where the unit has nothing to do: a split piece whose
-// window got no workspace slot (the window's first piece then does the whole window).
+// Decodes schedule item `item`, its fields folded into the arrays (window_span; blocks into the
+// window's). False where the unit has nothing to do: a split piece whose window got no workspace
+// slot (the window's first piece then does the whole window). A split window's slot comes from
+// slot_of, which split_prep writes only for windows it saw start: one outside [0, cap) (a
+// corrupt pattern's) counts as none.
 __device__ __forceinline__ bool decode_unit(const SpmmParams& p, int64_t item, int h, int slab,
                                             Unit& u) {
   const int4 s = p.sched[2 * item];
-  u.w = s.x;
-  u.b0 = s.y;
-  u.b1 = s.z;
+  u.w = clamp_last(s.x, p.last_window);
+  const WindowSpan span = window_span(p, u.w);
+  u.wb = span.wb;
+  u.wend = span.wend;
+  u.cb = span.cb;
+  u.ncols = span.ncols;
+  u.b0 = clamp_to(s.y, u.wb, u.wend);
+  u.b1 = clamp_to(s.z, u.b0, u.wend);
   u.h = h;
   u.slab = slab;
   u.slot = -1;
-  u.wb = p.wbp[s.x];
-  u.wend = p.wbp[s.x + 1];
   if (s.w) {
-    u.slot = p.slot_of[s.x];
+    const int slot = p.slot_of[u.w];
+    u.slot = slot >= 0 && slot < p.cap ? slot : -1;
     if (u.slot < 0) {
-      if (s.y != u.wb) return false;
+      if (u.b0 != u.wb) return false;
       u.b1 = u.wend;
     }
   }
-  u.cb = p.wcp[s.x];
-  u.ncols = p.wcp[s.x + 1] - u.cb;
   return true;
 }
 

@@ -24,14 +24,23 @@ namespace spmm {
 struct RowSplit {
   float* ws;   // [slots, heads, d] fp32 partial sums of rows cut into several CTA items
   int* count;  // [slots, heads, nslab] CTA items still to add
+  int slots;   // 0: no workspace
 };
+
+// An item's workspace slot, or -1: a slot past the workspace (a corrupt pattern's) makes the item
+// an ordinary CTA item, whose CTA writes the row.
+__device__ __forceinline__ int row_slot(const RowSplit& rs, int slot) {
+  return unsigned(slot) < unsigned(rs.slots) ? slot : -1;
+}
 
 // Counts each slotted row's items into its countdowns (zeroed before; slotted items are a prefix).
 __global__ void row_split_prep(const RowView rv, const RowSplit rs, int per_slot) {
   for (int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; s < rv.num_items;
        s += int64_t(gridDim.x) * blockDim.x) {
-    const int slot = rv.sched[s].w;
-    if (slot < 0) return;
+    const int w = rv.sched[s].w;
+    if (w < 0) return;
+    const int slot = row_slot(rs, w);
+    if (slot < 0) continue;
     for (int j = 0; j < per_slot; ++j) atomicAdd(rs.count + int64_t(slot) * per_slot + j, 1);
   }
 }
@@ -90,25 +99,26 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   // takes the g-th of NG equal shares of the entries; thread t then sums feature f0 + t over the
   // groups.
   for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
-    const int4 it = rv.sched[c];
+    const int4 it = row_item(rv, c);
     if (streamed(it.w, it.z - it.y, p.stream_max)) break;  // the streams walk it
     const int2 share = cta_share(it.y, it.z, NG, g, 1);
     float acc[E];
 #pragma unroll
     for (int k = 0; k < E; ++k) acc[k] = 0.f;
     int2 en[U1];
-    int n = load_entries<U1>(rv.entries, share.x, share.y, en);
+    int n = load_entries<U1>(rv, share.x, share.y, en);
     for (int k = share.x; k < share.y; k += U1) {
       uint32_t xw[U1][NW], vr[U1];
       gather_entries<T, E, VEC, U1>(x, vh, en, active ? n : 0, xw, vr);
-      n = load_entries<U1>(rv.entries, k + U1, share.y, en);
+      n = load_entries<U1>(rv, k + U1, share.y, en);
       add_products<T, E, U1>(xw, vr, acc);
     }
 #pragma unroll
     for (int k = 0; k < E; ++k) part[g * F + li * E + k] = acc[k];
     __syncthreads();
     T* out = static_cast<T*>(p.out) + (int64_t(h) * p.m + it.x) * p.d;
-    float* ws = it.w >= 0 ? rs.ws + (int64_t(it.w) * p.heads + h) * p.d : nullptr;
+    const int slot = row_slot(rs, it.w);
+    float* ws = slot >= 0 ? rs.ws + (int64_t(slot) * p.heads + h) * p.d : nullptr;
     for (int t = threadIdx.x; t < F && f0 + t < p.d; t += kRowThreads) {
       float s = 0.f;
       for (int q = 0; q < NG; ++q) s += part[q * F + t];
@@ -121,7 +131,7 @@ __global__ void __launch_bounds__(kRowThreads, 4)
       __threadfence();
       __syncthreads();
       if (threadIdx.x == 0)
-        last = atomicSub(rs.count + (int64_t(it.w) * p.heads + h) * p.nslab + slab, 1) == 1;
+        last = atomicSub(rs.count + (int64_t(slot) * p.heads + h) * p.nslab + slab, 1) == 1;
       __syncthreads();
       if (last) {
         __threadfence();
@@ -140,16 +150,16 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   // indices fit in int: a row's entries are addressed by int (format.h).
   const int items = int(rv.num_items), stride = int(gridDim.x) * NG;
   int item = int(blockIdx.x) * NG + g;
-  int4 it = item < items ? rv.sched[item] : make_int4(0, 0, 0, kWholeRow);
+  int4 it = item < items ? row_item(rv, item) : make_int4(0, 0, 0, kWholeRow);
   while (item < items && !streamed(it.w, it.z - it.y, p.stream_max)) {
     item += stride;
-    if (item < items) it = rv.sched[item];
+    if (item < items) it = row_item(rv, item);
   }
   if (item >= items) return;
   int row = it.x, end = it.z;      // the current item
   int3 next = make_int3(0, 0, 0);  // the next item's row, begin, end (empty past the last)
   if (item + stride < items) {
-    const int4 n = rv.sched[item + stride];
+    const int4 n = row_item(rv, item + stride);
     next = make_int3(n.x, n.y, n.z);
   }
   float acc[E];
@@ -157,13 +167,13 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   for (int k = 0; k < E; ++k) acc[k] = 0.f;
   int k = it.y;
   int2 en[U];
-  int n = load_entries<U>(rv.entries, k, end, en);
+  int n = load_entries<U>(rv, k, end, en);
   while (true) {
     uint32_t xw[U][NW], vr[U];
     gather_entries<T, E, VEC, U>(x, vh, en, active ? n : 0, xw, vr);
     const bool row_done = k + U >= end;
     k = row_done ? next.y : k + U;
-    n = load_entries<U>(rv.entries, k, row_done ? next.z : end, en);
+    n = load_entries<U>(rv, k, row_done ? next.z : end, en);
     add_products<T, E, U>(xw, vr, acc);
     if (row_done) {
       if (active)
@@ -176,7 +186,7 @@ __global__ void __launch_bounds__(kRowThreads, 4)
       end = next.z;
       next = make_int3(0, 0, 0);
       if (item + stride < items) {
-        const int4 n = rv.sched[item + stride];
+        const int4 n = row_item(rv, item + stride);
         next = make_int3(n.x, n.y, n.z);
       }
     }

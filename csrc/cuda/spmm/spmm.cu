@@ -109,18 +109,27 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::AnyBuffer values, ffi::AnyBuffer 
   p.values = values.untyped_data();
   p.x = x.untyped_data();
   p.out = out->untyped_data();
-  static_cast<KernelPattern&>(p) = kernel_pattern(wcp, wc, wbp, bitmap, bvp, schedule);
-  const RowView rv = row_view(row_entries, row_schedule);
   p.nnz = vd[1];
   p.n = xd[1];
   p.d = xd[2];
   p.m = od[1];
+  // The pattern's columns gather X's rows, its value positions read values.
+  static_cast<KernelPattern&>(p) = kernel_pattern(wcp, wc, wbp, bitmap, bvp, schedule, p.n, p.nnz);
+  const RowView rv = row_view(row_entries, row_schedule, p.m, p.n, p.nnz);
   const int64_t heads = od[0];
   p.heads = int(heads);
   p.v_head_stride = vd[0] == 1 ? 0 : p.nnz;
   p.x_head_stride = xd[0] == 1 ? 0 : p.n * p.d;
-  if (heads == 0 || p.m == 0 || p.d == 0 || p.num_items == 0) return ffi::Error::Success();
+  if (heads == 0 || p.m == 0 || p.d == 0) return ffi::Error::Success();
   if (heads > 65535) return ffi::Error::InvalidArgument("spmm: at most 65535 heads");
+  if (p.nnz == 0 || p.n == 0 || p.num_items == 0 || rv.num_items == 0) {
+    // Nothing to add up (a valid pattern of such shapes has no nonzero; the kernels need a value
+    // and an X row for every index they fold).
+    if (cudaMemsetAsync(p.out, 0, size_t(heads * p.m * p.d) * (dtype == ffi::DataType::F32 ? 4 : 2),
+                        stream) != cudaSuccess)
+      return ffi::Error::Internal("spmm: memset failed");
+    return ffi::Error::Success();
+  }
 
   const bool exact = dtype == ffi::DataType::F32 && precision == 1;
   const int esize = dtype == ffi::DataType::F32 ? 4 : 2;
@@ -144,6 +153,7 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::AnyBuffer values, ffi::AnyBuffer 
     if (plan.row_slots > 0) {
       rs.ws = reinterpret_cast<float*>(ws);
       rs.count = reinterpret_cast<int*>(ws + plan.row_ws_bytes);
+      rs.slots = count_int(plan.row_slots);
       if (cudaMemsetAsync(ws, 0, plan.workspace_bytes, stream) != cudaSuccess)
         return ffi::Error::Internal("spmm: workspace memset failed");
       const int64_t blocks = std::min<int64_t>((rv.num_items + 255) / 256, 1024);

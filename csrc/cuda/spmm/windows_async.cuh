@@ -7,6 +7,7 @@
 #include "cuda/arch/async_copy.cuh"
 #include "cuda/arch/mma.cuh"
 #include "cuda/common/bitmap.cuh"
+#include "cuda/common/bounds.cuh"
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/spmm/params.cuh"
 
@@ -128,16 +129,31 @@ struct ChunkMeta {
   int cols[8];
 };
 
+// Loads a chunk's metadata, columns folded into X's rows. A stage copies its values from
+// [vptr of its first block, vptr past its last) and the MMAs read each block's at vptr + a bit's
+// rank, so the offsets must lie in [0, nnz], each block's popcount apart: a chunk whose offsets
+// do not (a corrupt pattern's) is taken as empty, which keeps both the copies and the shared
+// reads inside the stage. One check per chunk of up to 32 blocks.
 __device__ __forceinline__ void load_meta(const SpmmParams& p, const Chunk& c, ChunkMeta& m) {
   const int lane = threadIdx.x & 31;
-  m.bits = c.c0 + lane < c.c1 ? load_block_bits(p.bitmap, c.c0 + lane) : 0ull;
-  m.vptr = c.c0 + lane <= c.c1 ? __ldg(p.bvp + c.c0 + lane) : 0;
-  m.vptr_end = c.c0 + 32 <= c.c1 ? __ldg(p.bvp + c.c0 + 32) : 0;
+  const int nb = c.c1 - c.c0;  // 0 .. kMetaBlocks
+  m.bits = lane < nb ? load_block_bits(p.bitmap, c.c0 + lane) : 0ull;
+  m.vptr = lane <= nb ? __ldg(p.bvp + c.c0 + lane) : 0;
+  m.vptr_end = nb == 32 ? __ldg(p.bvp + c.c0 + 32) : 0;
   const int col_lo = 8 * (c.c0 - c.u.wb), col_hi = min(8 * (c.c1 - c.u.wb), c.u.ncols);
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     const int i = k * 32 + lane;
-    m.cols[k] = col_lo + i < col_hi ? __ldg(p.wc + c.u.cb + col_lo + i) : -1;
+    m.cols[k] =
+        col_lo + i < col_hi ? clamp_last(__ldg(p.wc + c.u.cb + col_lo + i), p.last_col) : -1;
+  }
+  const int up = __shfl_down_sync(0xffffffffu, m.vptr, 1);
+  const unsigned next = unsigned(lane == 31 ? m.vptr_end : up), nnz = unsigned(p.last_value) + 1u;
+  const bool bad = lane < nb && (unsigned(m.vptr) > nnz || next > nnz ||
+                                 next - unsigned(m.vptr) != unsigned(__popcll(m.bits)));
+  if (__any_sync(0xffffffffu, bad)) {
+    m.bits = 0ull;
+    m.vptr = m.vptr_end = 0;
   }
 }
 

@@ -12,6 +12,7 @@
 #include "common/format.h"
 #include "cuda/arch/mma.cuh"
 #include "cuda/common/bitmap.cuh"
+#include "cuda/common/bounds.cuh"
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/spmm/params.cuh"
 
@@ -38,7 +39,7 @@ __device__ __forceinline__ void spmm_step(const T* xh, const T* vh, const SpmmPa
       // fp16: columns 2t, 2t+1 (k pairs); tf32: columns t, t+4.
       const int c = kTf32 ? t + 4 * j : 2 * t + j;
       const int off = bit_value_offset(bits[kb], c * 8 + g);  // A(row g, column c)
-      bv[kb][j] = off >= 0 ? to_f32<T>(vh[vbase[kb] + off]) : 0.f;
+      bv[kb][j] = off >= 0 ? to_f32<T>(vh[clamp_sum(vbase[kb], off, p.last_value)]) : 0.f;
       if (col[kb][j] >= 0 && f < p.d) {
         load_row<T, E>(xh + int64_t(col[kb][j]) * p.d, f, p.d, p.vec, xw[kb][j]);
       } else {
@@ -119,7 +120,8 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) spmm_tc(const SpmmParams p)
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         const int i = k * 32 + lane;
-        s_cols[wid][i] = col_lo + i < col_hi ? __ldg(p.wc + cb + col_lo + i) : -1;
+        s_cols[wid][i] =
+            col_lo + i < col_hi ? clamp_last(__ldg(p.wc + cb + col_lo + i), p.last_col) : -1;
       }
       __syncwarp();
       for (int b = c0; b < c1; b += NB) {
