@@ -65,7 +65,7 @@ def streams(rng) -> None:
       B, q, x
     )
     serr = sddmm_err(B, q, x, s)
-    y = jax.jit(lambda B, x: jst.spmm(B, x, options=rows))(B, x)
+    y = jax.jit(lambda B, x: jst.spmm(B, x, options=rows))(B.astype(dtype), x)
     yerr = spmm_err(B, x, y, dtype)
     print(
       f"{np.dtype(dtype).name:9s} d={d:3d} sddmm / spmm, {B.nnz} nonzeros (streams) "
@@ -137,7 +137,7 @@ def main_case(rng) -> None:
     for d in (5, 64):
       x = jnp.asarray(rng.standard_normal((n, d)), dtype)
       q = jnp.asarray(rng.standard_normal((2, m, d)), dtype)
-      out = jax.jit(lambda A, x: jst.spmm(A, x, precision=precision))(A, x)
+      out = jax.jit(lambda A, x: jst.spmm(A, x, precision=precision))(A.astype(dtype), x)
       s = jax.jit(lambda A, q, x: jst.sddmm(A, q, x, precision=precision).values)(A, q, x)
       err = spmm_err(A, x, out, dtype)
       serr = sddmm_err(A, q, x, s)
@@ -152,7 +152,8 @@ def main_case(rng) -> None:
   tc = jst.KernelOptions(spmm="tensor_core")
   for dtype, d in ((jnp.float16, 128), (jnp.float32, 64), (jnp.bfloat16, 64)):
     x = jnp.asarray(rng.standard_normal((n, d)), dtype)
-    err = spmm_err(A, x, jax.jit(lambda A, x: jst.spmm(A, x, options=tc))(A, x), dtype)
+    out = jax.jit(lambda A, x: jst.spmm(A, x, options=tc))(A.astype(dtype), x)
+    err = spmm_err(A, x, out, dtype)
     print(f"{np.dtype(dtype).name:9s} d={d:3d} spmm tensor cores {err:.2e}")
     assert err < 2e-2, err
   streams(rng)

@@ -127,6 +127,7 @@ def _check(out, ref, cpu_out, tol, what):
 def test_spmm(rng, kind, dt, d):
   dtype, precision, tol = DTYPES[dt]
   A, empty = _matrix(rng, kind)
+  A = A.astype(dtype)  # the 16-bit kernels: values in X's dtype
   x = rng.standard_normal((A.shape[1], d)).astype(np.float32)
   xj = jnp.asarray(x, dtype)
   f = jax.jit(lambda A, x: jst.spmm(A, x, precision=precision))
@@ -206,6 +207,7 @@ def test_heads_and_vmap(rng, kind, dt):
   dtype, precision, tol = DTYPES[dt]
   H, d = 3, 24
   A, _ = _matrix(rng, kind, heads=H)
+  A = A.astype(dtype)
   m, n = A.shape
   a64 = _dense64(A, dtype)
   gpu = _gpu()
@@ -320,6 +322,7 @@ def test_spmm_many_units_per_warp(rng, dt, d):
   cols = rng.integers(0, n, rows.size)
   vals = rng.uniform(-1, 1, (H, rows.size)).astype(np.float32)
   A = SparseMatrix.from_coo(rows, cols, vals, shape=(m, n))
+  A = A.astype(dtype)
   x = jnp.asarray(rng.standard_normal((H, n, d)), dtype)
   out = np.asarray(
     jax.jit(lambda A, x: jst.spmm(A, x, options=opts))(_on(_gpu(), A), _on(_gpu(), x)), np.float64
@@ -355,6 +358,7 @@ def test_spmm_kernel_families(rng, kind, dt, kernel):
   opts = jst.KernelOptions(spmm=kernel)
   dtype, precision, tol = DTYPES[dt]
   A, empty = _matrix(rng, kind)
+  A = A.astype(dtype)
   f = jax.jit(lambda A, x: jst.spmm(A, x, options=opts))
   # fp16 d = 20, 36 and fp32 d = 17, 33: the register-gather kernel's 2- and 4-tile slabs
   for d in (64, 128, 40, 16, 12, 5, 20, 36, 17, 33):
@@ -380,6 +384,7 @@ def test_spmm_cuda_core(rng, kind, dt, d):
   if dtype == jnp.float32:
     tol = 1e-5  # no tf32 on this path
   A, empty = _matrix(rng, kind)
+  A = A.astype(dtype)
   x = rng.standard_normal((A.shape[1], d)).astype(np.float32)
   xj = jnp.asarray(x, dtype)
   f = jax.jit(lambda A, x: jst.spmm(A, x, precision=precision, options=CUDA_CORE))
@@ -401,6 +406,7 @@ def test_spmm_cuda_core_heads(rng, kind, dt, d):
     tol = 1e-5
   H = 3
   A, empty = _matrix(rng, kind, heads=H)
+  A = A.astype(dtype)
   n = A.shape[1]
   a64 = _dense64(A, dtype)
   gpu = _gpu()
@@ -418,7 +424,8 @@ def test_spmm_cuda_core_many_heads_split(rng):
   A, empty = _matrix(rng, "heavy", heads=5)
   for d, dtype, tol in ((33, jnp.float16, 1e-2), (130, jnp.bfloat16, 1e-2), (7, jnp.float32, 1e-5)):
     x = jnp.asarray(rng.standard_normal((5, A.shape[1], d)), dtype)
-    out = jax.jit(lambda A, x: jst.spmm(A, x, options=CUDA_CORE))(_on(_gpu(), A), _on(_gpu(), x))
+    Ad = A.astype(dtype)
+    out = jax.jit(lambda A, x: jst.spmm(A, x, options=CUDA_CORE))(_on(_gpu(), Ad), _on(_gpu(), x))
     ref = np.einsum("hmn,hnd->hmd", _dense64(A, dtype), np.asarray(x, np.float64))
     assert rel_err(out, ref) < tol
     np.testing.assert_array_equal(np.asarray(out, np.float64)[:, empty], 0.0)
