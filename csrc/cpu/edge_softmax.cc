@@ -6,6 +6,7 @@
 // XLA's intra-op threads (cpu/parallel.h); the kernels are in cpu/kernels_impl.inc.
 #include "cpu/ffi_common.h"
 #include "cpu/parallel.h"
+#include "cpu/pattern_check.h"
 
 namespace jaxsparse_tc {
 
@@ -20,6 +21,15 @@ static ffi::Error edge_softmax_cpu(ffi::ThreadPool pool, ffi::AnyBuffer values, 
   const int dtype = cpu_dtype(values.element_type(), /*allow_f64=*/false);
   if (dtype < 0) return unsupported_dtype();
   const auto vd = values.dimensions();
+  constexpr const char* kTarget = "jaxsparse_tc_edge_softmax";
+  if (vd.size() != 2 || out->dimensions().size() != 2 || out->dimensions()[0] != vd[0] ||
+      out->dimensions()[1] != vd[1])
+    return operand_error(kTarget, "values " + dims_string(vd) + " and out " +
+                                      dims_string(out->dimensions()) + " must both be [H, nnz]");
+  PatternLimits lim;
+  lim.nnz = vd[1];  // rows and columns are not read
+  KernelGuard guard(kTarget, kernel_arrays(wcp, wc, wbp, bitmap, bvp, schedule), lim);
+  if (auto err = guard.all(pool); err.failure()) return err;
   cpu::SoftmaxArgs a;
   a.p = make_view(wcp, wc, wbp, bitmap, bvp, schedule);
   a.y = {values.untyped_data(), vd[0], 1, vd[1]};
@@ -39,6 +49,18 @@ static ffi::Error edge_softmax_bwd_cpu(ffi::ThreadPool pool, ffi::AnyBuffer y, f
     return ffi::Error::InvalidArgument("edge_softmax_bwd: y, t and out must share a dtype");
   const int dtype = cpu_dtype(y.element_type(), /*allow_f64=*/false);
   if (dtype < 0) return unsupported_dtype();
+  constexpr const char* kTarget = "jaxsparse_tc_edge_softmax_bwd";
+  const auto yd = y.dimensions(), td = t.dimensions(), od = out->dimensions();
+  if (yd.size() != 2 || td.size() != 2 || od.size() != 2 || !heads_broadcast(yd[0], od[0]) ||
+      !heads_broadcast(td[0], od[0]) || yd[1] != od[1] || td[1] != od[1])
+    return operand_error(kTarget, "y " + dims_string(yd) + ", t " + dims_string(td) + " and out " +
+                                      dims_string(od) +
+                                      " do not fit [Hy, nnz], [Ht, nnz], [H, nnz] with Hy and Ht "
+                                      "in {1, H}");
+  PatternLimits lim;
+  lim.nnz = od[1];  // rows and columns are not read
+  KernelGuard guard(kTarget, kernel_arrays(wcp, wc, wbp, bitmap, bvp, schedule), lim);
+  if (auto err = guard.all(pool); err.failure()) return err;
   cpu::SoftmaxArgs a;
   a.p = make_view(wcp, wc, wbp, bitmap, bvp, schedule);
   a.heads = out->dimensions()[0], a.nnz = out->dimensions()[1];

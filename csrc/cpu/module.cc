@@ -7,6 +7,7 @@
 
 #include "common/select.h"
 #include "cpu/pattern_build.h"
+#include "cpu/pattern_check.h"
 #include "cpu/reorder.h"
 // The CUDA launch plans are host code without CUDA headers: kernel_choices runs them here, so
 // that the choice they make can be asked on any machine.
@@ -99,6 +100,91 @@ nb::dict kernel_choices(int64_t rows, int64_t nnz, int64_t windows, int64_t bloc
   return out;
 }
 
+// An array argument of the validator as a C-contiguous array of T with D dimensions. The dtype
+// and the rank must be T's and D exactly: an implicit cast (int64 to int32) could turn a corrupt
+// array into a valid-looking one. Other layouts are copied (kept alive in `keep`).
+template <typename T, size_t D>
+using HostArray = nb::ndarray<const T, nb::ndim<D>, nb::c_contig, nb::device::cpu>;
+
+template <typename T, size_t D>
+HostArray<T, D> host_array(nb::handle h, const char* name, std::vector<nb::object>& keep) {
+  nb::ndarray<nb::ro, nb::device::cpu> any;
+  HostArray<T, D> out;
+  const char* want = std::is_same_v<T, uint32_t> ? "uint32" : "int32";
+  if (!nb::try_cast(h, any, /*convert=*/false))
+    throw nb::type_error((std::string(name) + " must be a " + want + " array on the CPU; got " +
+                          nb::inst_name(h).c_str())
+                             .c_str());
+  if (any.dtype() != nb::dtype<T>() || any.ndim() != D) {
+    std::string shape = "(";
+    for (size_t i = 0; i < any.ndim(); ++i) shape += (i ? ", " : "") + std::to_string(any.shape(i));
+    throw nb::type_error((std::string(name) + " must be a " + want + " array of " +
+                          std::to_string(D) + " dimension" + (D > 1 ? "s" : "") + "; got dtype " +
+                          nb::str(nb::getattr(h, "dtype", nb::str("?"))).c_str() + ", shape " +
+                          shape + ")")
+                             .c_str());
+  }
+  if (nb::try_cast(h, out, /*convert=*/false)) return out;
+  keep.push_back(nb::module_::import_("numpy").attr("ascontiguousarray")(h));
+  if (nb::try_cast(keep.back(), out, /*convert=*/false)) return out;
+  throw nb::type_error((std::string(name) + ": cannot read this array").c_str());
+}
+
+std::string check_pattern(nb::handle wcp_h, nb::handle wc_h, nb::handle wbp_h, nb::handle bitmap_h,
+                          nb::handle bvp_h, nb::handle schedule_h, nb::handle rows_h,
+                          nb::handle cols_h, nb::handle entries_h, nb::handle row_schedule_h,
+                          int64_t m, int64_t n) {
+  std::vector<nb::object> keep;
+  const auto wcp = host_array<int32_t, 1>(wcp_h, "window_col_ptr", keep);
+  const auto wc = host_array<int32_t, 1>(wc_h, "window_cols", keep);
+  const auto wbp = host_array<int32_t, 1>(wbp_h, "window_block_ptr", keep);
+  const auto bitmap = host_array<uint32_t, 2>(bitmap_h, "block_bitmap", keep);
+  const auto bvp = host_array<int32_t, 1>(bvp_h, "block_value_ptr", keep);
+  const auto schedule = host_array<int32_t, 2>(schedule_h, "schedule", keep);
+  const auto rows = host_array<int32_t, 1>(rows_h, "rows", keep);
+  const auto cols = host_array<int32_t, 1>(cols_h, "cols", keep);
+  const auto entries = host_array<int32_t, 2>(entries_h, "row_entries", keep);
+  const auto row_schedule = host_array<int32_t, 2>(row_schedule_h, "row_schedule", keep);
+  jaxsparse_tc::KernelArrays a;
+  a.view.window_col_ptr = wcp.data();
+  a.view.window_cols = wc.data();
+  a.view.window_block_ptr = wbp.data();
+  a.view.block_bitmap = bitmap.data();
+  a.view.block_value_ptr = bvp.data();
+  a.view.schedule = schedule.data();
+  a.view.num_windows = int64_t(wcp.shape(0)) - 1;
+  a.view.num_blocks = int64_t(bvp.shape(0)) - 1;
+  a.view.num_items = int64_t(schedule.shape(0));
+  a.window_col_ptr_len = int64_t(wcp.shape(0));
+  a.window_cols_len = int64_t(wc.shape(0));
+  a.window_block_ptr_len = int64_t(wbp.shape(0));
+  a.block_value_ptr_len = int64_t(bvp.shape(0));
+  a.bitmap_rows = int64_t(bitmap.shape(0)), a.bitmap_cols = int64_t(bitmap.shape(1));
+  a.schedule_rows = int64_t(schedule.shape(0)), a.schedule_cols = int64_t(schedule.shape(1));
+  const jaxsparse_tc::RowArrays rv{
+      entries.data(),      int64_t(entries.shape(0)),      int64_t(entries.shape(1)),
+      row_schedule.data(), int64_t(row_schedule.shape(0)), int64_t(row_schedule.shape(1))};
+  nb::gil_scoped_release release;
+  return jaxsparse_tc::check_pattern(a, rows.data(), int64_t(rows.shape(0)), cols.data(),
+                                     int64_t(cols.shape(0)), rv, m, n);
+}
+
+std::string check_transpose(nb::handle rows_h, nb::handle cols_h, nb::handle rows_t_h,
+                            nb::handle cols_t_h, nb::handle perm_t_h, nb::handle perm_t_inv_h) {
+  std::vector<nb::object> keep;
+  const auto rows = host_array<int32_t, 1>(rows_h, "rows", keep);
+  const auto cols = host_array<int32_t, 1>(cols_h, "cols", keep);
+  const auto rows_t = host_array<int32_t, 1>(rows_t_h, "rows_t", keep);
+  const auto cols_t = host_array<int32_t, 1>(cols_t_h, "cols_t", keep);
+  const auto perm_t = host_array<int32_t, 1>(perm_t_h, "perm_t", keep);
+  const auto perm_t_inv = host_array<int32_t, 1>(perm_t_inv_h, "perm_t_inv", keep);
+  nb::gil_scoped_release release;
+  return jaxsparse_tc::check_transpose(
+      rows.data(), int64_t(rows.shape(0)), cols.data(), int64_t(cols.shape(0)), rows_t.data(),
+      int64_t(rows_t.shape(0)), cols_t.data(), int64_t(cols_t.shape(0)), perm_t.data(),
+      int64_t(perm_t.shape(0)), perm_t_inv.data(), int64_t(perm_t_inv.shape(0)));
+}
+
 template <typename Fn>
 nb::capsule handler(Fn* fn) {
   return nb::capsule(reinterpret_cast<void*>(fn));
@@ -123,6 +209,21 @@ NB_MODULE(_cpu, m) {
         "composed). row_items (the row schedule's length) and heads size the SpMM row kernels' "
         "workspace, which must fit for them to run; the default (no row cut into several CTA "
         "items) assumes it does. The attention answer takes dv = d.");
+  m.def("check_pattern", &check_pattern, nb::arg("window_col_ptr"), nb::arg("window_cols"),
+        nb::arg("window_block_ptr"), nb::arg("block_bitmap"), nb::arg("block_value_ptr"),
+        nb::arg("schedule"), nb::arg("rows"), nb::arg("cols"), nb::arg("row_entries"),
+        nb::arg("row_schedule"), nb::arg("m"), nb::arg("n"),
+        "Checks one orientation of an m x n pattern (Pattern's arrays, in its order: int32, "
+        "block_bitmap uint32 [B, 2], schedule [S, 8], row_entries [nnz, 2], row_schedule [R, 4]) "
+        "against every invariant of docs/FORMAT.md that a kernel relies on. Returns \"\" when "
+        "all hold, else one message naming the first broken one (array, index, value, what was "
+        "expected). Raises TypeError for an argument of another dtype or rank. O(size of the "
+        "arrays); releases the GIL.");
+  m.def("check_transpose", &check_transpose, nb::arg("rows"), nb::arg("cols"), nb::arg("rows_t"),
+        nb::arg("cols_t"), nb::arg("perm_t"), nb::arg("perm_t_inv"),
+        "Checks that perm_t and perm_t_inv (int32 [nnz]) are inverse permutations and that A^T's "
+        "value j (rows_t, cols_t) is A's value perm_t[j] (rows, cols) transposed. Returns \"\" or "
+        "one message, as check_pattern.");
   m.def("registrations", []() {
     nb::dict d;
     d["jaxsparse_tc_spmm"] = handler(jaxsparse_tc::SpmmCpu);
