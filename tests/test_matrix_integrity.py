@@ -97,7 +97,7 @@ def test_an_optimizer_style_update_of_a_params_tree_errors_or_is_right(rng):
   new = jax.tree.map(
     lambda p, g: p - 0.1 * g if jnp.issubdtype(p.dtype, jnp.floating) else p, params, grads
   )
-  want = (_reference(A, x) @ np.asarray(new["w"], np.float64)).sum()
+  want = (_reference(new["A"], x) @ np.asarray(new["w"], np.float64)).sum()
   np.testing.assert_allclose(float(loss(new)), want, rtol=1e-4)
 
 
@@ -181,3 +181,18 @@ def test_ahead_of_time_lowering_takes_a_matrix(rng):
   x = jnp.ones((A.shape[1], 3), jnp.float32)
   compiled = jax.jit(lambda A, x: A @ x).lower(A, x).compile()
   np.testing.assert_allclose(compiled(A, x), _reference(A, x), rtol=1e-5, atol=1e-5)
+
+
+def test_cotangents_with_respect_to_a_matrix(rng):
+  """(Co)tangent trees of a matrix hold float0 for its integer leaves: they are no matrix to
+  check, and differentiating with respect to a matrix argument works."""
+  A = _matrix(rng)
+  x = jnp.asarray(rng.normal(size=(A.shape[1], 3)), jnp.float32)
+  y, vjp = jax.vjp(lambda A: A @ x, A)
+  (ct,) = vjp(jnp.ones_like(y))
+  assert ct.pattern.rows.dtype == jax.dtypes.float0
+  want = np.ones((A.shape[0], 3)) @ np.asarray(x, np.float64).T  # d sum(A @ x) / dA, dense
+  got = np.asarray(ct.values, np.float64)
+  np.testing.assert_allclose(got, want[np.asarray(A.rows), np.asarray(A.cols)], rtol=1e-5)
+  g = jax.grad(lambda A: jnp.sum(A @ x), allow_int=True)(A)
+  np.testing.assert_allclose(np.asarray(g.values), got, rtol=1e-6)

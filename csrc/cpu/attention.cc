@@ -28,39 +28,45 @@ cpu::Operand per_edge(const ffi::Buffer<ffi::F32>& b) {
   return {b.typed_data(), d[0], 1, d[1]};
 }
 
+// An operand's shape and dtype, whatever its buffer type (the bias is a float32 buffer).
+struct Shaped {
+  ffi::Span<const int64_t> dims;
+  ffi::DataType type;
+  template <typename B>
+  explicit Shaped(const B& b) : dims(b.dimensions()), type(b.element_type()) {}
+};
+
 // The operands' shapes and dtypes against each other (q [Hq, m, d], k [Hk, n, d], v [Hv, n, dv],
-// bias [Hb, nnz] where has_bias, out [H, m, dv], each head count 1 or H; one dtype); for the JVP
-// also the tangents (shaped as their primals, nullptr for the forward) and lse [Hl, m]. Sets
-// what the pattern is checked against.
-std::string attention_operand_error(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
-                                    const ffi::AnyBuffer& v, const ffi::AnyBuffer& bias,
-                                    bool has_bias, ffi::Span<const int64_t> od,
-                                    ffi::DataType out_type, const ffi::AnyBuffer* tangents,
-                                    ffi::Span<const int64_t> lse, PatternLimits& lim) {
+// bias [Hb, nnz] where has_bias, out [H, m, dv], each head count 1 or H; q, k, v and out one
+// dtype, the bias float32); for the JVP also the tangents (dq, dk, dv, dbias shaped as their
+// primals, nullptr for the forward) and lse [Hl, m]. Sets what the pattern is checked against.
+std::string attention_operand_error(Shaped q, Shaped k, Shaped v, Shaped bias, bool has_bias,
+                                    ffi::Span<const int64_t> od, ffi::DataType out_type,
+                                    const Shaped* tangents, ffi::Span<const int64_t> lse,
+                                    PatternLimits& lim) {
   if (od.size() != 3) return "out has shape " + dims_string(od) + "; expected [H, m, dv]";
   const int64_t H = od[0], m = od[1], dv = od[2];
-  const ffi::AnyBuffer* ops[] = {&q, &k, &v, &bias};
+  const Shaped* ops[] = {&q, &k, &v, &bias};
   const char* names[] = {"q", "k", "v", "bias", "dq", "dk", "dv", "dbias"};
   const int count = tangents ? 8 : 4;
-  const int64_t n = k.dimensions().size() == 3 ? k.dimensions()[1] : -1;
-  const int64_t d = q.dimensions().size() == 3 ? q.dimensions()[2] : -1;
-  const int64_t nnz = bias.dimensions().size() == 2 ? bias.dimensions()[1] : -1;
+  const int64_t n = k.dims.size() == 3 ? k.dims[1] : -1;
+  const int64_t d = q.dims.size() == 3 ? q.dims[2] : -1;
+  const int64_t nnz = bias.dims.size() == 2 ? bias.dims[1] : -1;
   const int64_t want[4][2] = {{m, d}, {n, d}, {n, dv}, {-1, nnz}};
   for (int i = 0; i < count; ++i) {
-    if (i % 4 == 3 && !has_bias) continue;  // a placeholder the kernels do not read
-    const ffi::AnyBuffer& b = i < 4 ? *ops[i] : tangents[i - 4];
-    const auto bd = b.dimensions();
-    const bool ok =
-        bd.size() == (i % 4 == 3 ? 2u : 3u) && heads_broadcast(bd[0], H) &&
-        (i % 4 == 3 ? bd[1] == nnz : bd[1] == want[i % 4][0] && bd[2] == want[i % 4][1]) &&
-        b.element_type() == out_type;
+    const bool edge = i % 4 == 3;
+    if (edge && !has_bias) continue;  // a placeholder the kernels do not read
+    const Shaped& b = i < 4 ? *ops[i] : tangents[i - 4];
+    const auto bd = b.dims;
+    const bool ok = bd.size() == (edge ? 2u : 3u) && heads_broadcast(bd[0], H) &&
+                    (edge ? bd[1] == nnz : bd[1] == want[i % 4][0] && bd[2] == want[i % 4][1]) &&
+                    b.type == (edge ? ffi::DataType::F32 : out_type);
     if (!ok)
       return std::string(names[i]) + " has shape " + dims_string(bd) +
-             " (or another dtype than out's) in a call of q " + dims_string(q.dimensions()) +
-             ", k " + dims_string(k.dimensions()) + ", v " + dims_string(v.dimensions()) +
-             ", out " + dims_string(od) +
-             ": expected q [Hq, m, d], k [Hk, n, d], v [Hv, n, dv], bias [Hb, nnz], one dtype, "
-             "head counts 1 or H";
+             " (or another dtype than expected) in a call of q " + dims_string(q.dims) + ", k " +
+             dims_string(k.dims) + ", v " + dims_string(v.dims) + ", out " + dims_string(od) +
+             ": expected q [Hq, m, d], k [Hk, n, d], v [Hv, n, dv] in out's dtype, bias [Hb, "
+             "nnz] float32, head counts 1 or H";
   }
   if (lse.size() != 2 || !heads_broadcast(lse[0], H) || lse[1] != m || (!tangents && lse[0] != H))
     return "lse has shape " + dims_string(lse) + "; expected [H, m] = [" + std::to_string(H) +
@@ -81,8 +87,9 @@ static ffi::Error attention_fwd_cpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi:
   if (dtype < 0) return unsupported_dtype();
   constexpr const char* kTarget = "jaxsparse_tc_attention_fwd";
   PatternLimits lim;
-  if (auto err = attention_operand_error(q, k, v, bias, has_bias != 0, o->dimensions(),
-                                         o->element_type(), nullptr, lse->dimensions(), lim);
+  if (auto err = attention_operand_error(Shaped(q), Shaped(k), Shaped(v), Shaped(bias),
+                                         has_bias != 0, o->dimensions(), o->element_type(), nullptr,
+                                         lse->dimensions(), lim);
       !err.empty())
     return operand_error(kTarget, err);
   KernelGuard guard(kTarget, kernel_arrays(wcp, wc, wbp, bitmap, bvp, schedule), lim);
@@ -115,9 +122,10 @@ static ffi::Error attention_jvp_cpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi:
   if (dtype < 0) return unsupported_dtype();
   constexpr const char* kTarget = "jaxsparse_tc_attention_jvp";
   PatternLimits lim;
-  const ffi::AnyBuffer tangents[] = {dq, dk, dvv, dbias};
-  if (auto err = attention_operand_error(q, k, v, bias, has_bias != 0, dout->dimensions(),
-                                         dout->element_type(), tangents, lse.dimensions(), lim);
+  const Shaped tangents[] = {Shaped(dq), Shaped(dk), Shaped(dvv), Shaped(dbias)};
+  if (auto err = attention_operand_error(Shaped(q), Shaped(k), Shaped(v), Shaped(bias),
+                                         has_bias != 0, dout->dimensions(), dout->element_type(),
+                                         tangents, lse.dimensions(), lim);
       !err.empty())
     return operand_error(kTarget, err);
   KernelGuard guard(kTarget, kernel_arrays(wcp, wc, wbp, bitmap, bvp, schedule), lim);
