@@ -13,6 +13,10 @@ import jaxsparse_tc as jst
 from jaxsparse_tc._src import integrity
 from jaxsparse_tc._src.integrity import PatternError
 
+# Integrity is host-side; the CPU kernels are the reference here (GPU kernels under corrupt
+# patterns: tests/test_gpu_safety.py).
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 
 def _matrix(rng, m=50, n=40, nnz=400):
   return jst.SparseMatrix.from_coo(

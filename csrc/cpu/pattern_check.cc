@@ -1,8 +1,11 @@
 #include "cpu/pattern_check.h"
 
 #include <algorithm>
+#include <cinttypes>
+#include <cstdio>
 #include <limits>
-#include <sstream>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/parallel.h"
@@ -17,11 +20,25 @@
 namespace jaxsparse_tc {
 namespace {
 
+// Messages are assembled without iostreams: a module that carries its own copy of the C++ runtime
+// can crash in the stream's locale facets when another copy is loaded in the process (seen on a
+// GPU machine, where jaxlib's is).
+void append(std::string& s, const std::string& x) {
+  s += x;
+}
+void append(std::string& s, const char* x) {
+  s += x;
+}
+template <typename T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
+void append(std::string& s, T x) {
+  s += std::to_string(x);
+}
+
 template <typename... Parts>
 std::string cat(const Parts&... parts) {
-  std::ostringstream s;
-  (s << ... << parts);
-  return s.str();
+  std::string s;
+  (append(s, parts), ...);
+  return s;
 }
 
 int64_t ceil8(int64_t x) {
@@ -280,20 +297,18 @@ const Loops& loops() {
 
 // -- messages ---------------------------------------------------------------------------------
 std::string bits_hex(uint64_t bits) {
-  std::ostringstream s;
-  s << "0x" << std::hex << bits;
-  return s.str();
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%" PRIx64, bits);
+  return buf;
 }
 
 constexpr const char* kFieldNames[kScheduleFields] = {
     "window", "block_begin", "block_end", "split", "col_begin", "col_end", "first", "pieces"};
 
 std::string item_string(const int32_t* it, int fields) {
-  std::ostringstream s;
-  s << "(";
-  for (int f = 0; f < fields; ++f) s << (f ? ", " : "") << it[f];
-  s << ")";
-  return s.str();
+  std::string s = "(";
+  for (int f = 0; f < fields; ++f) s += (f ? ", " : "") + std::to_string(it[f]);
+  return s + ")";
 }
 
 // "schedule[i] = (...): <field> = v; expected <what>".
@@ -318,11 +333,9 @@ int64_t block_columns(const PatternView& p, int64_t w, int64_t b) {
 }  // namespace
 
 std::string dims_string(ffi::Span<const int64_t> dims) {
-  std::ostringstream s;
-  s << "[";
-  for (size_t i = 0; i < dims.size(); ++i) s << (i ? ", " : "") << dims[i];
-  s << "]";
-  return s.str();
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
 }
 
 namespace check {
