@@ -514,10 +514,15 @@ class ReorderedMatrix(SparseMatrix):
 
   @classmethod
   def tree_unflatten(cls, aux, children):
-    shape, grouped, origin = aux
+    shape, grouped, padded, origin = aux
     *base, node_perm, node_inverse = children
     R = cls._unchecked(
-      *base, shape=shape, grouped=grouped, node_perm=node_perm, node_inverse=node_inverse
+      *base,
+      shape=shape,
+      grouped=grouped,
+      padded=padded,
+      node_perm=node_perm,
+      node_inverse=node_inverse,
     )
     R._check(contents=not origin.same_pattern(R))
     return R

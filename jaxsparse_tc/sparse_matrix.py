@@ -151,15 +151,30 @@ class SparseMatrix:
     input_to_format,
     shape: tuple[int, int],
     grouped: tuple[bool, bool] = (False, False),
+    padded: bool = False,
   ):
     """A matrix from its arrays (docs/FORMAT.md). Their dtypes and shapes are checked against
     `shape`, and concrete pattern arrays' contents against the format's invariants
-    (PatternError); the builders (`from_coo`, ...) are the usual way in."""
-    self._assign(values, pattern, pattern_t, perm_t, perm_t_inv, input_to_format, shape, grouped)
+    (PatternError); the builders (`from_coo`, ...) are the usual way in. `padded`: the arrays
+    are padded to common lengths (_src/padding.py: batches of graphs, shards), whose tails and
+    repeated empty items the format's exact-cover invariants do not describe: only their dtypes
+    and shapes are checked (the kernels stay in bounds whatever they hold)."""
+    self._assign(
+      values, pattern, pattern_t, perm_t, perm_t_inv, input_to_format, shape, grouped, padded
+    )
     self._check(contents=True)
 
   def _assign(
-    self, values, pattern, pattern_t, perm_t, perm_t_inv, input_to_format, shape, grouped
+    self,
+    values,
+    pattern,
+    pattern_t,
+    perm_t,
+    perm_t_inv,
+    input_to_format,
+    shape,
+    grouped,
+    padded=False,
   ):
     self.values = values
     self.pattern = Pattern(*pattern) if isinstance(pattern, (tuple, list)) else pattern
@@ -171,6 +186,7 @@ class SparseMatrix:
     # Whether A's and A^T's schedules are grouped (pattern.window_schedule): static, so that a
     # kernel can be told at trace time that no split window needs a cross-CTA merge.
     self.grouped = tuple(bool(g) for g in grouped)
+    self.padded = bool(padded)  # static too: padded patterns are checked by structure only
 
   @classmethod
   def _unchecked(cls, *args, **kwargs) -> "SparseMatrix":
@@ -185,15 +201,18 @@ class SparseMatrix:
   def _check(self, contents: bool) -> None:
     """check_structure where every array is array-like and none is a float0 (pytrees are also
     rebuilt with None or axis specs as leaves, and (co)tangent trees with float0 for integer
-    leaves: no matrix to check), and check_contents where asked and every array is concrete."""
+    leaves: no matrix to check) and the arrays are not stacked, and check_contents where asked
+    and every array is concrete. Operators check the structure again when they bind."""
     leaves = self._pattern_leaves()
     if not all(integrity.array_like(a) for a in leaves):
       return
     if any(a.dtype == jax.dtypes.float0 for a in leaves):
       return
+    if len(self.pattern.rows.shape) != 1:
+      return  # matrices stacked along leading axes (for scan, say): checked when one is used
     args = (self.pattern, self.pattern_t, self.perm_t, self.perm_t_inv, self.input_to_format)
     integrity.check_structure(self.values, *args, self.shape)
-    if contents and all(integrity.is_concrete(a) for a in leaves):
+    if contents and not self.padded and all(integrity.is_concrete(a) for a in leaves):
       integrity.check_contents(*args, self.shape)
 
   # -- pytree ---------------------------------------------------------------------------------
@@ -206,12 +225,12 @@ class SparseMatrix:
       self.perm_t_inv,
       self.input_to_format,
     )
-    return children, (self.shape, self.grouped, _Origin.of(self))
+    return children, (self.shape, self.grouped, self.padded, _Origin.of(self))
 
   @classmethod
   def tree_unflatten(cls, aux, children):
-    shape, grouped, origin = aux
-    A = cls._unchecked(*children, shape=shape, grouped=grouped)
+    shape, grouped, padded, origin = aux
+    A = cls._unchecked(*children, shape=shape, grouped=grouped, padded=padded)
     A._check(contents=not origin.same_pattern(A))
     return A
 
@@ -336,6 +355,7 @@ class SparseMatrix:
       self.input_to_format,
       self.shape,
       self.grouped,
+      self.padded,
     )
 
   def astype(self, dtype) -> "SparseMatrix":
@@ -378,6 +398,7 @@ class SparseMatrix:
       self.perm_t_inv[self.input_to_format],
       self.shape[::-1],
       self.grouped[::-1],
+      self.padded,
     )
 
   def operands(self) -> PatternOperands:

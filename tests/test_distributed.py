@@ -820,6 +820,7 @@ def test_padded_pattern_runs_like_the_original(rng):
     jnp.asarray(padding.pad_permutation(A.perm_t_inv, nnz_pad)),
     A.input_to_format,
     A.shape,
+    padded=True,
   )
   x = jnp.asarray(rng.standard_normal((N, 5)).astype(np.float32))
   y = jnp.asarray(rng.standard_normal((M, 5)).astype(np.float32))

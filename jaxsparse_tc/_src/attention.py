@@ -92,6 +92,7 @@ def sparse_attention(A, Q, K, V, *, scale=None, bias=None, options=None):
     return A.__jaxsparse_tc_op__(
       "sparse_attention", Q, K, V, scale=scale, bias=bias, options=options
     )
+  pattern = A.pattern_operands()  # checks the pattern arrays' structure first
   q, k, v = (jnp.asarray(x) for x in (Q, K, V))
   m, n = A.shape
   checks.dense_operand("sparse_attention", "Q", q, A, expected_rows=m)
@@ -140,7 +141,7 @@ def sparse_attention(A, Q, K, V, *, scale=None, bias=None, options=None):
       k.reshape((hs[1],) + k.shape[-2:]),
       v.reshape((hs[2],) + v.shape[-2:]),
       b,
-      *A.pattern_operands(),
+      *pattern,
     ),
     shape=A.shape,
     scale=scale,

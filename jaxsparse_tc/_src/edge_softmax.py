@@ -39,6 +39,7 @@ def edge_softmax(A, values=None):
   """
   if hasattr(A, "__jaxsparse_tc_op__"):  # a container of matrices (distributed.ShardedMatrix)
     return A.__jaxsparse_tc_op__("edge_softmax", values)
+  pattern = A.pattern_operands()  # checks the pattern arrays' structure first
   v = A.values if values is None else jnp.asarray(values)
   if v.ndim not in (1, 2) or v.shape[-1] != A.nnz:
     raise checks.OperandError(
@@ -47,7 +48,7 @@ def edge_softmax(A, values=None):
     )
   checks.softmax_dtype("edge_softmax", "values", v)
   h = v.shape[0] if v.ndim == 2 else 1
-  out = edge_softmax_p.bind(*vma.match(v.reshape((h, A.nnz)), *A.pattern_operands()))
+  out = edge_softmax_p.bind(*vma.match(v.reshape((h, A.nnz)), *pattern))
   return A.with_values(out if v.ndim == 2 else out[0])
 
 

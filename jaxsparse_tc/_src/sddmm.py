@@ -54,6 +54,7 @@ def sddmm(
       preferred_element_type=preferred_element_type,
       options=options,
     )
+  pattern = A.pattern_operands()  # checks the pattern arrays' structure first
   x, y = jnp.asarray(x), jnp.asarray(y)
   m, n = A.shape
   checks.dense_operand("sddmm", "X", x, A, expected_rows=m)
@@ -84,9 +85,7 @@ def sddmm(
       else:
         x, y, out_dtype = x.astype(scaled), y.astype(scaled), scaled
   out = sddmm_p.bind(
-    *vma.match(
-      x.reshape((hx,) + x.shape[-2:]), y.reshape((hy,) + y.shape[-2:]), *A.pattern_operands()
-    ),
+    *vma.match(x.reshape((hx,) + x.shape[-2:]), y.reshape((hy,) + y.shape[-2:]), *pattern),
     shape=A.shape,
     precision=precision_lib.canonicalize(precision),
     float32_out=out_dtype != x.dtype,

@@ -34,6 +34,7 @@ def spmm(A, x, *, precision=None, options=None):
   """
   if hasattr(A, "__jaxsparse_tc_op__"):  # a container of matrices (distributed.ShardedMatrix)
     return A.__jaxsparse_tc_op__("spmm", x, precision=precision, options=options)
+  pattern = A.pattern_operands()  # checks the pattern arrays' structure first
   x = jnp.asarray(x)
   m, n = A.shape
   checks.dense_operand("spmm", "X", x, A, expected_rows=n)
@@ -43,7 +44,7 @@ def spmm(A, x, *, precision=None, options=None):
   hx = x.shape[0] if x.ndim == 3 else 1
   checks.heads_match("spmm", A, x, hv, hx)
   out = spmm_p.bind(
-    *vma.match(values.reshape(hv, A.nnz), x.reshape((hx,) + x.shape[-2:]), *A.pattern_operands()),
+    *vma.match(values.reshape(hv, A.nnz), x.reshape((hx,) + x.shape[-2:]), *pattern),
     shape=A.shape,
     precision=precision_lib.canonicalize(precision),
     options=kernel_options(options),

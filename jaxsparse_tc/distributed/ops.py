@@ -81,6 +81,7 @@ def _local_matrix(layout, part_layout, part, values) -> SparseMatrix:
     part.perm_t,
     (layout.rows_per_shard, part_layout.cols),
     part_layout.grouped,
+    padded=True,
   )
 
 

@@ -519,7 +519,9 @@ def padded_matrix(
   arrays = jax.device_put(
     (values_f, pattern, pattern_t, perm_t, perm_t_inv, to_format[: budget.edges].astype(np.int32))
   )
-  A = SparseMatrix._unchecked(*arrays, shape=(n_slots, n_slots), grouped=(grouped, grouped_t))
+  A = SparseMatrix._unchecked(
+    *arrays, shape=(n_slots, n_slots), grouped=(grouped, grouped_t), padded=True
+  )
   return A, slots.astype(np.int32)
 
 
