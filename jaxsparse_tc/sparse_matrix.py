@@ -210,10 +210,15 @@ class SparseMatrix:
       return
     if len(self.pattern.rows.shape) != 1:
       return  # matrices stacked along leading axes (for scan, say): checked when one is used
-    args = (self.pattern, self.pattern_t, self.perm_t, self.perm_t_inv, self.input_to_format)
-    integrity.check_structure(self.values, *args, self.shape)
+    self._check_structure()
     if contents and not self.padded and all(integrity.is_concrete(a) for a in leaves):
-      integrity.check_contents(*args, self.shape)
+      integrity.check_contents(*self._pattern_parts(), self.shape)
+
+  def _pattern_parts(self) -> tuple:
+    return (self.pattern, self.pattern_t, self.perm_t, self.perm_t_inv, self.input_to_format)
+
+  def _check_structure(self) -> None:
+    integrity.check_structure(self.values, *self._pattern_parts(), self.shape)
 
   # -- pytree ---------------------------------------------------------------------------------
   def tree_flatten(self):
@@ -404,15 +409,7 @@ class SparseMatrix:
   def operands(self) -> PatternOperands:
     """What primitives take besides values: both orientations' structure (named). Their dtypes
     and shapes are checked here, when an operator binds them (tracers included)."""
-    integrity.check_structure(
-      self.values,
-      self.pattern,
-      self.pattern_t,
-      self.perm_t,
-      self.perm_t_inv,
-      self.input_to_format,
-      self.shape,
-    )
+    self._check_structure()
     return PatternOperands(
       a=KernelArrays(*self.pattern.kernel_arrays()),
       t=KernelArrays(*self.pattern_t.kernel_arrays()),
