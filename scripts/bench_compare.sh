@@ -4,7 +4,7 @@
 # two never shadow each other), runs the same bench_kernels arguments in each, alternating for
 # ROUNDS rounds, then prints per-row ratios (benchmarks/compare.py). Each tree runs its own
 # benchmark code; BASE gets this checkout's shared/ (the benchmark graphs).
-#   bash scripts/bench_compare.sh BASE_TREE ROUNDS BENCH_KERNELS_ARGS...
+#   bash scripts/bench_compare.sh BASE_TREE ROUNDS BENCH_KERNELS_ARGS...   (ROUNDS 0: build only)
 # e.g. BASE_TREE from `git archive <commit> | tar -x -C .base` (an ignored folder, carried).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -32,5 +32,7 @@ for r in $(seq 1 "$rounds"); do
       || { echo "$side round $r failed"; tail -20 "$OUT/compare_${side}_$r.log"; }
   done
 done
-python3 -m benchmarks.compare "$OUT"/compare_base_*.json -- "$OUT"/compare_after_*.json \
-  | tee "$OUT/compare.md"
+if [ "$rounds" -gt 0 ]; then
+  python3 -m benchmarks.compare "$OUT"/compare_base_*.json -- "$OUT"/compare_after_*.json \
+    | tee "$OUT/compare.md"
+fi

@@ -259,15 +259,15 @@ __device__ __forceinline__ void dq_windows(const GradOperands<T>& p, const Kerne
   for (int s = 0; s < D / 16; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.f;
 
   PairRows next;
-  if (PF && it.b_first < it.b_end) next = pair_rows(a.bitmap, a.wc, it, it.b_first, g, a.last_col);
+  if (PF && it.b_first < it.b_end) next = pair_rows(a.bitmap, a.wc, it, it.b_first, g);
   for (int64_t b0 = it.b_first; b0 < it.b_end; b0 += 2) {
-    const PairRows pr = PF ? next : pair_rows(a.bitmap, a.wc, it, b0, g, a.last_col);
+    const PairRows pr = PF ? next : pair_rows(a.bitmap, a.wc, it, b0, g);
+    if (PF && b0 + 2 < it.b_end) next = pair_rows(a.bitmap, a.wc, it, b0 + 2, g);  // as forward
     uint32_t kw0[W], kw1[W], vw0[W], vw1[W];
-    row_words<T, D>(kh, pr.col[0], t, kw0);
-    row_words<T, D>(kh, pr.col[1], t, kw1);
-    row_words<T, D>(vh, pr.col[0], t, vw0);
-    row_words<T, D>(vh, pr.col[1], t, vw1);
-    if (PF && b0 + 2 < it.b_end) next = pair_rows(a.bitmap, a.wc, it, b0 + 2, g, a.last_col);
+    gathered_row_words<T, D>(kh, pr.col[0], a.last_col, t, kw0);
+    gathered_row_words<T, D>(kh, pr.col[1], a.last_col, t, kw1);
+    gathered_row_words<T, D>(vh, pr.col[0], a.last_col, t, vw0);
+    gathered_row_words<T, D>(vh, pr.col[1], a.last_col, t, vw1);
     float sc[4], dp[4], ds[4];
     tile_dots<T, D>(sc, kw0, kw1, qw);  // S^T: (column, row)
     tile_dots<T, D>(dp, vw0, vw1, dw);  // dP^T
@@ -338,18 +338,19 @@ __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const Kern
   wait_prerequisites();  // grads_row_stats (stats of the gathered queries)
   PairRows next;
   if (PF && it.b_first < it.b_end)
-    next = pair_rows(at.bitmap, at.wc, it, it.b_first, g, at.last_col);
+    next = pair_rows(at.bitmap, at.wc, it, it.b_first, g);
   for (int64_t b0 = it.b_first; b0 < it.b_end; b0 += 2) {
-    const PairRows pr = PF ? next : pair_rows(at.bitmap, at.wc, it, b0, g, at.last_col);
+    const PairRows pr = PF ? next : pair_rows(at.bitmap, at.wc, it, b0, g);
+    if (PF && b0 + 2 < it.b_end) next = pair_rows(at.bitmap, at.wc, it, b0 + 2, g);  // as forward
     uint32_t qc0[W], qc1[W], dc0[W], dc1[W];
-    row_words<T, D>(qh, pr.col[0], t, qc0);
-    row_words<T, D>(qh, pr.col[1], t, qc1);
-    row_words<T, D>(doh, pr.col[0], t, dc0);
-    row_words<T, D>(doh, pr.col[1], t, dc1);
+    gathered_row_words<T, D>(qh, pr.col[0], at.last_col, t, qc0);
+    gathered_row_words<T, D>(qh, pr.col[1], at.last_col, t, qc1);
+    gathered_row_words<T, D>(doh, pr.col[0], at.last_col, t, dc0);
+    gathered_row_words<T, D>(doh, pr.col[1], at.last_col, t, dc1);
     float2 st2[2];  // the queries of columns g and g+8: (lse, delta)
 #pragma unroll
-    for (int c = 0; c < 2; ++c) st2[c] = pr.col[c] >= 0 ? stats[pr.col[c]] : make_float2(0.f, 0.f);
-    if (PF && b0 + 2 < it.b_end) next = pair_rows(at.bitmap, at.wc, it, b0 + 2, g, at.last_col);
+    for (int c = 0; c < 2; ++c)
+      st2[c] = pr.col[c] >= 0 ? stats[clamp_last(pr.col[c], at.last_col)] : make_float2(0.f, 0.f);
     float sc[4], dp[4], pe[4], ds[4];
     tile_dots<T, D>(sc, qc0, qc1, kvw, lane);                // S: (query column, key row)
     tile_dots<T, D>(dp, dc0, dc1, kvw + D / 16 * 32, lane);  // dP

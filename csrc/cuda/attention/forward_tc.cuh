@@ -138,12 +138,12 @@ __global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 3 : 4)
   // rather than two.
   auto pair_cols = [&](int64_t b0) {
     PairCols pc;
-    pc.k = pair_rows(bitmap, wc, it, b0, g, pb.last_col);
+    pc.k = pair_rows(bitmap, wc, it, b0, g);
     const int64_t cbase = c_first + 8 * (b0 - b_first);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {  // V rows: condensed columns 2t, 2t+1, 2t+8, 2t+9
       const int64_t c = cbase + 2 * t + (j & 1) + (j >> 1) * 8;
-      pc.v[j] = c < c_end ? clamp_last(wc[c], pb.last_col) : -1;
+      pc.v[j] = c < c_end ? wc[c] : -1;  // folded where used, as pair_rows' columns
     }
     return pc;
   };
@@ -155,19 +155,23 @@ __global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 3 : 4)
   row_words<T, D>(qh, w * 8 + g < m ? w * 8 + g : -1, t, qw);
   for (int64_t b0 = b_first; b0 < b_end; b0 += 2) {
     if (!PF && b0 != b_first) cur = pair_cols(b0);
+    const PairCols now = cur;
+    // The next pair's columns are issued before this pair's rows: nothing they load waits on
+    // those rows then (issued after, they waited behind the rows' operand moves on H100).
+    if (PF && b0 + 2 < b_end) cur = pair_cols(b0 + 2);
     uint32_t kw0[QW], kw1[QW];
-    row_words<T, D>(kh, cur.k.col[0], t, kw0);
-    row_words<T, D>(kh, cur.k.col[1], t, kw1);
+    gathered_row_words<T, D>(kh, now.k.col[0], pb.last_col, t, kw0);
+    gathered_row_words<T, D>(kh, now.k.col[1], pb.last_col, t, kw1);
     uint32_t vw[4][VW];  // issued early, used after the softmax
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      if (cur.v[j] >= 0)
-        load_row<T, DV / 8>(vh + int64_t(cur.v[j]) * DV, int64_t(g) * (DV / 8), DV, true, vw[j]);
+      if (now.v[j] >= 0)
+        load_row<T, DV / 8>(vh + int64_t(clamp_last(now.v[j], pb.last_col)) * DV,
+                            int64_t(g) * (DV / 8), DV, true, vw[j]);
       else
         for (int x = 0; x < VW; ++x) vw[j][x] = 0u;
     }
-    const PairRows tile = cur.k;
-    if (PF && b0 + 2 < b_end) cur = pair_cols(b0 + 2);
+    const PairRows tile = now.k;
     float sc[4];
     tile_dots<T, D>(sc, kw0, kw1, qw);
     // mask + logits (log2 domain). sc[0]: (col g, row 2t), [1]: (g, 2t+1), [2]/[3]: col g+8.
@@ -200,13 +204,13 @@ __global__ void __launch_bounds__(32 * kAttnWarps, D == 128 ? 3 : 4)
       }
     }
     // P^T as the SpMM's B operand: transpose the two 8x8 halves in registers.
-    const uint32_t pb[2] = {movmatrix_trans(pack2<T>(p[0], p[1])),
+    const uint32_t pt[2] = {movmatrix_trans(pack2<T>(p[0], p[1])),
                             movmatrix_trans(pack2<T>(p[2], p[3]))};
 #pragma unroll
     for (int s = 0; s < MS; ++s) {
       const uint32_t a[4] = {pack_lo(vw[0][s], vw[1][s]), pack_hi(vw[0][s], vw[1][s]),
                              pack_lo(vw[2][s], vw[3][s]), pack_hi(vw[2][s], vw[3][s])};
-      mma_16816(acc[s], a, pb, T{});
+      mma_16816(acc[s], a, pt, T{});
     }
   }
   // finish: full row sums; this thread's rows 2t, 2t+1 and features g*DV/8 + (0 .. DV/8).

@@ -68,11 +68,34 @@ struct AttnItem {
 // of `pieces` warps, led by the first piece's) needs every piece's item to be a split item that
 // names the same first and pieces, inside this CTA's group and the schedule. Each piece checks
 // all of them, so the pieces of a group reach the same verdict and no barrier waits for a warp
-// that does not come. (One extra load of at most three items, only for a grouped split piece.)
+// that does not come. A grouped schedule's warp loads its whole group (kGroupItems items of 8
+// words, a word per lane) in one load, so the check costs no second round trip. The calling warp
+// must be converged (its early exits are per warp).
 __device__ __forceinline__ bool read_item(const int4* sched, const int32_t* wbp, int64_t item,
                                           int64_t num_items, bool grouped, int64_t cap,
                                           const PatternBounds& pb, AttnItem& it) {
-  const int4 s0 = sched[2 * item], s1 = sched[2 * item + 1];
+  static_assert(kGroupItems * 8 == 32, "a group's items are one word per lane");
+  int4 s0, s1;
+  bool agree = false;  // grouped: the items the pieces name agree with this one
+  if (grouped) {
+    const int lane = int(threadIdx.x) & 31;
+    const int64_t group = item / kGroupItems * kGroupItems, word = group * 8 + lane;
+    const int v = word < num_items * 8 ? reinterpret_cast<const int32_t*>(sched)[word] : 0;
+    const int own = int(item - group) * 8;
+    s0 = make_int4(__shfl_sync(~0u, v, own), __shfl_sync(~0u, v, own + 1),
+                   __shfl_sync(~0u, v, own + 2), __shfl_sync(~0u, v, own + 3));
+    s1 = make_int4(__shfl_sync(~0u, v, own + 4), __shfl_sync(~0u, v, own + 5),
+                   __shfl_sync(~0u, v, own + 6), __shfl_sync(~0u, v, own + 7));
+    // lane 8j + f holds word f of the group's item j: split flag (3), first (6), pieces (7)
+    const int64_t j = group + lane / 8;
+    const int f = lane % 8;
+    const bool named = j >= s1.z && j < int64_t(s1.z) + s1.w;
+    const bool ok = !named || (f == 3 ? v != 0 : f == 6 ? v == s1.z : f == 7 ? v == s1.w : true);
+    agree = __all_sync(~0u, ok);
+  } else {
+    s0 = sched[2 * item];
+    s1 = sched[2 * item + 1];
+  }
   const int b_first = clamp_to(s0.y, 0, pb.num_blocks), c_first = clamp_to(s1.x, 0, pb.num_cols);
   it = {clamp_last(s0.x, pb.last_window),
         b_first,
@@ -87,16 +110,8 @@ __device__ __forceinline__ bool read_item(const int4* sched, const int32_t* wbp,
     const bool holds = first >= 0 && first <= item && item < first + pieces;
     it.first = s1.z;
     it.pieces = s1.w;
-    it.local = grouped && holds && pieces <= kGroupItems &&
+    it.local = agree && holds && pieces <= kGroupItems &&
                first % kGroupItems + pieces <= kGroupItems && first + pieces <= num_items;
-    if (it.local) {
-      for (int64_t j = first; j < first + pieces; ++j) {
-        if (j == item) continue;
-        const int split = sched[2 * j].w;
-        const int4 o = sched[2 * j + 1];
-        it.local = it.local && split != 0 && o.z == s1.z && o.w == s1.w;
-      }
-    }
     if (!it.local && (!holds || first + pieces > cap)) {
       if (item != first) return false;
       it.first = -1;
@@ -113,16 +128,18 @@ __device__ __forceinline__ bool read_item(const int4* sched, const int32_t* wbp,
 }
 
 // The bitmaps of blocks b0, b0 + 1 and the condensed columns g and g+8 of the pair (row layout
-// gathers; -1 past the window's end), folded into the gathered table's rows. (Repeating the
-// window's last column there instead, which spares the zero rows' register clears, made R-MAT's
-// forward 9% slower on H100.)
+// gathers; -1 past the window's end). The columns are kept as loaded and folded into the gathered
+// table where they are used (gathered_row_words): a fold here runs right after the load and makes
+// the next pair's prefetch wait for it (22% of the forward's stall samples on H100, R-MAT 2^20).
+// (Repeating the window's last column past the end instead, which spares the zero rows' register
+// clears, made R-MAT's forward 9% slower on H100.)
 struct PairRows {
   uint64_t bits0, bits1;
   int32_t col[2];
 };
 
 __device__ __forceinline__ PairRows pair_rows(const uint32_t* bitmap, const int32_t* wc,
-                                              const AttnItem& it, int64_t b0, int g, int last_col) {
+                                              const AttnItem& it, int64_t b0, int g) {
   PairRows pr;
   pr.bits0 = load_block_bits(bitmap, b0);
   pr.bits1 = b0 + 1 < it.b_end ? load_block_bits(bitmap, b0 + 1) : 0ull;
@@ -130,7 +147,7 @@ __device__ __forceinline__ PairRows pair_rows(const uint32_t* bitmap, const int3
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int64_t c = cbase + 8 * i + g;
-    pr.col[i] = c < it.c_end ? clamp_last(wc[c], last_col) : -1;
+    pr.col[i] = c < it.c_end ? wc[c] : -1;
   }
   return pr;
 }
@@ -158,6 +175,14 @@ __device__ __forceinline__ void row_words(const T* base, int64_t row, int t, uin
 #pragma unroll
     for (int x = 0; x < D / 8; ++x) w[x] = 0u;
   }
+}
+
+// row_words of a column read from the pattern (PairRows::col): folded into [0, last_col] here,
+// where it is used; zeros for col < 0 (past the window's end, or a corrupt entry).
+template <class T, int D>
+__device__ __forceinline__ void gathered_row_words(const T* base, int col, int last_col, int t,
+                                                   uint32_t (&w)[D / 8]) {
+  row_words<T, D>(base, col >= 0 ? clamp_last(col, last_col) : -1, t, w);
 }
 
 // C[16 cols x 8 rows] = A_rows[16 x D] B^T[D x 8], both in the row layout: a0/a1 the gathered
