@@ -371,8 +371,9 @@ class SparseMatrix:
       raise ValueError(f"SparseMatrix.astype: dtype must be a float type; got {dtype}")
     if dtype == self.values.dtype:
       return self
-    if not isinstance(self.values, jax.core.Tracer) and self.nnz:
-      peak = float(jnp.max(jnp.abs(self.values.astype(jnp.float32))))
+    if integrity.is_concrete(self.values) and self.nnz:
+      # numpy: inside a trace (a matrix closed over by a jitted function) jnp would stage it
+      peak = float(np.max(np.abs(np.asarray(self.values, np.float32))))
       if peak > float(jnp.finfo(dtype).max):
         raise ValueError(
           f"SparseMatrix.astype({dtype}): values up to {peak:.6g} exceed {dtype}'s largest "

@@ -194,6 +194,28 @@ def test_layers_refuse_values_past_the_features_range(rng):
     F.gin_conv(M, jnp.ones((n, 4), jnp.int32), lambda h: h)
 
 
+def test_host_checks_read_closed_over_arrays_under_jit(rng):
+  """A matrix or index array closed over by a jitted function is concrete: the host-side checks
+  read it with numpy (jnp on it inside the trace would give a tracer and fail)."""
+  n = 20
+  ei = rng.integers(0, n, (2, 60))
+  M = graph.message_passing_matrix(ei, n, edge_weight=rng.uniform(0.5, 1.5, 60))
+  x = jnp.asarray(rng.standard_normal((n, 4)), jnp.float16)
+  got = jax.jit(lambda x: F.gin_conv(M, x, lambda h: h))(x)
+  np.testing.assert_allclose(
+    np.asarray(got, np.float32), np.asarray(F.gin_conv(M, x, lambda h: h), np.float32)
+  )
+  big = M.with_values(M.values * 1e5)
+  with pytest.raises(ValueError, match="exceed float16's largest finite value"):
+    jax.jit(lambda x: F.gin_conv(big, x, lambda h: h))(x)
+  index = jnp.asarray(ei[1])
+  np.testing.assert_array_equal(
+    np.asarray(jax.jit(lambda: graph.degree(index))()), np.bincount(ei[1], minlength=0)
+  )
+  with pytest.raises(ValueError, match="outside"):
+    jax.jit(lambda: graph.degree(index, num_nodes=int(ei[1].max())))()
+
+
 def test_layers_refuse_matrices_with_several_value_sets(rng):
   n = 16
   A = graph.gcn_norm(rng.integers(0, n, (2, 40)), n)

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsparse_tc._src import integrity
 from jaxsparse_tc.sparse_matrix import SparseMatrix
 
 __all__ = [
@@ -360,16 +361,17 @@ def degree(index, num_nodes: int | None = None, dtype=jnp.float32):
     raise ValueError(f"degree: index must hold integers (node ids); got dtype {index.dtype}")
   if num_nodes is not None:
     num_nodes = _count("num_nodes", num_nodes)
-  if not isinstance(index, jax.core.Tracer) and index.size:
-    lo, hi = int(index.min()), int(index.max())
+  concrete = integrity.is_concrete(index)  # also when closed over by a jitted function
+  if concrete and index.size:
+    lo, hi = int(np.min(np.asarray(index))), int(np.max(np.asarray(index)))
     if lo < 0 or (num_nodes is not None and hi >= num_nodes):
       raise ValueError(
         f"degree: index holds node ids in [{lo}, {hi}], outside [0, num_nodes={num_nodes})"
       )
   if num_nodes is None:
-    if isinstance(index, jax.core.Tracer):
+    if not concrete:
       raise TypeError("degree: pass num_nodes when index is traced")
-    num_nodes = int(index.max()) + 1 if index.size else 0
+    num_nodes = hi + 1 if index.size else 0
   return jax.ops.segment_sum(jnp.ones(index.shape, dtype), index, num_segments=num_nodes)
 
 
