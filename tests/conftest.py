@@ -22,6 +22,15 @@ def rng(request):
   return np.random.default_rng(seed)
 
 
+def pytest_collection_finish(session):
+  """Starts test_distributed.py's multi-device child process as soon as its tests are
+  collected: it then runs beside the rest of the suite rather than after it."""
+  for item in session.items:
+    if "test_distributed.py::test_multi_device" in item.nodeid:
+      item.module.start_child()
+      return
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
   outcome = yield

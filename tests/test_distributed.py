@@ -25,6 +25,8 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import time
 import traceback
 
 import numpy as np
@@ -733,9 +735,11 @@ def _child_main(names) -> int:
   cases = _cases()
   failed = 0
   for name in names or list(cases):
+    start = time.perf_counter()
     try:
       cases[name]()
       print(f"CASE {name} PASS", flush=True)
+      print(f"{name}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     except Exception:  # noqa: BLE001
       failed += 1
       print(f"CASE {name} FAIL {json.dumps(traceback.format_exc()[-3000:])}", flush=True)
@@ -750,25 +754,42 @@ def _child_main(names) -> int:
 # ----------------------------------------------------------------------------------------------
 # pytest side
 # ----------------------------------------------------------------------------------------------
+_child = []  # the multi-device child process and its output files, once started
+
+
+def start_child() -> None:
+  """Starts the child process running every case (once). conftest.py starts it as soon as the
+  tests are collected, so that it runs beside the rest of the suite (~2 minutes on 2 cores). Its
+  output goes to files: a pipe that nobody reads yet could fill and stall it."""
+  if not _child:
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    cmd = [sys.executable, os.path.abspath(__file__), "--cpu-devices", str(DEVICES)]
+    _child.append((subprocess.Popen(cmd, stdout=out, stderr=err, text=True), out, err))
+
+
 @pytest.fixture(scope="session")
 def child_results():
-  proc = subprocess.run(
-    [sys.executable, os.path.abspath(__file__), "--cpu-devices", str(DEVICES)],
-    capture_output=True,
-    text=True,
-    timeout=3000,
-  )
+  start_child()
+  proc, out, err = _child[0]
+  try:
+    proc.wait(timeout=3000)
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    proc.wait()
+  out.seek(0)
+  err.seek(0)
+  stdout, stderr = out.read(), err.read()
   results = {}
-  for line in proc.stdout.splitlines():
+  for line in stdout.splitlines():
     parts = line.split(" ", 3)
     if len(parts) >= 3 and parts[0] == "CASE":
       results[parts[1]] = (parts[2], json.loads(parts[3]) if len(parts) > 3 else "")
   if not results:
     pytest.fail(
       f"the multi-device child process reported nothing (exit {proc.returncode}):\n"
-      f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+      f"{stdout[-2000:]}\n{stderr[-4000:]}"
     )
-  return results, proc.stderr[-3000:]
+  return results, stderr[-3000:]
 
 
 @pytest.mark.parametrize("name", sorted(_cases()))
