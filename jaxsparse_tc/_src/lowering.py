@@ -7,15 +7,10 @@ from typing import Callable, Sequence
 
 import jax
 import numpy as np
-from jax.interpreters import mlir
 
 from jaxsparse_tc._src.extensions import CUDA_TARGETS
+from jaxsparse_tc._src.partitioning import register_partitioned_lowering
 from jaxsparse_tc._src.pattern import PatternOperands
-
-try:
-  from jax._src.dispatch import apply_primitive  # eager evaluation through a cached jit
-except ImportError:  # pragma: no cover
-  from jax.interpreters.xla import apply_primitive
 
 # What a kernel reads of the pattern operands, e.g. `lambda P: P.a` (A's window arrays).
 PatternPick = Callable[[PatternOperands], Sequence]
@@ -26,6 +21,22 @@ AttrRule = Callable[[dict], object]
 def param(name: str, typ=np.int32) -> AttrRule:
   """An attribute equal to the primitive's param `name`, as `typ`."""
   return lambda params: typ(params[name])
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted(prim, params: tuple):
+  kwargs = dict(params)
+  return jax.jit(lambda *args: prim.bind(*args, **kwargs))
+
+
+def eager_impl(prim):
+  """A primitive's eager evaluation: one compiled program per set of params (jit caches it per
+  shape and dtype)."""
+
+  def impl(*args, **params):
+    return _jitted(prim, tuple(sorted(params.items())))(*args)
+
+  return impl
 
 
 def register_ffi_lowering(
@@ -40,6 +51,7 @@ def register_ffi_lowering(
   cuda_workspace=None,
   cpu_rule=None,
   cuda_supports=None,
+  features=(),
 ):
   """Lowers `prim` (operands: `num_dense` dense arrays, then PatternOperands.flat()) to the FFI
   `target` on CPU (always) and CUDA (when built).
@@ -88,7 +100,8 @@ def register_ffi_lowering(
       )
     return lower(ctx, operands, params, cuda_pattern, cuda_attrs, cuda_workspace)
 
-  prim.def_impl(functools.partial(apply_primitive, prim))
-  mlir.register_lowering(prim, cpu_rule or rule, platform="cpu")
+  prim.def_impl(eager_impl(prim))
+  rules = {"cpu": cpu_rule or rule}
   if target in CUDA_TARGETS:
-    mlir.register_lowering(prim, cuda_rule, platform="cuda")
+    rules["cuda"] = cuda_rule
+  register_partitioned_lowering(prim, num_dense, tuple(features), rules)

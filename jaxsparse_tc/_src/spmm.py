@@ -127,4 +127,5 @@ register_ffi_lowering(
   attrs={"precision": param("precision")},
   cuda_attrs={"kernel": lambda p: np.int32(p["options"].spmm_code)},
   cuda_workspace=_cuda_workspace,
+  features=(1,),  # X's columns split across devices with the result's
 )

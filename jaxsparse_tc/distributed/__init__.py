@@ -19,8 +19,9 @@ build, overridable), with gradients through the exchanges.
     Xe = dist.exchange(SA, X)                    # the rows each shard reads, once:
     Y = jst.spmm(SA, Xe)                         # then the SpMM exchanges nothing
 
-Plain `jax.jit` with sharded dense operands and an ordinary SparseMatrix is covered by
-`jaxsparse_tc.distributed.spmd` (sharding rules for the primitives).
+Plain `jax.jit` with sharded dense operands and an ordinary SparseMatrix needs nothing from
+here: each primitive carries its sharding rule (heads and SpMM's feature columns split across
+devices); `jaxsparse_tc.distributed.spmd.set_fallback` chooses what other shardings get.
 """
 
 from jaxsparse_tc.distributed import spmd
@@ -47,8 +48,6 @@ from jaxsparse_tc.distributed.ops import (
   sparse_attention,
   spmm,
 )
-
-spmd.install()
 
 __all__ = [
   "ShardedMatrix",
