@@ -337,8 +337,7 @@ __device__ __forceinline__ void dkv_windows(const GradOperands<T>& p, const Kern
 
   wait_prerequisites();  // grads_row_stats (stats of the gathered queries)
   PairRows next;
-  if (PF && it.b_first < it.b_end)
-    next = pair_rows(at.bitmap, at.wc, it, it.b_first, g);
+  if (PF && it.b_first < it.b_end) next = pair_rows(at.bitmap, at.wc, it, it.b_first, g);
   for (int64_t b0 = it.b_first; b0 < it.b_end; b0 += 2) {
     const PairRows pr = PF ? next : pair_rows(at.bitmap, at.wc, it, b0, g);
     if (PF && b0 + 2 < it.b_end) next = pair_rows(at.bitmap, at.wc, it, b0 + 2, g);  // as forward
