@@ -23,7 +23,8 @@ Plain `jax.jit` with sharded dense operands and an ordinary SparseMatrix is cove
 `jaxsparse_tc.distributed.spmd` (sharding rules for the primitives).
 """
 
-from jaxsparse_tc.distributed import spmd
+from jaxsparse_tc._src.distributed.sharded_matrix import bind_operators
+from jaxsparse_tc.distributed import ops, spmd
 from jaxsparse_tc.distributed.matrix import (
   DEFAULT_AXIS,
   EXCHANGES,
@@ -48,6 +49,7 @@ from jaxsparse_tc.distributed.ops import (
   spmm,
 )
 
+bind_operators(ops)  # jst.spmm etc. on a ShardedMatrix dispatch to these
 spmd.install()
 
 __all__ = [
