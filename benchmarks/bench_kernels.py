@@ -1,4 +1,4 @@
-"""Kernel grid of issue 28: SpMM / SDDMM / attention per graph, node order, width and dtype.
+"""Kernel grid: SpMM / SDDMM / attention time per graph, node order, width and dtype.
 
 Each kernel family forced and auto, against cuSPARSE and XLA, the memory floors, the selector.
 
@@ -19,7 +19,7 @@ raises gets a row with `error`); XLA peers (segment_sum SpMM, gather SDDMM; floa
 accumulation, inputs and outputs in the dtype) at --xla-dims (default 128). Attention: the fused
 forward vs XLA unfused; fwd+bwd with attention_backward auto / fused / composed vs XLA.
 Floors (SpMM): `floor-bytes` = A's column indices (4 B) + row pointers (4 B) + values once, each
-touched X row once, the output once (docs/notes/NOTES.md, "Bytes floor") at the measured
+touched X row once, the output once (common.min_bytes) at the measured
 device-copy bandwidth (read + written bytes of a 512 MiB x + 1); `floor-gather` = the CSR column
 list's rows of d * itemsize bytes gathered by benchmarks/gather_floor.py's kernel (16-byte
 lanes, 4 rows in flight, as its --rmat mode; needs cupy). SDDMM (at --xla-dims):
@@ -267,14 +267,22 @@ def _first_line(e: Exception) -> str:
 
 def _one(a, rows, base, csr, order, k, dims, dtypes, ops, xla_dims, att_dims, has_torch):
   """Every row of one (graph, order)."""
-  import functools
+  csr, A, feats = _prepare(base, csr, order)
+  add = _Recorder(rows, base, A, feats, k, set(a.skip.split(",")) if a.skip else set())
+  if "spmm" in ops:
+    _spmm_rows(add, csr, A, k, dims, dtypes, xla_dims, has_torch)
+  if "sddmm" in ops:
+    _sddmm_rows(add, csr, A, k, dims, dtypes, xla_dims)
+  if "attention" in ops and att_dims:
+    _attention_rows(add, csr, A, k, att_dims)
 
+
+def _prepare(base, csr, order):
+  """The (graph, order)'s matrix: csr reordered by `order` (P A P^T) unless "none", built as a
+  SparseMatrix, and its features (with the reordering's and the build's seconds)."""
   import jax
-  import jax.numpy as jnp
-  import scipy.sparse as sp
 
   import jaxsparse_tc as jst
-  from benchmarks import bench_attention, bench_chained
 
   t0 = time.perf_counter()
   reorder_s = 0.0
@@ -289,23 +297,35 @@ def _one(a, rows, base, csr, order, k, dims, dtypes, ops, xla_dims, att_dims, ha
   jax.block_until_ready(A.values)
   build_s = time.perf_counter() - t1
   feats = {**_features(csr, A), "reorder_s": reorder_s, "build_s": build_s}
-  m, n = csr.shape
   print(
-    f"{base['graph']} {order}: {m} rows, {csr.nnz} nnz, reorder {reorder_s:.2f} s, build "
-    f"{build_s:.2f} s, nnz/block {feats['nnz_per_block']:.2f} "
+    f"{base['graph']} {order}: {csr.shape[0]} rows, {csr.nnz} nnz, reorder {reorder_s:.2f} s, "
+    f"build {build_s:.2f} s, nnz/block {feats['nnz_per_block']:.2f} "
     f"(setup {time.perf_counter() - t0:.1f} s)",
     flush=True,
   )
+  return csr, A, feats
 
-  skip = set(a.skip.split(",")) if a.skip else set()
 
-  def add(op, d, dtype, impl, fn, how="jit chain", kk=None, h=None):
-    if f"{op}:{impl}" in skip or impl in skip:
+class _Recorder:
+  """Times one configuration and appends its row to `rows`, with the (graph, order)'s features;
+  impls or op:impl pairs in `skip` are not timed."""
+
+  def __init__(self, rows, base, A, feats, k, skip):
+    self.rows, self.base, self.A, self.feats, self.k, self.skip = rows, base, A, feats, k, skip
+
+  def __call__(self, op, d, dtype, impl, fn, how="jit chain", kk=None, h=None):
+    """fn() gives us per call, (us, wall us) or a dict of row fields; where it raises, the row
+    records the error."""
+    import jax.numpy as jnp
+
+    import jaxsparse_tc as jst
+
+    if f"{op}:{impl}" in self.skip or impl in self.skip:
       return
-    row = {**base, "op": op, "d": d, "dtype": dtype, "H": h, "impl": impl, "K": kk or k}
+    row = {**self.base, "op": op, "d": d, "dtype": dtype, "H": h, "impl": impl, "K": kk or self.k}
     if op in ("spmm", "sddmm"):  # what the launch plan picks for this config (kernel_plan)
       jdt = jnp.float16 if dtype == "fp16" else jnp.float32
-      row["plan"] = getattr(jst.kernel_plan(A, d, jdt), op)
+      row["plan"] = getattr(jst.kernel_plan(self.A, d, jdt), op)
     try:
       res = fn()
     except Exception as e:  # noqa: BLE001 - a kernel that refuses a config gets an error row
@@ -320,221 +340,265 @@ def _one(a, rows, base, csr, order, k, dims, dtypes, ops, xla_dims, att_dims, ha
       if row["us_per_call"] is None:
         return
       print(f"  {op} d={d} {dtype} {impl}: {row['us_per_call']:.1f} us", flush=True)
-    rows.append({**row, **feats})
+    self.rows.append({**row, **self.feats})
 
-  kinds = ("auto", "cuda_core", "tensor_core")
+  def failed(self, op, impl, e: Exception):
+    """A row for a peer that could not be set up (its configurations are not timed)."""
+    self.rows.append({**self.base, "op": op, "impl": impl, "error": _first_line(e)})
+
+
+_KINDS = ("auto", "cuda_core", "tensor_core")
+
+
+def _spmm_rows(add, csr, A, k, dims, dtypes, xla_dims, has_torch):
+  """SpMM: the chain x <- A_norm x (A's values over the row's degree) of our kernels, cuSPARSE
+  (torch CSR), XLA's segment_sum (at xla_dims), the bytes floor and the gather floor."""
+  import jax.numpy as jnp
+  import scipy.sparse as sp
+
+  m = csr.shape[0]
   deg = np.maximum(np.diff(csr.indptr), 1).astype(np.float32)
-  rng_seed = 0
+  A_n = A.with_values(A.values / jnp.asarray(deg)[A.rows])  # format order on the device
+  norm = (sp.diags(1.0 / deg) @ csr).tocsr()
+  norm.sort_indices()
+  r_idx = jnp.asarray(np.repeat(np.arange(m, dtype=np.int32), np.diff(norm.indptr)))
+  c_idx = jnp.asarray(norm.indices.astype(np.int32))
+  gathered = {}
+  tA = None
+  if has_torch:
+    import torch
 
-  if "spmm" in ops:
-    # x <- A_norm x: A's values over the row's degree (format order on the device)
-    A_n = A.with_values(A.values / jnp.asarray(deg)[A.rows])
-    norm = (sp.diags(1.0 / deg) @ csr).tocsr()
-    norm.sort_indices()
-    r_idx = jnp.asarray(np.repeat(np.arange(m, dtype=np.int32), np.diff(norm.indptr)))
-    c_idx = jnp.asarray(norm.indices.astype(np.int32))
-    gathered = {}
-    tA = None
-    if has_torch:
-      import torch
+    try:
+      tA = common.torch_csr(norm.astype(np.float32))
+    except Exception as e:  # noqa: BLE001 - no cuSPARSE rows then, the rest goes on
+      add.failed("spmm", "cusparse", e)
+  for name in dtypes:
+    dt = DTYPES[name][0]
+    Ad = A_n.with_values(A_n.values.astype(dt))  # cast once, not per call
+    vals = jnp.asarray(norm.data.astype(dt))
+    tAd = tA.to(getattr(torch, dt)) if tA is not None else None
+    for d in dims:
+      _spmm_width(add, csr, k, name, d, Ad, tAd, (r_idx, c_idx, vals), d in xla_dims, gathered)
+    del Ad, vals, tAd
 
-      try:
-        tA = common.torch_csr(norm.astype(np.float32))
-      except Exception as e:  # noqa: BLE001 - no cuSPARSE rows then, the rest goes on
-        rows.append({**base, "op": "spmm", "impl": "cusparse", "error": _first_line(e)})
-    for name in dtypes:
-      dt, isz = DTYPES[name]
-      Ad = A_n.with_values(A_n.values.astype(dt))  # cast once, not per call
-      vals = jnp.asarray(norm.data.astype(dt))
-      tAd = tA.to(getattr(torch, dt)) if tA is not None else None
-      for d in dims:
-        x0 = _normal(rng_seed, (n, d), dt)
-        for kind in kinds:
-          f = functools.partial(jst.spmm, options=jst.KernelOptions(spmm=kind))
-          add(
-            "spmm", d, name, f"ours-{kind}", lambda: _time(bench_chained._chain(f, k), (Ad, x0), k)
-          )
-        if tAd is not None:
-          tx = torch.randn(n, d, device="cuda", dtype=getattr(torch, dt))
-          add(
-            "spmm",
-            d,
-            name,
-            "cusparse",
-            lambda: dict(
-              zip(
-                ("us_per_call", "how"),
-                bench_chained._time_torch(lambda x: torch.sparse.mm(tAd, x), tx, k),
-              )
-            ),
-          )
-          del tx
-        if d in xla_dims:
 
-          def seg(r_, c_, v_, x):
-            p = v_[:, None].astype(jnp.float32) * x[c_].astype(jnp.float32)
-            s = jax.ops.segment_sum(p, r_, num_segments=m, indices_are_sorted=True)
-            return s.astype(x.dtype)
+def _spmm_width(add, csr, k, name, d, Ad, tAd, coo, xla, gathered):
+  """SpMM rows of one dtype and width: ours (auto and forced), cuSPARSE (tAd, where torch is
+  there), XLA's segment_sum on `coo` (rows, cols, values) where `xla`, and the floors."""
+  import functools
 
-          add(
-            "spmm",
-            d,
-            name,
-            "xla",
-            lambda: _time(bench_chained._chain(seg, k), (r_idx, c_idx, vals, x0), k),
-          )
-        nbytes = common.min_bytes(csr, d, isz)
-        add(
-          "spmm",
-          d,
-          name,
-          "floor-bytes",
-          lambda: {
-            "us_per_call": nbytes / common.copy_bandwidth() * 1e6,
-            "how": f"{nbytes / 1e6:.1f} MB at {common.copy_bandwidth() / 1e9:.0f} GB/s",
-          },
-          kk=1,
+  import jax
+  import jax.numpy as jnp
+
+  import jaxsparse_tc as jst
+  from benchmarks import bench_chained
+
+  m, n = csr.shape
+  dt, isz = DTYPES[name]
+  x0 = _normal(0, (n, d), dt)
+  for kind in _KINDS:
+    f = functools.partial(jst.spmm, options=jst.KernelOptions(spmm=kind))
+    add("spmm", d, name, f"ours-{kind}", lambda: _time(bench_chained._chain(f, k), (Ad, x0), k))
+  if tAd is not None:
+    import torch
+
+    tx = torch.randn(n, d, device="cuda", dtype=getattr(torch, dt))
+    add(
+      "spmm",
+      d,
+      name,
+      "cusparse",
+      lambda: dict(
+        zip(
+          ("us_per_call", "how"),
+          bench_chained._time_torch(lambda x: torch.sparse.mm(tAd, x), tx, k),
         )
-        rb = d * isz
+      ),
+    )
+    del tx
+  if xla:
 
-        def gather_floor():
-          if rb not in gathered:  # once per row size: d=64 fp32 and d=128 fp16 share it
-            gathered[rb] = gather_floor_us(csr.indices, n, rb)
-          return {"us_per_call": gathered[rb], "how": f"gather_floor {rb} B rows"}
+    def seg(r_, c_, v_, x):
+      p = v_[:, None].astype(jnp.float32) * x[c_].astype(jnp.float32)
+      s = jax.ops.segment_sum(p, r_, num_segments=m, indices_are_sorted=True)
+      return s.astype(x.dtype)
 
-        add("spmm", d, name, "floor-gather", gather_floor, kk=1)
-        del x0
-      del Ad, vals, tAd
-    del A_n, norm, r_idx, c_idx, tA
+    add("spmm", d, name, "xla", lambda: _time(bench_chained._chain(seg, k), (*coo, x0), k))
+  nbytes = common.min_bytes(csr, d, isz)
+  add(
+    "spmm",
+    d,
+    name,
+    "floor-bytes",
+    lambda: {
+      "us_per_call": nbytes / common.copy_bandwidth() * 1e6,
+      "how": f"{nbytes / 1e6:.1f} MB at {common.copy_bandwidth() / 1e9:.0f} GB/s",
+    },
+    kk=1,
+  )
+  rb = d * isz
 
-  if "sddmm" in ops:
-    coo_r = jnp.asarray(np.repeat(np.arange(m, dtype=np.int32), np.diff(csr.indptr)))
-    coo_c = jnp.asarray(csr.indices.astype(np.int32))
-    for name in dtypes:
-      dt, isz = DTYPES[name]
-      for d in dims:
-        # ks calls on distinct operands (q_i, y_i), all outputs returned (bench_chained)
-        ks = max(4, min(k, int(4e9 // ((m + n) * d * isz))))
-        qs = tuple(_normal(1 + 2 * i, (m, d), dt) for i in range(ks))
-        ys = tuple(_normal(2 + 2 * i, (n, d), dt) for i in range(ks))
-        for kind in kinds:
-          opts = jst.KernelOptions(sddmm=kind)
-          prog = jax.jit(
-            lambda G, qs, ys: tuple(jst.sddmm(G, q, y, options=opts).values for q, y in zip(qs, ys))
-          )
-          add("sddmm", d, name, f"ours-{kind}", lambda: _time(prog, (A, qs, ys), ks), "jit fan", ks)
-        if d in xla_dims:
+  def gather_floor():
+    if rb not in gathered:  # once per row size: d=64 fp32 and d=128 fp16 share it
+      gathered[rb] = gather_floor_us(csr.indices, n, rb)
+    return {"us_per_call": gathered[rb], "how": f"gather_floor {rb} B rows"}
 
-          def gather_one(r_, c_, q, y):
-            return jnp.sum(q[r_].astype(jnp.float32) * y[c_].astype(jnp.float32), -1).astype(
-              q.dtype
-            )
+  add("spmm", d, name, "floor-gather", gather_floor, kk=1)
 
-          def gather(r_, c_, qs, ys):
-            return tuple(gather_one(r_, c_, q, y) for q, y in zip(qs, ys))
 
-          add(
-            "sddmm",
-            d,
-            name,
-            "xla",
-            lambda: _time(jax.jit(gather), (coo_r, coo_c, qs, ys), ks),
-            "jit fan",
-            ks,
-          )
-          # The same fans with each call ordered after the previous one's output (bench_chained's
-          # serial fans): XLA can no longer fuse the K calls, which share their index operands,
-          # into one kernel; each call stands alone, as in a model.
-          serial_xla = bench_chained._serial(lambda G, q, y: gather_one(*G, q, y))
-          serial_ours = bench_chained._serial(lambda G, q, y: jst.sddmm(G, q, y).values)
-          add(
-            "sddmm",
-            d,
-            name,
-            "xla-serial",
-            lambda: _time(jax.jit(serial_xla), ((coo_r, coo_c), qs, ys), ks),
-            "jit serial fan",
-            ks,
-          )
-          add(
-            "sddmm",
-            d,
-            name,
-            "ours-auto-serial",
-            lambda: _time(jax.jit(serial_ours), (A, qs, ys), ks),
-            "jit serial fan",
-            ks,
-          )
-          # Gather floors of an SDDMM: X's rows once each plus, per nonzero, Y's row (what a
-          # row-wise SDDMM and XLA's gather read), or per 8-row window each distinct column's
-          # Y row once (what a window kernel that reuses rows reads at least).
-          rb = d * isz
-          for impl, y_rows in (
-            ("floor-gather", csr.indices),
-            ("floor-gather-windows", np.asarray(A.pattern.window_cols)),
-          ):
-            idx = np.concatenate([y_rows, np.arange(m)]).astype(np.int32)
-            add(
-              "sddmm",
-              d,
-              name,
-              impl,
-              lambda idx=idx, rb=rb: {
-                "us_per_call": gather_floor_us(idx, max(m, n), rb),
-                "how": f"gather_floor {idx.size} rows of {rb} B",
-              },
-              kk=1,
-            )
-        del qs, ys
-    del coo_r, coo_c
+def _sddmm_rows(add, csr, A, k, dims, dtypes, xla_dims):
+  """SDDMM: fans of calls on distinct operand pairs, all outputs returned, of our kernels; at
+  xla_dims XLA's gather, the serial fans of both, and the gather floors."""
+  import jax.numpy as jnp
 
-  if "attention" in ops and att_dims:
-    rows_e, cols_e = bench_attention.csr_edges(csr)
-    edges = (jnp.asarray(rows_e), jnp.asarray(cols_e))
-    h = H_ATT
-    ka = max(2, min(k, int(2e9 // (csr.nnz * h * 4 * 8))))  # bench_chained's K: XLA's temps
-    for d in att_dims:
-      qa, kv, vv = (_normal(10 + i, (h, s, d), "float16") for i, s in enumerate((m, n, n)))
-      scale = 1.0 / math.sqrt(d)
-      xla = bench_attention.methods(scale)["xla"]
+  coo_r = jnp.asarray(np.repeat(np.arange(csr.shape[0], dtype=np.int32), np.diff(csr.indptr)))
+  coo_c = jnp.asarray(csr.indices.astype(np.int32))
+  for name in dtypes:
+    for d in dims:
+      _sddmm_width(add, csr, A, k, name, d, (coo_r, coo_c), d in xla_dims)
 
-      def ours(kind):
-        opts = jst.KernelOptions(attention_backward=kind)
-        return lambda G, q, k_, v: jst.sparse_attention(G, q, k_, v, scale=scale, options=opts)
 
-      for impl, f, graph in (("ours-fused", ours("auto"), A), ("xla", xla, edges)):
-        fwd = bench_chained._chain(lambda G, k_, v, q: f(G, q, k_, v), ka)
-        add(
-          "attention fwd",
-          d,
-          "fp16",
-          impl,
-          lambda: _time(fwd, (graph, kv, vv, qa), ka),
-          kk=ka,
-          h=h,
-        )
-      if m == n:
-        w = _normal(20, (h, m, d), "float32")
-        for impl, f, graph in (
-          ("ours-auto", ours("auto"), A),
-          ("ours-fused", ours("fused"), A),
-          ("ours-composed", ours("composed"), A),
-          ("xla", xla, edges),
-        ):
-          step = bench_chained.grad_step(f)
-          add(
-            "attention fwd+bwd",
-            d,
-            "fp16",
-            impl,
-            lambda: _time(bench_chained._chain(step, ka), (graph, kv, vv, w, qa), ka),
-            kk=ka,
-            h=h,
-          )
-        del w
-      del qa, kv, vv
-    del edges
-  # A is released on return (a `del` here would hide it from the closures above for ruff)
+def _sddmm_width(add, csr, A, k, name, d, coo, xla):
+  """SDDMM rows of one dtype and width: ours (auto and forced); where `xla`, XLA's gather on
+  `coo` (rows, cols), the serial fans and the gather floors."""
+  import jax
+  import jax.numpy as jnp
+
+  import jaxsparse_tc as jst
+  from benchmarks import bench_chained
+
+  m, n = csr.shape
+  dt, isz = DTYPES[name]
+  # ks calls on distinct operands (q_i, y_i), all outputs returned (bench_chained)
+  ks = max(4, min(k, int(4e9 // ((m + n) * d * isz))))
+  qs = tuple(_normal(1 + 2 * i, (m, d), dt) for i in range(ks))
+  ys = tuple(_normal(2 + 2 * i, (n, d), dt) for i in range(ks))
+  for kind in _KINDS:
+    opts = jst.KernelOptions(sddmm=kind)
+    prog = jax.jit(
+      lambda G, qs, ys: tuple(jst.sddmm(G, q, y, options=opts).values for q, y in zip(qs, ys))
+    )
+    add("sddmm", d, name, f"ours-{kind}", lambda: _time(prog, (A, qs, ys), ks), "jit fan", ks)
+  if xla:
+
+    def gather_one(r_, c_, q, y):
+      return jnp.sum(q[r_].astype(jnp.float32) * y[c_].astype(jnp.float32), -1).astype(q.dtype)
+
+    def gather(r_, c_, qs, ys):
+      return tuple(gather_one(r_, c_, q, y) for q, y in zip(qs, ys))
+
+    add(
+      "sddmm",
+      d,
+      name,
+      "xla",
+      lambda: _time(jax.jit(gather), (*coo, qs, ys), ks),
+      "jit fan",
+      ks,
+    )
+    # The same fans with each call ordered after the previous one's output (bench_chained's
+    # serial fans): XLA can no longer fuse the K calls, which share their index operands,
+    # into one kernel; each call stands alone, as in a model.
+    serial_xla = bench_chained._serial(lambda G, q, y: gather_one(*G, q, y))
+    serial_ours = bench_chained._serial(lambda G, q, y: jst.sddmm(G, q, y).values)
+    add(
+      "sddmm",
+      d,
+      name,
+      "xla-serial",
+      lambda: _time(jax.jit(serial_xla), (coo, qs, ys), ks),
+      "jit serial fan",
+      ks,
+    )
+    add(
+      "sddmm",
+      d,
+      name,
+      "ours-auto-serial",
+      lambda: _time(jax.jit(serial_ours), (A, qs, ys), ks),
+      "jit serial fan",
+      ks,
+    )
+    # Gather floors of an SDDMM: X's rows once each plus, per nonzero, Y's row (what a
+    # row-wise SDDMM and XLA's gather read), or per 8-row window each distinct column's
+    # Y row once (what a window kernel that reuses rows reads at least).
+    rb = d * isz
+    for impl, y_rows in (
+      ("floor-gather", csr.indices),
+      ("floor-gather-windows", np.asarray(A.pattern.window_cols)),
+    ):
+      idx = np.concatenate([y_rows, np.arange(m)]).astype(np.int32)
+      add(
+        "sddmm",
+        d,
+        name,
+        impl,
+        lambda idx=idx, rb=rb: {
+          "us_per_call": gather_floor_us(idx, max(m, n), rb),
+          "how": f"gather_floor {idx.size} rows of {rb} B",
+        },
+        kk=1,
+      )
+
+
+def _attention_rows(add, csr, A, k, att_dims):
+  """Attention (fp16, H_ATT heads): the fused forward against XLA unfused, and (square graphs)
+  forward + backward with attention_backward auto, fused and composed against XLA."""
+  import jax.numpy as jnp
+
+  from benchmarks import bench_attention
+
+  rows_e, cols_e = bench_attention.csr_edges(csr)
+  edges = (jnp.asarray(rows_e), jnp.asarray(cols_e))
+  ka = max(2, min(k, int(2e9 // (csr.nnz * H_ATT * 4 * 8))))  # bench_chained's K: XLA's temps
+  for d in att_dims:
+    _attention_width(add, csr, A, edges, ka, d)
+
+
+def _attention_width(add, csr, A, edges, ka, d):
+  """Attention rows of one width, in programs of `ka` calls; XLA's on `edges` (rows, cols)."""
+  import jaxsparse_tc as jst
+  from benchmarks import bench_attention, bench_chained
+
+  m, n = csr.shape
+  h = H_ATT
+  qa, kv, vv = (_normal(10 + i, (h, s, d), "float16") for i, s in enumerate((m, n, n)))
+  scale = 1.0 / math.sqrt(d)
+  xla = bench_attention.methods(scale)["xla"]
+
+  def ours(kind):
+    opts = jst.KernelOptions(attention_backward=kind)
+    return lambda G, q, k_, v: jst.sparse_attention(G, q, k_, v, scale=scale, options=opts)
+
+  for impl, f, graph in (("ours-fused", ours("auto"), A), ("xla", xla, edges)):
+    fwd = bench_chained._chain(lambda G, k_, v, q: f(G, q, k_, v), ka)
+    add(
+      "attention fwd",
+      d,
+      "fp16",
+      impl,
+      lambda: _time(fwd, (graph, kv, vv, qa), ka),
+      kk=ka,
+      h=h,
+    )
+  if m == n:
+    w = _normal(20, (h, m, d), "float32")
+    for impl, f, graph in (
+      ("ours-auto", ours("auto"), A),
+      ("ours-fused", ours("fused"), A),
+      ("ours-composed", ours("composed"), A),
+      ("xla", xla, edges),
+    ):
+      step = bench_chained.grad_step(f)
+      add(
+        "attention fwd+bwd",
+        d,
+        "fp16",
+        impl,
+        lambda: _time(bench_chained._chain(step, ka), (graph, kv, vv, w, qa), ka),
+        kk=ka,
+        h=h,
+      )
 
 
 # -- derived columns and the summary -----------------------------------------------------------
@@ -677,14 +741,19 @@ def summarize(rows: list[dict], device: str | None = None) -> dict:
   selector's hit rate. Needs the raw rows only (a saved JSON's, without a GPU)."""
   rows = plan_rows(rows)
   t = _index(rows)
-  der = derive(rows)
-  feats = _feature_of(rows)
   graphs = sorted({r["graph"] for r in rows if "order" in r})
   orders = sorted({r["order"] for r in rows if "order" in r}, key=lambda o: (o != "none", o))
   dims = sorted({r["d"] for r in rows if r.get("d") is not None})
   dev = f" ({device})" if device else ""
+  per = _per_graph_table(t, _feature_of(rows), graphs, orders, dims, dev)
+  geo = _geomean_table(t, graphs, orders, dims, dev)
+  sel = _selector_table(derive(rows), orders, dev)
+  return {"per_graph": per, "geomeans": geo, "selector": sel}
 
-  # per (graph, order) at d=128 (or the widest measured)
+
+def _per_graph_table(t, feats, graphs, orders, dims, dev) -> list[dict]:
+  """Per (graph, order) at d=128 (or the widest measured), fp16: our SpMM against cuSPARSE and
+  the gather floor, the SDDMM against XLA, attention fwd+bwd against XLA, the reorder's payback."""
   dsum = 128 if 128 in dims or not dims else max(dims)
   per = []
   for g in graphs:
@@ -726,7 +795,12 @@ def summarize(rows: list[dict], device: str | None = None) -> dict:
   if per:
     common.print_table(per, list(per[0]), f"per graph and order, d={dsum}, fp16, us per call{dev}")
 
-  # geomeans: peer / ours-auto over graphs and dims
+  return per
+
+
+def _geomean_table(t, graphs, orders, dims, dev) -> list[dict]:
+  """Geomeans of peer / ours-auto over graphs, overall and per d."""
+
   def pairs(op, dt, o, peer, peer_order=None, ours="ours-auto", ours_order=None):
     out = {}
     for g in graphs:
@@ -796,7 +870,12 @@ def summarize(rows: list[dict], device: str | None = None) -> dict:
   if geo:
     common.print_table(geo, list(geo[0]), f"geomeans over graphs and dims{dev}")
 
-  # the selector
+  return geo
+
+
+def _selector_table(der, orders, dev) -> list[dict]:
+  """The selector's hit rate (auto within 3% of the best forced kernel) per op and order, and
+  where tensor cores were fastest on the reordered graphs."""
   sel = []
   for op in ("spmm", "sddmm", "attention fwd+bwd"):
     for o in [*orders, "all"]:
@@ -851,7 +930,7 @@ def summarize(rows: list[dict], device: str | None = None) -> dict:
       f"{len(of_kind)} configs, selected by auto (within 3%) in {len(tc_sel)}: "
       + ", ".join(f"{r['graph']}/{r['op']}/d{r['d']}/{r['dtype']}" for r in tc_sel)
     )
-  return {"per_graph": per, "geomeans": geo, "selector": sel}
+  return sel
 
 
 # -- CLI --------------------------------------------------------------------------------------

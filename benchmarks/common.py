@@ -343,9 +343,9 @@ def copy_bandwidth(measure: bool = True) -> float | None:
 
 
 def min_bytes(csr, d: int, itemsize: int, op: str = "spmm") -> int:
-  """The bytes floor of one call (docs/notes/NOTES.md, "Bytes floor"): A's column indices (4 B),
-  row pointers (4 B) and values once; SpMM: each touched row of X once and the output once;
-  SDDMM: each touched row of both operands once."""
+  """The bytes floor of one call: A's column indices (4 B), row pointers (4 B) and values once;
+  SpMM: each touched row of X once and the output once; SDDMM: each touched row of both
+  operands once."""
   m = csr.shape[0]
   structure = csr.nnz * (4 + itemsize) + (m + 1) * 4
   touched_cols = int(np.count_nonzero(np.bincount(csr.indices, minlength=csr.shape[1])))

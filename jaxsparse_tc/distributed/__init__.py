@@ -24,7 +24,8 @@ here: each primitive carries its sharding rule (heads and SpMM's feature columns
 devices); `jaxsparse_tc.distributed.spmd.set_fallback` chooses what other shardings get.
 """
 
-from jaxsparse_tc.distributed import spmd
+from jaxsparse_tc._src.distributed.sharded_matrix import bind_operators
+from jaxsparse_tc.distributed import ops, spmd
 from jaxsparse_tc.distributed.matrix import (
   DEFAULT_AXIS,
   EXCHANGES,
@@ -48,6 +49,8 @@ from jaxsparse_tc.distributed.ops import (
   sparse_attention,
   spmm,
 )
+
+bind_operators(ops)  # jst.spmm etc. on a ShardedMatrix dispatch to these
 
 __all__ = [
   "ShardedMatrix",

@@ -88,16 +88,15 @@ inline AttentionGradsPlan plan_attention_grads(int64_t d, int64_t heads, int64_t
 
 // Whether the tensor-core kernels (forward and fused backward) load a block pair's columns one
 // pair ahead, so that a pair waits on one round trip (its K and V rows) rather than two: where the
-// pattern has kSmallGraphNnz condensed columns (K/V row gathers per head) or more (measured on
-// H100, forward: rmat17 d=64 401 us against 445, rmat20 d=64 2289 against 2521; Cora read slower
-// with it, 8.2 us against 6.0 at d=64).
+// pattern has kSmallGraphNnz condensed columns (K/V row gathers per head) or more; smaller
+// patterns run slower with it (docs/DESIGN.md, Attention table).
 inline bool attention_prefetch(int64_t num_cols) {
   return num_cols >= kSmallGraphNnz;
 }
 
 // Entries per batch of the composed backward's edge pass (attention_bwd_edges): large graphs take
-// 2 (64 registers, 32 warps/SM; measured on H100, rmat17 d=64 H=4: 574 us against 1125 with 4),
-// small ones 4 (their time is their longest chain of batches: Cora 11 us against 22).
+// 2 (64 registers, 32 warps/SM), small ones 4 (their time is their longest chain of batches);
+// docs/DESIGN.md, Attention table.
 inline int attention_bwd_unroll(int64_t nnz) {
   return nnz < kSmallGraphNnz ? 4 : 2;
 }

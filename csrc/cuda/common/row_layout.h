@@ -23,7 +23,7 @@ constexpr int kRowVec = 16 / int(sizeof(T));  // features per lane
 // Fewest entries of a CTA item one lane group takes, where entries need no combining (the
 // SDDMM and attention-backward row kernels): 32, so that a group's fixed cost per share (its
 // row operands, first entries) is paid on enough entries; on small graphs, whose time is their
-// longest chain, a row piece (measured on H100, Cora fp16 d=128 SDDMM: 9.2 us against 18.7).
+// longest chain, a row piece (docs/DESIGN.md, SDDMM table: Cora).
 inline int cta_min_share(int64_t nnz) {
   return nnz < kSmallGraphNnz ? kSmallGraphPiece : 32;
 }
@@ -33,13 +33,10 @@ inline int cta_min_share(int64_t nnz) {
 // below `long_from` nonzeros (each op's plan gives it), 128 past it. A CTA item of a few dozen
 // entries keeps a whole CTA on it with each of its groups taking a few entries (the SpMM) or
 // most groups idle (the SDDMM's groups take >= cta_min_share entries); a group's stream walks it
-// at four gathers per round trip, a chain that stays short against the launch on such graphs
-// (measured on H100, d = 128 affinity order, us, SpMM fp16 / SDDMM fp16, against none streamed:
-// facebook-page-page 18.9 / 25.1 against 22.1 / 33.2; R-MAT 17/16, 128 entries, 84.7 / 82.2
-// against 89.0 / 88.1). On smaller graphs the chain is the launch's time (pubmed, 88k nonzeros,
-// SDDMM fp16 d = 128: 16.1 us with none streamed against 26.6 with items of <= 128 entries);
-// past 2^21 nonzeros the row piece is >= 128 entries, so no single CTA item is short enough
-// (R-MAT 20/8 SpMM fp16 d = 32: 172 us against 195 with items of <= 512 streamed).
+// at four gathers per round trip, a chain that stays short against the launch on such graphs. On
+// smaller graphs that chain is the launch's time; past 2^21 nonzeros the row piece is >= 128
+// entries, so no single CTA item is short enough. Figures: docs/PERFORMANCE.md, "Row kernels:
+// schedules and CTA items".
 constexpr int64_t kStreamCtaItemsNnz = int64_t(1) << 18;
 inline int row_stream_max(int64_t nnz, int64_t long_from) {
   return nnz < kStreamCtaItemsNnz ? 0 : nnz < long_from ? 64 : 128;
@@ -48,9 +45,9 @@ inline int row_stream_max(int64_t nnz, int64_t long_from) {
 // CTAs of a row kernel per slab and head (`copies` = slabs x heads of them): enough for its
 // whole-row items, `per_cta` per CTA, and one per item up to the CTAs the GPU holds at once
 // (`resident`, 0 where unknown) shared by the copies. CTAs take the CTA items (the schedule's
-// prefix) strided, so a grid sized for the whole rows alone left narrow groups (small d: 128
-// groups of 2 lanes per CTA) few CTAs, each walking many CTA items one after another (measured
-// on H100, Cora float32 SpMM at d=7: 22 CTAs for 204 CTA items, 16.8 us; 5.3 us with this floor).
+// prefix) strided, so a grid sized for the whole rows alone would leave narrow groups (small d:
+// 128 groups of 2 lanes per CTA) few CTAs, each walking many CTA items one after another
+// (docs/DESIGN.md, SpMM: Cora float32 at d = 7).
 inline int64_t row_ctas(int64_t items, int64_t per_cta, int resident, int64_t copies) {
   const int64_t whole = (items + per_cta - 1) / per_cta;
   return std::max(whole, std::min<int64_t>(items, resident / std::max<int64_t>(copies, 1)));

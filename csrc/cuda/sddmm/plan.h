@@ -39,25 +39,22 @@ struct SddmmPlan {
   // Row kernels: lanes per group and slabs of lanes x 16 bytes (1 or 2) holding a row of X.
   int lanes, slabs;
   // Graphs under kSddmmStreamNnz nonzeros, whose time is their longest chain: one whole row per
-  // lane group, no register cap. Larger graphs: `stream` whole rows per group as one stream of
-  // batches (measured on H100, fp16 d=128, 4 rows strided over the schedule: rmat20 388 us
-  // against 482-545 with one row per group; rmat17 88 against 89-101).
+  // lane group, no register cap. Larger graphs: `stream` whole rows per group (4, strided over
+  // the schedule) as one stream of batches (docs/DESIGN.md, SDDMM table).
   bool small;
   int stream;
   int min_share;   // fewest entries of a CTA item one group takes (row_layout.h)
   int stream_max;  // single CTA items the streams walk like whole rows (row_stream_max)
   // sddmm_tc: warps per schedule item, each taking an equal, even share of its blocks. A launch
   // of under 16384 items x heads has too few warps to fill the device, and its longest item is
-  // its time: 8 warps per item (measured on H100, Cora fp16 d=128: 24.2 us against 42.7; rmat17,
-  // 19484 items, keeps 1).
+  // its time: 8 warps per item (docs/DESIGN.md, SDDMM table: Cora).
   int sub;
 };
 
-// Graphs under this many nonzeros take one whole row per lane group. Streams of 4 rows per group
-// leave most of the GPU's groups idle where rows are few (measured on H100, pubmed, 88k
-// nonzeros and 19.7k rows, affinity order, us, fp16 d = 32 / 128, fp32 d = 32 / 128: 16.5 /
-// 12.9 / 12.3 / 15.6 with one row per group against 21.3 / 17.6 / 16.8 / 18.8 with streams); by
-// 2^17 the streams win at d = 128 (proteins, 162k nonzeros, fp32 d = 128: 26.8 against 32.4).
+// Graphs under this many nonzeros take one whole row per lane group: streams of 4 rows per group
+// leave most of the GPU's groups idle where rows are few, and from 2^17 nonzeros the streams are
+// the faster at d = 128 (docs/PERFORMANCE.md, "Row kernels: schedules and CTA items": pubmed,
+// proteins).
 constexpr int64_t kSddmmStreamNnz = int64_t(1) << 17;
 
 // The row kernels hold at most two slabs of 32 lanes x 16 bytes of X per lane.
@@ -85,7 +82,7 @@ inline ffi::Error plan_sddmm(const SddmmShape& s, int64_t kernel, SddmmPlan& pla
     plan.stream = plan.small ? 0 : 4;
     plan.min_share = cta_min_share(s.pattern.nnz);
     // 128 entries from 2^19 nonzeros: a CTA walks an item of 65-128 entries with 2-4 of its
-    // groups (github-musae fp16 d = 128: 35.7 us against 40.7 with 64, 61.9 with none streamed).
+    // groups (docs/PERFORMANCE.md, "Row kernels: schedules and CTA items": github-musae).
     plan.stream_max = row_stream_max(s.pattern.nnz, int64_t(1) << 19);  // 0 where small
   } else if (s.exact) {
     plan.kernel = SddmmKernel::kExactF32;

@@ -74,9 +74,8 @@ inline int tc_mt(int64_t d) {
 }
 // spmm_async: the narrowest of 32, 64, 128 features covering d, at most 64 for fp32 (256-byte
 // rows). 16-bit d > 64 takes one 128-feature slab rather than two of 64 that both decode the
-// item's bitmaps, though two would double the warps per SM (measured on H100, fp16 d=128, us:
-// rmat17 214 against 231; comm18-c64-d16 177 against 215, DD 107 against 120, github 36.5
-// against 40.3; only facebook-page-page 26.3 against 22.0).
+// item's bitmaps, though two would double the warps per SM: one slab is the faster on every
+// graph measured but facebook-page-page (docs/DESIGN.md, SpMM table).
 inline int async_slab(int esize, int64_t d) {
   return d <= 32 ? 32 : d <= 64 || esize == 4 ? 64 : 128;
 }
@@ -108,8 +107,8 @@ inline ffi::Error plan_spmm(const SpmmShape& s, int64_t kernel, SpmmPlan& plan) 
   const int64_t row_slab = int64_t(plan.lanes) * (16 / s.esize);
   plan.row_nslab = int((s.d + row_slab - 1) / row_slab);
   plan.row_slots = std::max<int64_t>(s.row_items - s.pattern.rows, 0);
-  // 64 entries up to 2^20 nonzeros, where the CTA items' groups share them well (github-musae
-  // fp16 d = 128: 26.8 us against 28.4 with 128, 28.3 with none streamed).
+  // 64 entries up to 2^20 nonzeros, where the CTA items' groups share them well
+  // (docs/PERFORMANCE.md, "Row kernels: schedules and CTA items": github-musae).
   plan.stream_max = row_stream_max(s.pattern.nnz, int64_t(1) << 20);
   plan.row_ws_bytes = size_t(plan.row_slots * s.heads * s.d) * 4;
   const size_t row_bytes =
@@ -120,8 +119,8 @@ inline ffi::Error plan_spmm(const SpmmShape& s, int64_t kernel, SpmmPlan& plan) 
     return ffi::Error(ffi::ErrorCode::kResourceExhausted,
                       "spmm: the row kernels' workspace for very long rows would exceed its cap");
   // auto: the selector's family (common/select.h), and the row kernels for exact fp32, which
-  // they compute with one FMA per nonzero at many warps per SM (measured on H100, rmat17 fp32
-  // d=128: 185 us exact against 307 for the tf32 tensor-core kernel).
+  // they compute with one FMA per nonzero at many warps per SM, faster than the tf32 tensor-core
+  // kernel (docs/DESIGN.md, SpMM table).
   plan.rows = rows_fit && (choice == KernelChoice::kCudaCore ||
                            (choice == KernelChoice::kAuto &&
                             (s.exact || !spmm_prefers_tensor_cores(s.pattern, s.d, s.esize))));
@@ -161,8 +160,8 @@ inline SpmmLaunch spmm_launch(const SpmmShape& s, const SpmmPlan& plan, bool sm9
     return l;
   }
   // The pipelined kernel wherever its 16-byte copies apply: fewer instructions per gathered row
-  // than register gathers (measured on H100, fp16 d=128: rmat17 0.167 ms against 0.239, rmat20
-  // 0.871 against 1.222). Its shared-memory ring is sized for sm_90.
+  // than register gathers, and faster (docs/DESIGN.md, SpMM table). Its shared-memory ring is
+  // sized for sm_90.
   const bool async =
       !s.exact && sm90 && rows16 && x_aligned16 && s.d * int64_t(s.esize) <= INT32_MAX;
   l.kernel = async ? SpmmKernel::kAsync : s.exact ? SpmmKernel::kExactF32 : SpmmKernel::kRegisters;

@@ -1,0 +1,289 @@
+"""Building a ShardedMatrix from COO entries: the row partition, the exchange plan, each shard's
+padded parts (both orientations, as SparseMatrix builds them) and the values in the sharded
+layout, put on the mesh's devices."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxsparse_tc import sparse_matrix as sm
+from jaxsparse_tc._src import padding
+from jaxsparse_tc._src import pattern as pattern_lib
+from jaxsparse_tc._src.distributed.halo import (
+  DEFAULT_HALO_THRESHOLD,
+  EXCHANGES,
+  ExchangePlan,
+  plan_exchange,
+)
+from jaxsparse_tc._src.distributed.layout import (
+  PartArrays,
+  PartLayout,
+  ShardArrays,
+  ShardLayout,
+  edge_spec,
+)
+from jaxsparse_tc._src.distributed.mesh import check_host_mesh, make_mesh
+from jaxsparse_tc._src.distributed.partition import (
+  check_bounds,
+  partition_rows,
+  rows_per_shard,
+  shard_entries,
+)
+from jaxsparse_tc._src.distributed.sharded_matrix import ShardedMatrix
+from jaxsparse_tc._src.pattern import Pattern
+from jaxsparse_tc.options import FormatOptions
+
+
+def _build_local(rows: np.ndarray, cols: np.ndarray, m: int, n: int, format_options):
+  """Both orientations of one shard's pattern (numpy, as SparseMatrix.from_coo builds them):
+  (pattern, pattern_t, perm_t, perm_t_inv, input_to_format)."""
+  return sm.build_orientations(rows, cols, m, n, format_options)[:5]
+
+
+def _build_part(kind, shard_entries, M, n_cols, fill_col, split_blocks, empty_col_window=None):
+  """One part of every shard: shard_entries[p] = (local rows, part columns, entry selection).
+  fill_col(p): a column of shard p's part that no entry uses; empty_col_window(p): a window of 8
+  such columns (default M // 8 - 1, the columns of shard 0's spare rows).
+  Returns (PartLayout, stacked padded numpy PartArrays fields, per-shard input_to_format)."""
+  fmt = None if split_blocks is None else FormatOptions(split_blocks=split_blocks)
+  # The builder releases the GIL (and builds each shard's two orientations on two threads).
+  with concurrent.futures.ThreadPoolExecutor(max(1, min(len(shard_entries), 8))) as pool:
+    built = list(pool.map(lambda e: _build_local(e[0], e[1], M, n_cols, fmt), shard_entries))
+  nnz_pad = max(1, max(bt[0].rows.shape[0] for bt in built))
+  grouped_a = split_blocks is None and all(
+    pattern_lib.grouped_schedule_fits(bt[0].window_block_ptr, nnz_pad) for bt in built
+  )
+  grouped_t = split_blocks is None and all(
+    pattern_lib.grouped_schedule_fits(bt[1].window_block_ptr, nnz_pad) for bt in built
+  )
+  pats_a = [padding.reschedule(bt[0], M, nnz_pad, grouped_a, split_blocks) for bt in built]
+  pats_t = [padding.reschedule(bt[1], n_cols, nnz_pad, grouped_t, split_blocks) for bt in built]
+  size_a = padding.max_sizes([padding.pattern_sizes(p) for p in pats_a])._replace(nnz=nnz_pad)
+  size_t = padding.max_sizes([padding.pattern_sizes(p) for p in pats_t])._replace(nnz=nnz_pad)
+  # Padding entries sit at the shard's spare row (the last row of its spare window, empty in A)
+  # and an unused column fill_col(p) (M - 1 in a local column space, p * M + M - 1 in the
+  # allgather space, the last slot of the shard's own chunk in the halo's received space), which
+  # is an empty row of A^T.
+  spare, empty_window = M - 1, M // 8 - 1
+  if empty_col_window is None:
+    empty_col_window = lambda p: empty_window  # noqa: E731
+
+  def stacked(pats, sizes, pad_args):
+    """The shards' patterns padded to `sizes`, written straight into [P, ...] arrays: shard 0
+    padded on its own gives the shapes, the others are padded in place."""
+    first = padding.pad_pattern(pats[0], sizes, **pad_args(0))
+    out = Pattern(*(np.empty((len(pats),) + f.shape, f.dtype) for f in first))
+    for field, f in zip(out, first):
+      field[0] = f
+    for p in range(1, len(pats)):
+      padding.pad_pattern(pats[p], sizes, **pad_args(p), out=Pattern(*(f[p] for f in out)))
+    return out
+
+  def permutations(which):
+    out = np.empty((len(built), nnz_pad), np.int32)
+    for p, bt in enumerate(built):
+      padding.pad_permutation(bt[which], nnz_pad, out=out[p])
+    return out
+
+  arrays = PartArrays(
+    a=stacked(
+      pats_a,
+      size_a,
+      lambda p: dict(empty_window=empty_window, empty_row=spare, fill_col=fill_col(p)),
+    ),
+    t=stacked(
+      pats_t,
+      size_t,
+      lambda p: dict(empty_window=empty_col_window(p), empty_row=fill_col(p), fill_col=spare),
+    ),
+    perm_t=permutations(2),
+    perm_t_inv=permutations(3),
+    nnz=np.array([bt[0].rows.shape[0] for bt in built], np.int32),
+  )
+  layout = PartLayout(kind, nnz_pad, n_cols, (bool(grouped_a), bool(grouped_t)))
+  return layout, arrays, [bt[4] for bt in built]
+
+
+def shard_coo(
+  rows,
+  cols,
+  values=None,
+  *,
+  num_nodes: int,
+  mesh: Mesh | None = None,
+  axis_name: str | None = None,
+  bounds=None,
+  exchange: str = "auto",
+  halo_threshold: float = DEFAULT_HALO_THRESHOLD,
+  overlap: bool = False,
+  split_blocks: int | None = None,
+  row_weight: float = 1.0,
+) -> ShardedMatrix:
+  """Builds a ShardedMatrix from COO entries of a square num_nodes x num_nodes matrix (any order,
+  duplicates summed; `values` None means ones, [E] or [H, E]).
+
+  mesh: a Mesh (default: `make_mesh()`, all devices); axis_name: its axis to shard over
+  (default: the mesh's first). bounds: explicit row blocks ([P + 1], contiguous; empty shards
+  allowed), default `partition_rows` of the row counts. exchange: "auto", "allgather" or "halo"
+  (jaxsparse_tc.distributed.matrix describes them); "auto" picks "halo" when each shard's halo
+  chunk is at most `halo_threshold` times its rows. overlap: split each shard into an own and a
+  remote part (SpMM overlaps the exchange; edge softmax and attention refuse it).
+  split_blocks: the window schedule's piece size (None: the builder's rule for the padded nnz).
+  """
+  if exchange not in EXCHANGES:
+    raise ValueError(f"exchange must be one of {EXCHANGES}; got {exchange!r}")
+  mesh = make_mesh() if mesh is None else mesh
+  axis = mesh.axis_names[0] if axis_name is None else axis_name
+  if axis not in mesh.axis_names:
+    raise ValueError(f"axis {axis!r} is not an axis of the mesh {mesh.axis_names}")
+  if not halo_threshold >= 0:
+    raise ValueError(f"halo_threshold must be >= 0; got {halo_threshold}")
+  check_host_mesh(mesh, "shard_coo")
+  P = int(mesh.shape[axis])
+  n = int(num_nodes)
+  rows, cols = sm._index_array("rows", rows), sm._index_array("cols", cols)
+  sm._check_indices(rows, cols, (n, n))
+  v = sm._input_values(values, rows.size)
+  if bounds is None:
+    bounds = partition_rows(np.bincount(rows, minlength=n), P, row_weight=row_weight)
+  b = check_bounds(bounds, n, P)
+  counts = np.diff(b)
+  M = rows_per_shard(counts)
+  col_owner, shard_sel = shard_entries(rows, cols, counts)
+  plan = plan_exchange(cols, shard_sel, b, M, exchange, halo_threshold)
+  specs = _part_specs(plan, rows, cols, col_owner, shard_sel, overlap)
+  parts = [
+    (_build_part(kind, entries, M, ncols, fill, split_blocks, col_window), entries)
+    for kind, entries, ncols, fill, col_window in specs
+  ]
+  vals, input_positions, nnz_total = _shard_values(parts, v, rows.size, P)
+  send = ext_to_global = send_layout = send_arrays = None
+  if plan.mode == "halo":
+    send, ext_to_global, select = plan.send_lists()
+    halo = plan.halo_rows
+    send_layout, send_arrays, _ = _build_part(
+      "send",
+      select,
+      M,
+      P * halo,
+      lambda q: q * halo + halo - 1,
+      None,
+      lambda q: (q * halo + halo) // 8 - 1,
+    )
+  layout = ShardLayout(
+    mesh=mesh,
+    axis_name=axis,
+    num_nodes=n,
+    bounds=tuple(int(x) for x in b),
+    rows_per_shard=M,
+    nnz_per_shard=nnz_total,
+    exchange=plan.mode,
+    halo_rows=plan.halo_rows,
+    ext_cols=plan.ext_cols,
+    parts=tuple(pl for (pl, _, _), _ in parts),
+    max_real_halo=int(plan.max_halo),
+    send_part=send_layout,
+    input_positions=(
+      input_positions.astype(np.int32) if P * nnz_total < 2**31 else input_positions
+    ),
+  )
+  sharded = NamedSharding(mesh, PartitionSpec(axis))
+  put = lambda a: None if a is None else jax.device_put(a, sharded)  # noqa: E731
+  put_part = lambda pa: PartArrays(  # noqa: E731
+    a=Pattern(*map(put, pa.a)),
+    t=Pattern(*map(put, pa.t)),
+    perm_t=put(pa.perm_t),
+    perm_t_inv=put(pa.perm_t_inv),
+    nnz=put(pa.nnz),
+  )
+  arrays = ShardArrays(
+    parts=tuple(put_part(pa) for (_, pa, _), _ in parts),
+    send=put(send),
+    ext_to_global=put(ext_to_global),
+    send_select=None if send_arrays is None else put_part(send_arrays),
+  )
+  values_dev = jax.device_put(vals, NamedSharding(mesh, edge_spec(vals.ndim, axis)))
+  return ShardedMatrix(values_dev, arrays, layout)
+
+
+def _part_specs(plan: ExchangePlan, rows, cols, col_owner, shard_sel, overlap: bool) -> list:
+  """The parts of every shard's local matrix: (kind, per shard (local rows, part columns, entry
+  selection), columns, fill column of shard p, empty column window of shard p or None).
+  One part "all" in the ext space; with overlap (and an exchange), "own" (the shard's own
+  columns, local) and "remote" (the received rows' columns)."""
+  b, M, P, mode = plan.bounds, plan.rows_per_shard, plan.num_shards, plan.mode
+  halo, n_ext = plan.halo_rows, plan.ext_cols
+  spare = M - 1
+  fill_ext = lambda p: p * M + spare if mode == "allgather" else spare  # noqa: E731
+  fill_local = lambda p: spare  # noqa: E731
+  if overlap and mode != "none":
+    own, remote = [], []
+    for p, sel in enumerate(shard_sel):
+      mine = col_owner[sel] == p
+      s_own, s_rem = sel[mine], sel[~mine]
+      own.append((rows[s_own] - b[p], cols[s_own] - b[p], s_own))
+      received = plan.ext_columns(p, cols[s_rem], col_owner[s_rem]).astype(np.int64)
+      if mode == "halo":
+        received -= M  # columns of the received chunks alone
+      remote.append((rows[s_rem] - b[p], received, s_rem))
+    if mode == "halo":
+      # The own chunk's last slot and window: shard p receives nothing in chunk p.
+      remote_spec = ("remote", remote, P * halo, lambda p: p * halo + halo - 1)
+      remote_window = lambda p: (p * halo + halo) // 8 - 1  # noqa: E731
+    else:
+      remote_spec = ("remote", remote, n_ext, fill_ext)
+      remote_window = None
+    return [("own", own, M, fill_local, None), (*remote_spec, remote_window)]
+  entries = [
+    (rows[sel] - b[p], plan.ext_columns(p, cols[sel], col_owner[sel]).astype(np.int64), sel)
+    for p, sel in enumerate(shard_sel)
+  ]
+  return [("all", entries, n_ext, fill_ext, None)]
+
+
+def _shard_values(parts, v, num_entries: int, P: int):
+  """The values in the sharded layout ([..., P * nnz_total]: per shard its parts' padded values
+  one after the other; duplicates summed), the flat position of each input entry, and
+  nnz_total (padded values per shard, all parts)."""
+  heads = v.shape[:-1]
+  nnz_total = sum(pl.nnz for (pl, _, _), _ in parts)
+  value_blocks = []
+  input_positions = np.empty(num_entries, np.int64)
+  offset = 0
+  for (pl, pa, to_formats), entries in parts:
+    vals = np.zeros(heads + (P, pl.nnz), v.dtype)
+    for p, ((_, _, sel), to_format) in enumerate(zip(entries, to_formats)):
+      nnz_p = int(pa.nnz[p])
+      vals[..., p, :nnz_p] = sm._sum_into(v[..., sel], to_format, nnz_p)
+      input_positions[sel] = p * nnz_total + offset + to_format
+    value_blocks.append(vals)
+    offset += pl.nnz
+  vals = value_blocks[0] if len(value_blocks) == 1 else np.concatenate(value_blocks, axis=-1)
+  return vals.reshape(heads + (P * nnz_total,)), input_positions, nnz_total
+
+
+def shard_matrix(A, mesh: Mesh | None = None, **kwargs) -> ShardedMatrix:
+  """A ShardedMatrix of a square SparseMatrix A (its values; input order = A's format order, so
+  `values_from_input(A.values)` maps A's values to the sharded layout). kwargs: shard_coo's."""
+  if A.shape[0] != A.shape[1]:
+    raise ValueError(f"shard_matrix needs a square matrix; got shape {A.shape}")
+  return shard_coo(
+    np.asarray(A.rows),
+    np.asarray(A.cols),
+    np.asarray(A.values),
+    num_nodes=A.shape[0],
+    mesh=mesh,
+    **kwargs,
+  )
+
+
+def shard_scipy(m, mesh: Mesh | None = None, **kwargs) -> ShardedMatrix:
+  """A ShardedMatrix of a square scipy.sparse matrix (COO order is the input order)."""
+  coo = m.tocoo()
+  if coo.shape[0] != coo.shape[1]:
+    raise ValueError(f"shard_scipy needs a square matrix; got shape {coo.shape}")
+  return shard_coo(coo.row, coo.col, coo.data, num_nodes=coo.shape[0], mesh=mesh, **kwargs)
