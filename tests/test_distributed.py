@@ -866,20 +866,20 @@ def test_padded_pattern_runs_like_the_original(rng):
 def test_cpu_client_threads_counted_as_xla_does(monkeypatch):
   """XLA's CPU client pool: PJRT_NPROC, else NPROC (unparsable ones skipped), else the
   schedulable CPUs; never fewer threads than CPU devices."""
-  from jaxsparse_tc.distributed import matrix
+  from jaxsparse_tc._src.distributed.mesh import cpu_client_threads
 
   monkeypatch.delenv("PJRT_NPROC", raising=False)
   monkeypatch.delenv("NPROC", raising=False)
   cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  assert matrix._cpu_client_threads(1)[0] == cpus
-  assert matrix._cpu_client_threads(cpus + 3)[0] == cpus + 3
+  assert cpu_client_threads(1)[0] == cpus
+  assert cpu_client_threads(cpus + 3)[0] == cpus + 3
   monkeypatch.setenv("NPROC", str(cpus + 5))
-  assert matrix._cpu_client_threads(1)[0] == cpus + 5
+  assert cpu_client_threads(1)[0] == cpus + 5
   monkeypatch.setenv("PJRT_NPROC", "3")
-  assert matrix._cpu_client_threads(1) == (3, "PJRT_NPROC=3, 1 CPU devices")
-  assert matrix._cpu_client_threads(7)[0] == 7
+  assert cpu_client_threads(1) == (3, "PJRT_NPROC=3, 1 CPU devices")
+  assert cpu_client_threads(7)[0] == 7
   monkeypatch.setenv("PJRT_NPROC", "many")
-  assert matrix._cpu_client_threads(1)[0] == cpus + 5
+  assert cpu_client_threads(1)[0] == cpus + 5
 
 
 def test_sharded_matrix_refuses_wrong_operands(rng):

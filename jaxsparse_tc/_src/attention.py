@@ -51,10 +51,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
-from jaxsparse_tc._src import checks, heads, rules, select, vma
+from jaxsparse_tc._src import checks
 from jaxsparse_tc._src import precision as precision_lib
 from jaxsparse_tc._src.extensions import CUDA_TARGETS, cuda_extension
 from jaxsparse_tc._src.lowering import param, register_ffi_lowering
+from jaxsparse_tc._src.operator import heads, operator, rules, select, vma
 from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, PatternOperands
 from jaxsparse_tc._src.primitives import (
   attention_bwd_p,
@@ -75,6 +76,7 @@ __all__ = [
 ]
 
 
+@operator
 def sparse_attention(A, Q, K, V, *, scale=None, bias=None, options=None):
   """softmax_row(mask_A(scale * Q K^T + bias)) @ V over the nonzeros of A.
 
@@ -88,10 +90,6 @@ def sparse_attention(A, Q, K, V, *, scale=None, bias=None, options=None):
   gradients; a nan (or +inf) logit makes its whole row nan. `options`: a KernelOptions (the
   backward's kernels, split-window merging; None: the launch plans' choices).
   """
-  if hasattr(A, "__jaxsparse_tc_op__"):  # a container of matrices (distributed.ShardedMatrix)
-    return A.__jaxsparse_tc_op__(
-      "sparse_attention", Q, K, V, scale=scale, bias=bias, options=options
-    )
   pattern = A.pattern_operands()  # checks the pattern arrays' structure first
   q, k, v = (jnp.asarray(x) for x in (Q, K, V))
   m, n = A.shape

@@ -21,14 +21,16 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax.interpreters import ad, batching
 
-from jaxsparse_tc._src import checks, heads, rules, vma
+from jaxsparse_tc._src import checks
 from jaxsparse_tc._src.lowering import register_ffi_lowering
+from jaxsparse_tc._src.operator import heads, operator, rules, vma
 from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS
 from jaxsparse_tc._src.primitives import edge_softmax_bwd_p, edge_softmax_p
 
 __all__ = ["edge_softmax", "edge_softmax_p", "edge_softmax_bwd_p"]
 
 
+@operator
 def edge_softmax(A, values=None):
   """Row-wise softmax over the nonzeros of A (a SparseMatrix on the same pattern).
 
@@ -37,8 +39,6 @@ def edge_softmax(A, values=None):
   nan (or +inf) value comes out all nan; a row of -inf values comes out 0, with zero gradients;
   a -inf value gets weight 0.
   """
-  if hasattr(A, "__jaxsparse_tc_op__"):  # a container of matrices (distributed.ShardedMatrix)
-    return A.__jaxsparse_tc_op__("edge_softmax", values)
   pattern = A.pattern_operands()  # checks the pattern arrays' structure first
   v = A.values if values is None else jnp.asarray(values)
   if v.ndim not in (1, 2) or v.shape[-1] != A.nnz:

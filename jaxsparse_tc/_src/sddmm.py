@@ -6,9 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching
 
-from jaxsparse_tc._src import checks, heads, rules, vma
+from jaxsparse_tc._src import checks
 from jaxsparse_tc._src import precision as precision_lib
 from jaxsparse_tc._src.lowering import param, register_ffi_lowering
+from jaxsparse_tc._src.operator import heads, operator, rules, vma
 from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, PatternOperands
 from jaxsparse_tc._src.primitives import sddmm_p, spmm_p
 from jaxsparse_tc.options import kernel_options
@@ -16,6 +17,7 @@ from jaxsparse_tc.options import kernel_options
 __all__ = ["sddmm", "sddmm_p"]
 
 
+@operator
 def sddmm(
   A,
   x,
@@ -44,16 +46,6 @@ def sddmm(
   `precision` as in spmm (None follows `jax.default_matmul_precision`). `options`: a
   KernelOptions forcing the GPU kernel family (None: the launch plan's choice).
   """
-  if hasattr(A, "__jaxsparse_tc_op__"):  # a container of matrices (distributed.ShardedMatrix)
-    return A.__jaxsparse_tc_op__(
-      "sddmm",
-      x,
-      y,
-      scale_by_values=scale_by_values,
-      precision=precision,
-      preferred_element_type=preferred_element_type,
-      options=options,
-    )
   pattern = A.pattern_operands()  # checks the pattern arrays' structure first
   x, y = jnp.asarray(x), jnp.asarray(y)
   m, n = A.shape

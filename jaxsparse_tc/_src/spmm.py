@@ -6,10 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching
 
-from jaxsparse_tc._src import checks, heads, rules, select, vma
+from jaxsparse_tc._src import checks
 from jaxsparse_tc._src import precision as precision_lib
 from jaxsparse_tc._src.extensions import cuda_extension
 from jaxsparse_tc._src.lowering import param, register_ffi_lowering
+from jaxsparse_tc._src.operator import heads, operator, rules, select, vma
 from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, PatternOperands
 from jaxsparse_tc._src.primitives import sddmm_p, spmm_p
 from jaxsparse_tc.options import kernel_options
@@ -17,6 +18,7 @@ from jaxsparse_tc.options import kernel_options
 __all__ = ["spmm", "spmm_p"]
 
 
+@operator
 def spmm(A, x, *, precision=None, options=None):
   """A @ X: A a SparseMatrix [m, n] (values [nnz] or [H, nnz]), X [n, d] or [H, n, d].
 
@@ -32,8 +34,6 @@ def spmm(A, x, *, precision=None, options=None):
   precision=None follows `jax.default_matmul_precision` (read at trace time, as jnp.matmul).
   `options`: a KernelOptions forcing the GPU kernel family (None: the launch plan's choice).
   """
-  if hasattr(A, "__jaxsparse_tc_op__"):  # a container of matrices (distributed.ShardedMatrix)
-    return A.__jaxsparse_tc_op__("spmm", x, precision=precision, options=options)
   pattern = A.pattern_operands()  # checks the pattern arrays' structure first
   x = jnp.asarray(x)
   m, n = A.shape

@@ -24,8 +24,17 @@ here: each primitive carries its sharding rule (heads and SpMM's feature columns
 devices); `jaxsparse_tc.distributed.spmd.set_fallback` chooses what other shardings get.
 """
 
+from jaxsparse_tc._src.distributed import ops
+from jaxsparse_tc._src.distributed.ops import (
+  edge_softmax,
+  exchange,
+  sddmm,
+  shard_map_compat,
+  sparse_attention,
+  spmm,
+)
 from jaxsparse_tc._src.distributed.sharded_matrix import bind_operators
-from jaxsparse_tc.distributed import ops, spmd
+from jaxsparse_tc.distributed import spmd
 from jaxsparse_tc.distributed.matrix import (
   DEFAULT_AXIS,
   EXCHANGES,
@@ -40,14 +49,6 @@ from jaxsparse_tc.distributed.matrix import (
   shard_coo,
   shard_matrix,
   shard_scipy,
-)
-from jaxsparse_tc.distributed.ops import (
-  edge_softmax,
-  exchange,
-  sddmm,
-  shard_map_compat,
-  sparse_attention,
-  spmm,
 )
 
 bind_operators(ops)  # jst.spmm etc. on a ShardedMatrix dispatch to these

@@ -35,15 +35,11 @@ are its parts' values one after the other. Row-wise operators (edge softmax, att
 row's entries in one pattern, so they take single-part matrices only.
 """
 
-# _edge_spec, _node_spec (distributed/ops.py) and _cpu_client_threads (tests) stay importable here.
 from jaxsparse_tc._src.distributed.build import shard_coo, shard_matrix, shard_scipy
 from jaxsparse_tc._src.distributed.halo import DEFAULT_HALO_THRESHOLD as DEFAULT_HALO_THRESHOLD
 from jaxsparse_tc._src.distributed.halo import EXCHANGES
 from jaxsparse_tc._src.distributed.layout import PartArrays, PartLayout, ShardArrays, ShardLayout
-from jaxsparse_tc._src.distributed.layout import edge_spec as _edge_spec  # noqa: F401
-from jaxsparse_tc._src.distributed.layout import node_spec as _node_spec  # noqa: F401
 from jaxsparse_tc._src.distributed.mesh import DEFAULT_AXIS, check_host_mesh, make_mesh
-from jaxsparse_tc._src.distributed.mesh import cpu_client_threads as _cpu_client_threads  # noqa: F401
 from jaxsparse_tc._src.distributed.partition import ROW_ALIGN as ROW_ALIGN
 from jaxsparse_tc._src.distributed.partition import ROW_ALIGN_FROM as ROW_ALIGN_FROM
 from jaxsparse_tc._src.distributed.partition import partition_rows

@@ -1,6 +1,6 @@
 """ShardedMatrix: a square sparse matrix row-partitioned over a mesh axis, each shard a local
 SparseMatrix (jaxsparse_tc.distributed.matrix describes the layout). Its operators are
-jaxsparse_tc.distributed.ops, bound here by `bind_operators` when jaxsparse_tc.distributed is
+jaxsparse_tc._src.distributed.ops, bound here by `bind_operators` when jaxsparse_tc.distributed is
 imported (that module imports this one)."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ _operators = None  # the module of the operators on a ShardedMatrix, once bound
 
 def bind_operators(ops) -> None:
   """Binds the operators on a ShardedMatrix: a module with spmm, sddmm, edge_softmax and
-  sparse_attention taking the matrix first (jaxsparse_tc.distributed.ops)."""
+  sparse_attention taking the matrix first (jaxsparse_tc._src.distributed.ops)."""
   global _operators
   _operators = ops
 

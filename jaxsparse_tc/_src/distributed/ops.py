@@ -19,11 +19,12 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxsparse_tc._src import checks
 from jaxsparse_tc._src.attention import sparse_attention as _attention
+from jaxsparse_tc._src.distributed.layout import edge_spec, node_spec
+from jaxsparse_tc._src.distributed.sharded_matrix import ShardedMatrix
 from jaxsparse_tc._src.edge_softmax import edge_softmax as _edge_softmax
 from jaxsparse_tc._src.padding import valid_mask
 from jaxsparse_tc._src.sddmm import sddmm as _sddmm
 from jaxsparse_tc._src.spmm import spmm as _spmm
-from jaxsparse_tc.distributed.matrix import ShardedMatrix, _edge_spec, _node_spec
 from jaxsparse_tc.sparse_matrix import SparseMatrix
 
 __all__ = ["spmm", "sddmm", "edge_softmax", "sparse_attention", "exchange", "shard_map_compat"]
@@ -238,8 +239,8 @@ def _run(SA: ShardedMatrix, body, edge_args, node_args, out_specs):
   axis = SA.axis_name
   in_specs = (
     PartitionSpec(axis),
-    *(_edge_spec(a.ndim, axis) for a in edge_args),
-    *(_node_spec(a.ndim, axis) for a in node_args),
+    *(edge_spec(a.ndim, axis) for a in edge_args),
+    *(node_spec(a.ndim, axis) for a in node_args),
   )
   f = shard_map_compat(body, SA.mesh, in_specs, out_specs)
   return f(SA.arrays, *edge_args, *node_args)
@@ -257,7 +258,7 @@ def exchange(SA: ShardedMatrix, x):
   def body(arrays, x):
     return _exchange(lay, _local(arrays), x)
 
-  return _run(SA, body, (), (x,), _node_spec(x.ndim, SA.axis_name))
+  return _run(SA, body, (), (x,), node_spec(x.ndim, SA.axis_name))
 
 
 def spmm(SA: ShardedMatrix, x, *, precision=None, options=None):
@@ -285,7 +286,7 @@ def spmm(SA: ShardedMatrix, x, *, precision=None, options=None):
     return out
 
   out_ndim = 3 if values.ndim == 2 or x.ndim == 3 else 2
-  return _run(SA, body, (values,), (x,), _node_spec(out_ndim, SA.axis_name))
+  return _run(SA, body, (values,), (x,), node_spec(out_ndim, SA.axis_name))
 
 
 def sddmm(
@@ -338,7 +339,7 @@ def sddmm(
     return _join_parts(outs)
 
   out_ndim = 2 if x.ndim == 3 or y.ndim == 3 else 1
-  out = _run(SA, body, (), (x, y), _edge_spec(out_ndim, SA.axis_name))
+  out = _run(SA, body, (), (x, y), edge_spec(out_ndim, SA.axis_name))
   if scale_by_values:
     out = out * SA.values.astype(out.dtype)
   return SA.with_values(out)
@@ -358,7 +359,7 @@ def edge_softmax(SA: ShardedMatrix, values=None) -> ShardedMatrix:
     out = _edge_softmax(_local_matrix(lay, lay.parts[0], part, v)).values
     return _mask_values(out, part.nnz)
 
-  return SA.with_values(_run(SA, body, (v,), (), _edge_spec(v.ndim, SA.axis_name)))
+  return SA.with_values(_run(SA, body, (v,), (), edge_spec(v.ndim, SA.axis_name)))
 
 
 def sparse_attention(SA: ShardedMatrix, Q, K, V, *, scale=None, bias=None, options=None):
@@ -400,4 +401,4 @@ def sparse_attention(SA: ShardedMatrix, Q, K, V, *, scale=None, bias=None, optio
     return _attention(A, q, k, v, scale=scale, bias=b, options=options)
 
   heads = q.ndim == 3 or k.ndim == 3 or v.ndim == 3 or (bias is not None and edge[0].ndim == 2)
-  return _run(SA, body, edge, (q, k, v), _node_spec(3 if heads else 2, SA.axis_name))
+  return _run(SA, body, edge, (q, k, v), node_spec(3 if heads else 2, SA.axis_name))
