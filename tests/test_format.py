@@ -199,17 +199,14 @@ def test_grouped_schedule_only_where_it_fits(rng):
 
 def test_group_items_match_the_kernels():
   """The attention forward maps a CTA onto one group of a grouped schedule, and every window
-  kernel reads items of kScheduleFields fields (format.h)."""
-  import re
-
+  kernel reads items of kScheduleFields fields (format.h): pattern.py takes both from the
+  extension, which exports format.h's constants."""
+  from jaxsparse_tc import _cpu
   from jaxsparse_tc._src.pattern import GROUP_ITEMS, SCHEDULE_FIELDS
 
   A_SCHEDULE_WIDTH = SparseMatrix.from_coo([0, 3], [1, 2]).pattern.schedule.shape[1]
-  text = _kernel_sources()
-  found = re.search(r"constexpr int kGroupItems = (\d+);", text)
-  assert found and int(found.group(1)) == GROUP_ITEMS
-  found = re.search(r"constexpr int kScheduleFields = (\d+);", text)
-  assert found and int(found.group(1)) == SCHEDULE_FIELDS == A_SCHEDULE_WIDTH
+  assert GROUP_ITEMS is _cpu.GROUP_ITEMS
+  assert SCHEDULE_FIELDS is _cpu.SCHEDULE_FIELDS and SCHEDULE_FIELDS == A_SCHEDULE_WIDTH
 
 
 def test_row_view_is_csr_of_the_format(rng):
@@ -356,34 +353,37 @@ def test_window_schedule_order():
 
 
 def test_split_blocks_matches_the_kernels():
-  """The CUDA kernels find a piece's first sibling with their own copy of SPLIT_BLOCKS."""
-  import re
+  """The CUDA kernels find a piece's first sibling with format.h's kSplitBlocks, which the
+  extension exports."""
+  from jaxsparse_tc import _cpu
 
-  found = re.search(r"constexpr int kSplitBlocks = (\d+);", _kernel_sources())
-  assert found and int(found.group(1)) == SPLIT_BLOCKS
+  assert SPLIT_BLOCKS is _cpu.SPLIT_BLOCKS
 
 
 def test_row_slots_match_the_kernels():
-  """The row kernels tell whole rows from CTA items with their own copies of the slot marks."""
+  """The row kernels tell whole rows from CTA items with their own copies of the slot marks
+  (cuda/common/row_view.cuh)."""
   import re
 
+  from jaxsparse_tc import _cpu
   from jaxsparse_tc._src.pattern import CTA_ROW, WHOLE_ROW
 
+  assert (WHOLE_ROW, CTA_ROW) == (_cpu.WHOLE_ROW, _cpu.CTA_ROW)
   found = re.search(r"constexpr int kWholeRow = (-?\d+), kCtaRow = (-?\d+);", _kernel_sources())
   assert found and (int(found.group(1)), int(found.group(2))) == (WHOLE_ROW, CTA_ROW)
 
 
 def test_small_graph_piece_matches_the_kernels():
-  """The SDDMM row kernel shares a small graph's long rows down to its row piece."""
+  """The SDDMM row kernel shares a small graph's long rows down to its row piece, with its own
+  copy of it (cuda/common/row_layout.h) and format.h's kSmallGraphNnz."""
   import re
 
+  from jaxsparse_tc import _cpu
   from jaxsparse_tc._src.pattern import SMALL_GRAPH_NNZ, SMALL_GRAPH_PIECE, row_piece
 
-  text = _kernel_sources()
-  nnz = re.search(r"constexpr int64_t kSmallGraphNnz = int64_t\(1\) << (\d+);", text)
-  piece = re.search(r"constexpr int kSmallGraphPiece = (\d+);", text)
-  assert nnz and piece
-  assert (1 << int(nnz.group(1)), int(piece.group(1))) == (SMALL_GRAPH_NNZ, SMALL_GRAPH_PIECE)
+  assert SMALL_GRAPH_NNZ is _cpu.SMALL_GRAPH_NNZ and SMALL_GRAPH_PIECE is _cpu.SMALL_GRAPH_PIECE
+  piece = re.search(r"constexpr int kSmallGraphPiece = (\d+);", _kernel_sources())
+  assert piece and int(piece.group(1)) == SMALL_GRAPH_PIECE
   assert row_piece(SMALL_GRAPH_NNZ - 1) == SMALL_GRAPH_PIECE != row_piece(SMALL_GRAPH_NNZ)
 
 

@@ -5,25 +5,41 @@
 
 namespace jaxsparse_tc {
 
-constexpr int kWindowRows = 8;  // rows per window (FlashSparse 8x1 vectors)
-constexpr int kBlockCols = 8;   // condensed columns per block
-// Most blocks per piece of a split window (jaxsparse_tc/pattern.py SPLIT_BLOCKS; a test checks
-// they agree). A split item's fourth field is its window's piece size (SPLIT_BLOCKS, or less on
-// small graphs); piece p starts at the window's block p * size and is schedule item s + p, s the
-// window's first piece; split items form the schedule's prefix (docs/FORMAT.md).
+// The constants named after a pattern.py name below are defined here only: the CPU extension
+// exports them under that name (cpu/schedule.cc) and jaxsparse_tc/_src/pattern.py re-exports them.
+constexpr int kWindowRows = 8;  // rows per window (FlashSparse 8x1 vectors); WINDOW_ROWS
+constexpr int kBlockCols = 8;   // condensed columns per block; BLOCK_COLS
+// Most blocks per piece of a split window (pattern.py SPLIT_BLOCKS). A split item's fourth field is
+// its window's piece size (SPLIT_BLOCKS, or less on small graphs); piece p starts at the window's
+// block p * size and is schedule item s + p, s the window's first piece; split items form the
+// schedule's prefix (docs/FORMAT.md).
 constexpr int kSplitBlocks = 32;
-// Items per group of a grouped schedule (pattern.py GROUP_ITEMS; a test checks they agree): a
-// split window's pieces lie in one group, items g * kGroupItems .. + kGroupItems - 1.
+// Items per group of a grouped schedule (pattern.py GROUP_ITEMS): a split window's pieces lie in
+// one group, items g * kGroupItems .. + kGroupItems - 1.
 constexpr int kGroupItems = 4;
-// Fields per schedule item (pattern.py SCHEDULE_FIELDS; a test checks): window, block_begin,
-// block_end, split, then col_begin (the item's first condensed column), col_end (its window's),
-// first (the item of the window's first piece) and pieces (1 for a whole window).
+// Fields per schedule item (pattern.py SCHEDULE_FIELDS): window, block_begin, block_end, split,
+// then col_begin (the item's first condensed column), col_end (its window's), first (the item of
+// the window's first piece) and pieces (1 for a whole window).
 constexpr int kScheduleFields = 8;
-// Graphs under kSmallGraphNnz nonzeros (pattern.py SMALL_GRAPH_NNZ; a test checks they agree)
-// are small: their time is their longest chain of dependent round trips rather than their
-// bytes, and the builder (short pieces), several plans (cuda/attention/plan.h,
-// cuda/sddmm/plan.h) and the selector (common/select.h) treat them apart.
+// Graphs under kSmallGraphNnz nonzeros (pattern.py SMALL_GRAPH_NNZ) are small: their time is
+// their longest chain of dependent round trips rather than their bytes, and the builder (short
+// pieces), several plans (cuda/attention/plan.h, cuda/sddmm/plan.h) and the selector
+// (common/select.h) treat them apart.
 constexpr int64_t kSmallGraphNnz = int64_t(1) << 16;
+// A small graph's split windows are cut into pieces of kSmallGraphSplit blocks (pattern.py
+// SMALL_GRAPH_SPLIT), its rows into row pieces of kSmallGraphRowPiece entries (SMALL_GRAPH_PIECE;
+// cuda/common/row_layout.h keeps a copy, kSmallGraphPiece, that a test checks).
+constexpr int kSmallGraphSplit = 4;
+constexpr int kSmallGraphRowPiece = 8;
+// Most blocks of a window of a grouped schedule (pattern.py GROUPED_MAX_BLOCKS).
+constexpr int kGroupedMaxBlocks = 32;
+// Most row pieces' worth of entries of one CTA item of the row view (pattern.py ROW_CTA_PIECES).
+constexpr int kRowCtaPieces = 16;
+// row_schedule slots (pattern.py WHOLE_ROW, CTA_ROW; cuda/common/row_view.cuh keeps copies,
+// kWholeRow and kCtaRow, that a test checks): one lane group walks the row; one CTA walks it.
+// Slots >= 0 number the rows cut into several CTA items.
+constexpr int kWholeRowSlot = -1;
+constexpr int kCtaRowSlot = -2;
 
 struct PatternView {
   const int32_t* window_col_ptr;    // [W+1]

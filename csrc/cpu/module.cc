@@ -1,6 +1,7 @@
 // The CPU extension: the format builder and the CPU FFI handlers, as capsules for jax.ffi.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
 #include <vector>
@@ -38,26 +39,33 @@ nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& v, std::initializer_list<siz
 
 using IndexArray = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
-nb::dict build_pattern(IndexArray rows, IndexArray cols, int64_t m, int64_t n) {
+nb::dict build_pattern(IndexArray rows, IndexArray cols, int64_t m, int64_t n,
+                       std::optional<bool> grouped, std::optional<int64_t> split_blocks,
+                       std::optional<std::string> row_order) {
   const int64_t count = int64_t(rows.shape(0));
+  jaxsparse_tc::ScheduleOptions options{grouped, split_blocks, std::nullopt};
+  if (row_order) options.row_order = jaxsparse_tc::parse_row_order(*row_order);
   jaxsparse_tc::BuiltPattern p;
   {
     nb::gil_scoped_release release;
-    p = jaxsparse_tc::build_pattern(rows.data(), cols.data(), count, m, n);
+    p = jaxsparse_tc::build_pattern(rows.data(), cols.data(), count, m, n, options);
   }
   const size_t W = p.window_col_ptr.size(), C = p.window_cols.size();
   const size_t B = p.block_bitmap.size() / 2, nnz = size_t(p.nnz);
+  const size_t S = p.schedule.size() / jaxsparse_tc::kScheduleFields, R = p.row_schedule.size() / 4;
   nb::dict out;
   out["window_col_ptr"] = to_numpy(std::move(p.window_col_ptr), {W});
   out["window_cols"] = to_numpy(std::move(p.window_cols), {C});
   out["window_block_ptr"] = to_numpy(std::move(p.window_block_ptr), {W});
   out["block_bitmap"] = to_numpy(std::move(p.block_bitmap), {B, 2});
   out["block_value_ptr"] = to_numpy(std::move(p.block_value_ptr), {B + 1});
+  out["schedule"] = to_numpy(std::move(p.schedule), {S, size_t(jaxsparse_tc::kScheduleFields)});
   out["rows"] = to_numpy(std::move(p.rows), {nnz});
   out["cols"] = to_numpy(std::move(p.cols), {nnz});
-  out["row_ptr"] = to_numpy(std::move(p.row_ptr), {size_t(m) + 1});
   out["row_entries"] = to_numpy(std::move(p.row_entries), {nnz, 2});
+  out["row_schedule"] = to_numpy(std::move(p.row_schedule), {R, 4});
   out["input_to_format"] = to_numpy(std::move(p.input_to_format), {size_t(count)});
+  out["grouped"] = p.grouped;
   return out;
 }
 
@@ -194,9 +202,14 @@ nb::capsule handler(Fn* fn) {
 
 NB_MODULE(_cpu, m) {
   jaxsparse_tc::register_reorder(m);  // reorder(), block_stats() (cpu/reorder.h)
+  // The schedule functions and the format's constants (cpu/schedule.h, common/format.h).
+  jaxsparse_tc::register_schedule(m);
   m.def("build_pattern", &build_pattern, nb::arg("rows"), nb::arg("cols"), nb::arg("m"),
-        nb::arg("n"),
-        "One orientation of the format from validated int64 COO indices (docs/FORMAT.md).");
+        nb::arg("n"), nb::kw_only(), nb::arg("grouped") = nb::none(),
+        nb::arg("split_blocks") = nb::none(), nb::arg("row_order") = nb::none(),
+        "One orientation of the format from validated int64 COO indices (docs/FORMAT.md): a "
+        "dict of Pattern's ten arrays, input_to_format and grouped (whether the schedule is). "
+        "grouped, split_blocks, row_order: FormatOptions' (None: the builder's rule).");
   m.def("kernel_choices", &kernel_choices, nb::arg("rows"), nb::arg("nnz"), nb::arg("windows"),
         nb::arg("blocks"), nb::arg("condensed_cols"), nb::arg("d"), nb::arg("esize"),
         nb::arg("exact"), nb::kw_only(), nb::arg("row_items") = 0, nb::arg("heads") = 1,

@@ -1,13 +1,15 @@
 #include "cpu/pattern_build.h"
 
+#include <algorithm>
 #include <stdexcept>
+#include <string>
 
 #include "common/format.h"
 
 namespace jaxsparse_tc {
 
 BuiltPattern build_pattern(const int64_t* rows, const int64_t* cols, int64_t count, int64_t m,
-                           int64_t n) {
+                           int64_t n, const ScheduleOptions& options) {
   const int64_t W = (m + kWindowRows - 1) / kWindowRows;
   // Two stable counting sorts give entries ordered by (window, column, input order): the
   // format's order up to the row inside a column, which each column group settles below.
@@ -77,12 +79,12 @@ BuiltPattern build_pattern(const int64_t* rows, const int64_t* cols, int64_t cou
 
   // The row view: a stable counting sort of format positions by row. Inside a window the format
   // is ordered by column, so each row's entries come out with ascending columns (CSR order).
-  p.row_ptr.assign(m + 1, 0);
-  for (int64_t k = 0; k < pos; ++k) ++p.row_ptr[p.rows[k] + 1];
-  for (int64_t r = 0; r < m; ++r) p.row_ptr[r + 1] += p.row_ptr[r];
+  std::vector<int32_t> row_ptr(m + 1, 0);
+  for (int64_t k = 0; k < pos; ++k) ++row_ptr[p.rows[k] + 1];
+  for (int64_t r = 0; r < m; ++r) row_ptr[r + 1] += row_ptr[r];
   p.row_entries.resize(2 * pos);
   {
-    std::vector<int32_t> next(p.row_ptr.begin(), p.row_ptr.end() - 1);
+    std::vector<int32_t> next(row_ptr.begin(), row_ptr.end() - 1);
     for (int64_t k = 0; k < pos; ++k) {
       // 64-bit: the pair index 2 * at passes 2^31 beyond 2^30 nonzeros.
       const int64_t at = next[p.rows[k]]++;
@@ -90,6 +92,25 @@ BuiltPattern build_pattern(const int64_t* rows, const int64_t* cols, int64_t cou
       p.row_entries[2 * at + 1] = int32_t(k);
     }
   }
+
+  // The schedules, from the window and row pointers.
+  const bool fits = grouped_schedule_fits(p.window_block_ptr.data(), W, pos);
+  if (options.grouped.value_or(false) && !fits) {
+    int64_t most = 0;
+    for (int64_t w = 0; w < W; ++w)
+      most = std::max<int64_t>(most, p.window_block_ptr[w + 1] - p.window_block_ptr[w]);
+    throw std::invalid_argument(
+        "FormatOptions(grouped=True): a grouped schedule needs fewer than " +
+        std::to_string(kSmallGraphNnz) + " nonzeros and at most " +
+        std::to_string(kGroupedMaxBlocks) + " blocks per window in both orientations; the " +
+        std::to_string(m) + " x " + std::to_string(n) + " orientation has " + std::to_string(pos) +
+        " nonzeros and a window of " + std::to_string(most) + " blocks");
+  }
+  p.grouped = fits && options.grouped.value_or(true) && !options.split_blocks;
+  p.schedule = window_schedule(p.window_block_ptr.data(), p.window_col_ptr.data(), W,
+                               options.split_blocks.value_or(split_blocks(pos)), p.grouped);
+  const RowOrder walk = options.row_order.value_or(row_order(pos, int64_t(p.window_cols.size())));
+  p.row_schedule = row_schedule(row_ptr.data(), m, row_piece(pos), walk);
   return p;
 }
 

@@ -25,7 +25,8 @@ those (`valid_mask`).
 
 Kernels also derive small-graph constants from the nnz they are given (row pieces, split
 sizes: pattern.row_piece, pattern.split_blocks, and the CUDA kernels' mirrors of them), so
-`reschedule` rebuilds a pattern's two schedules with the rules of the padded nnz before padding:
+`reschedule` rebuilds a pattern's two schedules with the rules of the padded nnz before padding
+(with the builder's own C++ schedule functions, csrc/cpu/schedule.h):
 every matrix of a stack then looks, to a kernel, like one pattern of the stacked nnz.
 """
 
@@ -35,6 +36,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from jaxsparse_tc import _cpu
 from jaxsparse_tc._src import pattern as pattern_lib
 from jaxsparse_tc._src.pattern import Pattern
 
@@ -87,11 +89,13 @@ def reschedule(
   nonzeros (the padded count kernels will see; the row order by p's own nonzeros). `grouped`:
   cut windows into grouped pieces (pattern.grouped_schedule_fits(window_block_ptr, nnz) must
   hold)."""
-  wbp, wcp = np.asarray(p.window_block_ptr), np.asarray(p.window_col_ptr)
-  size = pattern_lib.split_blocks(nnz) if split_blocks is None else split_blocks
-  schedule = pattern_lib.window_schedule(wbp, size, grouped, wcp)
-  order = pattern_lib.row_order(int(p.rows.shape[0]), int(wcp[-1]))
-  row_schedule = pattern_lib.row_schedule(_row_ptr(p, num_rows), pattern_lib.row_piece(nnz), order)
+  wbp = np.ascontiguousarray(p.window_block_ptr, np.int32)
+  wcp = np.ascontiguousarray(p.window_col_ptr, np.int32)
+  nnz = int(nnz)
+  size = _cpu.split_blocks(nnz) if split_blocks is None else int(split_blocks)
+  schedule = _cpu.window_schedule(wbp, size, bool(grouped), wcp)
+  order = _cpu.row_order(int(p.rows.shape[0]), int(wcp[-1]))
+  row_schedule = _cpu.row_schedule(_row_ptr(p, num_rows), _cpu.row_piece(nnz), order)
   return p._replace(schedule=schedule, row_schedule=row_schedule)
 
 
