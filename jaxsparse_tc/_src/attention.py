@@ -51,11 +51,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
-from jaxsparse_tc._src import checks
+from jaxsparse_tc._src import checks, heads, rules, select, vma
 from jaxsparse_tc._src import precision as precision_lib
 from jaxsparse_tc._src.extensions import CUDA_TARGETS, cuda_extension
 from jaxsparse_tc._src.lowering import param, register_ffi_lowering
-from jaxsparse_tc._src.operator import heads, operator, rules, select, vma
+from jaxsparse_tc._src.operator import operator
 from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, PatternOperands
 from jaxsparse_tc._src.primitives import (
   attention_bwd_p,

@@ -21,9 +21,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax.interpreters import ad, batching
 
-from jaxsparse_tc._src import checks
+from jaxsparse_tc._src import checks, heads, rules, vma
 from jaxsparse_tc._src.lowering import register_ffi_lowering
-from jaxsparse_tc._src.operator import heads, operator, rules, vma
+from jaxsparse_tc._src.operator import operator
 from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS
 from jaxsparse_tc._src.primitives import edge_softmax_bwd_p, edge_softmax_p
 

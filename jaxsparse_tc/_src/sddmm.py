@@ -6,10 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching
 
-from jaxsparse_tc._src import checks
+from jaxsparse_tc._src import checks, heads, rules, vma
 from jaxsparse_tc._src import precision as precision_lib
 from jaxsparse_tc._src.lowering import param, register_ffi_lowering
-from jaxsparse_tc._src.operator import heads, operator, rules, vma
+from jaxsparse_tc._src.operator import operator
 from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, PatternOperands
 from jaxsparse_tc._src.primitives import sddmm_p, spmm_p
 from jaxsparse_tc.options import kernel_options
