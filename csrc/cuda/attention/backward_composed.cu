@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kRowThreads, UNROLL >= 4 ? 2 : 4)
   // CTA items (the schedule's prefix), CTA-strided: group g takes the g-th share.
   for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
     const int4 it = row_item(rv, c);
-    if (it.w == kWholeRow) break;
+    if (it.w == kWholeRowSlot) break;
     const int2 share = cta_share(it.y, it.z, NG, g, p.min_share);
     row_edges<T, L, U, VEC>(p, rv, h, it.x, share.x, share.y, li);
   }
