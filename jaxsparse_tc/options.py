@@ -21,15 +21,19 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from jaxsparse_tc._src import extensions
+
 __all__ = ["KernelOptions", "FormatOptions"]
 
+# The names for type checkers; the codes (and the names the checks below accept) are the
+# extension's (csrc/common/ops.h), and a test keeps these literals equal to their names.
 KernelChoice = Literal["auto", "cuda_core", "tensor_core"]
 BackwardChoice = Literal["auto", "fused", "composed"]
 
-# FFI attribute values of `KernelOptions.spmm` / `.sddmm` (csrc/cuda/spmm/plan.h, sddmm/plan.h).
-_KERNEL_CODES = {"auto": 0, "cuda_core": 1, "tensor_core": 2}
+# FFI attribute `kernel` of the CUDA SpMM and SDDMM handlers, from `KernelOptions.spmm` / `.sddmm`.
+_KERNEL_CODES = extensions.KERNEL_CODES
 # `KernelOptions.attention_backward` as the CPU extension's kernel_choices takes it.
-_BACKWARD_CODES = {"auto": 0, "fused": 1, "composed": 2}
+_BACKWARD_CODES = extensions.ATTENTION_BACKWARD_CODES
 
 
 def _check_choice(name: str, value, allowed) -> None:

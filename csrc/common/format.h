@@ -28,15 +28,15 @@ constexpr int kScheduleFields = 8;
 constexpr int64_t kSmallGraphNnz = int64_t(1) << 16;
 // A small graph's split windows are cut into pieces of kSmallGraphSplit blocks (pattern.py
 // SMALL_GRAPH_SPLIT), its rows into row pieces of kSmallGraphRowPiece entries (SMALL_GRAPH_PIECE;
-// cuda/common/row_layout.h keeps a copy, kSmallGraphPiece, that a test checks).
+// the row kernels' shares too, cuda/common/row_layout.h).
 constexpr int kSmallGraphSplit = 4;
 constexpr int kSmallGraphRowPiece = 8;
 // Most blocks of a window of a grouped schedule (pattern.py GROUPED_MAX_BLOCKS).
 constexpr int kGroupedMaxBlocks = 32;
 // Most row pieces' worth of entries of one CTA item of the row view (pattern.py ROW_CTA_PIECES).
 constexpr int kRowCtaPieces = 16;
-// row_schedule slots (pattern.py WHOLE_ROW, CTA_ROW; cuda/common/row_view.cuh keeps copies,
-// kWholeRow and kCtaRow, that a test checks): one lane group walks the row; one CTA walks it.
+// row_schedule slots (pattern.py WHOLE_ROW, CTA_ROW; the row kernels read them,
+// cuda/common/row_view.cuh): one lane group walks the row; one CTA walks it.
 // Slots >= 0 number the rows cut into several CTA items.
 constexpr int kWholeRowSlot = -1;
 constexpr int kCtaRowSlot = -2;

@@ -23,9 +23,11 @@ cpu::Operand dense(const ffi::AnyBuffer& b) {
   return {b.untyped_data(), d[0], d[1], d[2]};
 }
 
-cpu::Operand per_edge(const ffi::Buffer<ffi::F32>& b) {
+// A float32 per-edge operand (checked float32 by attention_operand_error where it is read).
+template <typename B>
+cpu::Operand per_edge(const B& b) {
   const auto d = b.dimensions();
-  return {b.typed_data(), d[0], 1, d[1]};
+  return {b.untyped_data(), d[0], 1, d[1]};
 }
 
 // An operand's shape and dtype, whatever its buffer type (the bias is a float32 buffer).
@@ -85,7 +87,7 @@ static ffi::Error attention_fwd_cpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi:
                                     int32_t has_bias) {
   const int dtype = cpu_dtype(q.element_type(), /*allow_f64=*/false);
   if (dtype < 0) return unsupported_dtype();
-  constexpr const char* kTarget = "jaxsparse_tc_attention_fwd";
+  constexpr const char* kTarget = op_target(Op::kAttentionFwd);
   PatternLimits lim;
   if (auto err = attention_operand_error(Shaped(q), Shaped(k), Shaped(v), Shaped(bias),
                                          has_bias != 0, o->dimensions(), o->element_type(), nullptr,
@@ -114,13 +116,12 @@ static ffi::Error attention_jvp_cpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi:
                                     ffi::AnyBuffer v, ffi::Buffer<ffi::F32> bias,
                                     ffi::AnyBuffer /*o*/, ffi::Buffer<ffi::F32> lse,
                                     ffi::AnyBuffer dq, ffi::AnyBuffer dk, ffi::AnyBuffer dvv,
-                                    ffi::Buffer<ffi::F32> dbias, I32 wcp, I32 wc, I32 wbp,
-                                    U32 bitmap, I32 bvp, I32 schedule,
-                                    ffi::Result<ffi::AnyBuffer> dout, float scale,
-                                    int32_t has_bias) {
+                                    ffi::AnyBuffer dbias, I32 wcp, I32 wc, I32 wbp, U32 bitmap,
+                                    I32 bvp, I32 schedule, ffi::Result<ffi::AnyBuffer> dout,
+                                    float scale, int32_t has_bias) {
   const int dtype = cpu_dtype(q.element_type(), /*allow_f64=*/false);
   if (dtype < 0) return unsupported_dtype();
-  constexpr const char* kTarget = "jaxsparse_tc_attention_jvp";
+  constexpr const char* kTarget = op_target(Op::kAttentionJvp);
   PatternLimits lim;
   const Shaped tangents[] = {Shaped(dq), Shaped(dk), Shaped(dvv), Shaped(dbias)};
   if (auto err = attention_operand_error(Shaped(q), Shaped(k), Shaped(v), Shaped(bias),
@@ -148,34 +149,9 @@ static ffi::Error attention_jvp_cpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi:
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionFwdCpu, attention_fwd_cpu,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()         // q [Hq, m, d]
-                                  .Arg<ffi::AnyBuffer>()         // k [Hk, n, d]
-                                  .Arg<ffi::AnyBuffer>()         // v [Hv, n, dv]
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // bias [Hb, nnz] (or [1, 1])
-                              JAXSPARSE_TC_PATTERN_ARGS
-                                  .Ret<ffi::AnyBuffer>()         // o [H, m, dv]
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // lse [H, m]
-                                  .Attr<float>("scale")
-                                  .Attr<int32_t>("has_bias"));
+                              JAXSPARSE_TC_BIND_ATTENTION_FWD(JAXSPARSE_TC_CPU_CTX, , , ));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionJvpCpu, attention_jvp_cpu,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()         // q
-                                  .Arg<ffi::AnyBuffer>()         // k
-                                  .Arg<ffi::AnyBuffer>()         // v
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // bias [Hb, nnz] (or [1, 1])
-                                  .Arg<ffi::AnyBuffer>()         // o
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // lse
-                                  .Arg<ffi::AnyBuffer>()         // dq
-                                  .Arg<ffi::AnyBuffer>()         // dk
-                                  .Arg<ffi::AnyBuffer>()         // dv
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // dbias, as bias
-                              JAXSPARSE_TC_PATTERN_ARGS
-                                  .Ret<ffi::AnyBuffer>()  // do [H, m, dv]
-                                  .Attr<float>("scale")
-                                  .Attr<int32_t>("has_bias"));
+                              JAXSPARSE_TC_BIND_ATTENTION_JVP(JAXSPARSE_TC_CPU_CTX, , , ));
 
 }  // namespace jaxsparse_tc

@@ -21,7 +21,7 @@ static ffi::Error edge_softmax_cpu(ffi::ThreadPool pool, ffi::AnyBuffer values, 
   const int dtype = cpu_dtype(values.element_type(), /*allow_f64=*/false);
   if (dtype < 0) return unsupported_dtype();
   const auto vd = values.dimensions();
-  constexpr const char* kTarget = "jaxsparse_tc_edge_softmax";
+  constexpr const char* kTarget = op_target(Op::kEdgeSoftmax);
   if (vd.size() != 2 || out->dimensions().size() != 2 || out->dimensions()[0] != vd[0] ||
       out->dimensions()[1] != vd[1])
     return operand_error(kTarget, "values " + dims_string(vd) + " and out " +
@@ -49,7 +49,7 @@ static ffi::Error edge_softmax_bwd_cpu(ffi::ThreadPool pool, ffi::AnyBuffer y, f
     return ffi::Error::InvalidArgument("edge_softmax_bwd: y, t and out must share a dtype");
   const int dtype = cpu_dtype(y.element_type(), /*allow_f64=*/false);
   if (dtype < 0) return unsupported_dtype();
-  constexpr const char* kTarget = "jaxsparse_tc_edge_softmax_bwd";
+  constexpr const char* kTarget = op_target(Op::kEdgeSoftmaxBwd);
   const auto yd = y.dimensions(), td = t.dimensions(), od = out->dimensions();
   if (yd.size() != 2 || td.size() != 2 || od.size() != 2 || !heads_broadcast(yd[0], od[0]) ||
       !heads_broadcast(td[0], od[0]) || yd[1] != od[1] || td[1] != od[1])
@@ -74,16 +74,9 @@ static ffi::Error edge_softmax_bwd_cpu(ffi::ThreadPool pool, ffi::AnyBuffer y, f
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EdgeSoftmaxCpu, edge_softmax_cpu,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()                         // values [H, nnz]
-                              JAXSPARSE_TC_PATTERN_ARGS.Ret<ffi::AnyBuffer>());  // out [H, nnz]
+                              JAXSPARSE_TC_BIND_EDGE_SOFTMAX(JAXSPARSE_TC_CPU_CTX, , , ));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EdgeSoftmaxBwdCpu, edge_softmax_bwd_cpu,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()                         // y [Hy, nnz]
-                                  .Arg<ffi::AnyBuffer>()                         // t [Ht, nnz]
-                              JAXSPARSE_TC_PATTERN_ARGS.Ret<ffi::AnyBuffer>());  // out [H, nnz]
+                              JAXSPARSE_TC_BIND_EDGE_SOFTMAX_BWD(JAXSPARSE_TC_CPU_CTX, , , ));
 
 }  // namespace jaxsparse_tc

@@ -2,8 +2,12 @@
 #pragma once
 #include <cstdint>
 
+#include "common/ffi_ops.h"
 #include "common/ffi_pattern.h"
 #include "cpu/kernels.h"
+
+// The CPU handlers' context (common/ffi_ops.h CTX): XLA's intra-op thread pool (cpu/parallel.h).
+#define JAXSPARSE_TC_CPU_CTX .Ctx<::xla::ffi::ThreadPool>()
 
 namespace jaxsparse_tc {
 namespace ffi = xla::ffi;

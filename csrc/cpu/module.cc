@@ -6,6 +6,8 @@
 
 #include <vector>
 
+#include "common/ops.h"
+#include "common/ops_python.h"
 #include "common/select.h"
 #include "cpu/pattern_build.h"
 #include "cpu/pattern_check.h"
@@ -20,12 +22,8 @@
 namespace nb = nanobind;
 
 namespace jaxsparse_tc {
-extern "C" XLA_FFI_Error* SpmmCpu(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* SddmmCpu(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* EdgeSoftmaxCpu(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* EdgeSoftmaxBwdCpu(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* AttentionFwdCpu(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* AttentionJvpCpu(XLA_FFI_CallFrame*);
+JAXSPARSE_TC_OPS(JAXSPARSE_TC_DECLARE_CPU)
+constexpr OpHandler kCpuHandlers[] = {JAXSPARSE_TC_OPS(JAXSPARSE_TC_HANDLER_CPU)};
 }  // namespace jaxsparse_tc
 
 namespace {
@@ -81,8 +79,9 @@ nb::dict kernel_choices(int64_t rows, int64_t nnz, int64_t windows, int64_t bloc
     throw nb::value_error("kernel_choices: counts must be >= 0 (heads >= 1)");
   if (esize != 2 && esize != 4) throw nb::value_error("kernel_choices: esize must be 2 or 4");
   if (exact && esize != 4) throw nb::value_error("kernel_choices: exact needs float32 (esize 4)");
-  if (attention_backward < 0 || attention_backward > 2)
-    throw nb::value_error("kernel_choices: attention_backward must be 0 (auto), 1 or 2");
+  if (attention_backward < 0 || attention_backward >= code_count(kAttentionBackwardCodes))
+    throw nb::value_error(
+        "kernel_choices: attention_backward must be an ATTENTION_BACKWARD_CODES value");
   const PatternFeatures f{rows, nnz, windows, blocks, condensed_cols};
   // num_items only sizes the window family's workspace, not the choice.
   SpmmPlan spmm_plan;
@@ -93,15 +92,22 @@ nb::dict kernel_choices(int64_t rows, int64_t nnz, int64_t windows, int64_t bloc
   if (auto err = plan_sddmm({esize, exact, f, 0, heads, d}, sddmm_kernel, sddmm_plan);
       err.failure())
     throw nb::value_error(err.message().c_str());
-  // attention_backward: 1 fused, 2 composed; fused only where its kernels take the operands.
-  const bool fused = attention_tc_shape(esize, d, d) &&
-                     (attention_backward == 1 ||
-                      (attention_backward == 0 && attention_backward_prefers_fused(f, d, esize)));
+  // Fused only where its kernels take the operands.
+  const auto backward = static_cast<AttentionBackward>(attention_backward);
+  const bool fused =
+      attention_tc_shape(esize, d, d) &&
+      (backward == AttentionBackward::kFused ||
+       (backward == AttentionBackward::kAuto && attention_backward_prefers_fused(f, d, esize)));
   const DerivedFeatures x = derived_features(f);
   nb::dict out;
-  out["spmm"] = spmm_plan.rows ? "cuda_core" : "tensor_core";
-  out["sddmm"] = sddmm_plan.kernel == SddmmKernel::kRows ? "cuda_core" : "tensor_core";
-  out["attention_backward"] = fused ? "fused" : "composed";
+  const auto family = [](bool rows) {
+    return code_name(kKernelChoiceCodes,
+                     rows ? KernelChoice::kCudaCore : KernelChoice::kTensorCore);
+  };
+  out["spmm"] = family(spmm_plan.rows);
+  out["sddmm"] = family(sddmm_plan.kernel == SddmmKernel::kRows);
+  out["attention_backward"] = code_name(
+      kAttentionBackwardCodes, fused ? AttentionBackward::kFused : AttentionBackward::kComposed);
   out["nnz_per_block"] = x.nnz_per_block;
   out["cols_per_window"] = x.cols_per_window;
   out["mean_row_length"] = x.mean_row_length;
@@ -193,11 +199,6 @@ std::string check_transpose(nb::handle rows_h, nb::handle cols_h, nb::handle row
       int64_t(perm_t.shape(0)), perm_t_inv.data(), int64_t(perm_t_inv.shape(0)));
 }
 
-template <typename Fn>
-nb::capsule handler(Fn* fn) {
-  return nb::capsule(reinterpret_cast<void*>(fn));
-}
-
 }  // namespace
 
 NB_MODULE(_cpu, m) {
@@ -218,8 +219,8 @@ NB_MODULE(_cpu, m) {
         "\"tensor_core\", attention_backward \"fused\" or \"composed\") and the derived "
         "features (nnz_per_block, cols_per_window, mean_row_length), from one orientation's "
         "pattern features (common/select.h), the dense width d and element size, exact "
-        "float32, and the KernelOptions codes (0: auto; attention_backward 1 fused, 2 "
-        "composed). row_items (the row schedule's length) and heads size the SpMM row kernels' "
+        "float32, and the KernelOptions codes (KERNEL_CODES, ATTENTION_BACKWARD_CODES; 0: "
+        "auto). row_items (the row schedule's length) and heads size the SpMM row kernels' "
         "workspace, which must fit for them to run; the default (no row cut into several CTA "
         "items) assumes it does. The attention answer takes dv = d.");
   m.def("check_pattern", &check_pattern, nb::arg("window_col_ptr"), nb::arg("window_cols"),
@@ -237,14 +238,21 @@ NB_MODULE(_cpu, m) {
         "Checks that perm_t and perm_t_inv (int32 [nnz]) are inverse permutations and that A^T's "
         "value j (rows_t, cols_t) is A's value perm_t[j] (rows, cols) transposed. Returns \"\" or "
         "one message, as check_pattern.");
-  m.def("registrations", []() {
-    nb::dict d;
-    d["jaxsparse_tc_spmm"] = handler(jaxsparse_tc::SpmmCpu);
-    d["jaxsparse_tc_sddmm"] = handler(jaxsparse_tc::SddmmCpu);
-    d["jaxsparse_tc_edge_softmax"] = handler(jaxsparse_tc::EdgeSoftmaxCpu);
-    d["jaxsparse_tc_edge_softmax_bwd"] = handler(jaxsparse_tc::EdgeSoftmaxBwdCpu);
-    d["jaxsparse_tc_attention_fwd"] = handler(jaxsparse_tc::AttentionFwdCpu);
-    d["jaxsparse_tc_attention_jvp"] = handler(jaxsparse_tc::AttentionJvpCpu);
-    return d;
-  });
+  // The contract (common/ops.h): the op table, this extension's handlers, the codes of the
+  // attributes Python passes as integers, and the attention tensor-core kernels' head dims.
+  jaxsparse_tc::export_op_table(m);
+  jaxsparse_tc::def_registrations(m, jaxsparse_tc::kCpuHandlers);
+  m.attr("KERNEL_CODES") = jaxsparse_tc::code_dict(jaxsparse_tc::kKernelChoiceCodes);
+  m.attr("PRECISION_CODES") = jaxsparse_tc::code_dict(jaxsparse_tc::kPrecisionCodes);
+  m.attr("ATTENTION_BACKWARD_CODES") =
+      jaxsparse_tc::code_dict(jaxsparse_tc::kAttentionBackwardCodes);
+  {
+    nb::list dims;
+    for (int d : jaxsparse_tc::kAttentionTcD) dims.append(d);
+    m.attr("ATTENTION_TC_D") = nb::tuple(dims);
+  }
+  m.def("attention_tc_shape", &jaxsparse_tc::attention_tc_shape, nb::arg("esize"), nb::arg("d"),
+        nb::arg("dv"),
+        "Whether the attention tensor-core kernels (forward and fused backward) take operands of "
+        "esize bytes with head dims d and dv: 16-bit, d = dv in ATTENTION_TC_D.");
 }

@@ -10,7 +10,7 @@ namespace jaxsparse_tc {
 static ffi::Error sddmm_cpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer y, I32 wcp,
                             I32 wc, I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
                             ffi::Result<ffi::AnyBuffer> out, int32_t /*precision*/) {
-  constexpr const char* kTarget = "jaxsparse_tc_sddmm";
+  constexpr const char* kTarget = op_target(Op::kSddmm);
   const auto xd = x.dimensions(), yd = y.dimensions(), od = out->dimensions();
   // out is x's dtype, or float32 for 16-bit x (the accumulator, unrounded).
   const bool f32_out =
@@ -47,12 +47,6 @@ static ffi::Error sddmm_cpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuff
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SddmmCpu, sddmm_cpu,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // x [Hx, m, d]
-                                  .Arg<ffi::AnyBuffer>()  // y [Hy, n, d]
-                              JAXSPARSE_TC_PATTERN_ARGS
-                                  .Ret<ffi::AnyBuffer>()  // out [H, nnz]
-                                  .Attr<int32_t>("precision"));
+                              JAXSPARSE_TC_BIND_SDDMM(JAXSPARSE_TC_CPU_CTX, , , ));
 
 }  // namespace jaxsparse_tc

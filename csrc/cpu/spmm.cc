@@ -11,7 +11,7 @@ namespace jaxsparse_tc {
 static ffi::Error spmm_cpu(ffi::ThreadPool pool, ffi::AnyBuffer values, ffi::AnyBuffer x, I32 wcp,
                            I32 wc, I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
                            ffi::Result<ffi::AnyBuffer> out, int32_t /*precision*/) {
-  constexpr const char* kTarget = "jaxsparse_tc_spmm";
+  constexpr const char* kTarget = op_target(Op::kSpmm);
   const auto vd = values.dimensions(), xd = x.dimensions(), od = out->dimensions();
   if (x.element_type() != values.element_type() || out->element_type() != x.element_type())
     return ffi::Error::InvalidArgument("spmm: values, x and out must share a dtype");
@@ -43,12 +43,6 @@ static ffi::Error spmm_cpu(ffi::ThreadPool pool, ffi::AnyBuffer values, ffi::Any
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SpmmCpu, spmm_cpu,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // values [Hv, nnz]
-                                  .Arg<ffi::AnyBuffer>()  // x [Hx, n, d]
-                              JAXSPARSE_TC_PATTERN_ARGS
-                                  .Ret<ffi::AnyBuffer>()  // out [H, m, d]
-                                  .Attr<int32_t>("precision"));
+                              JAXSPARSE_TC_BIND_SPMM(JAXSPARSE_TC_CPU_CTX, , , ));
 
 }  // namespace jaxsparse_tc

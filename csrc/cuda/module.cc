@@ -5,22 +5,18 @@
 #include <cstdint>
 #include <string>
 
+#include "common/ops.h"
+#include "common/ops_python.h"
 #include "common/select.h"
-#include "xla/ffi/api/c_api.h"
 
 namespace nb = nanobind;
 
 namespace jaxsparse_tc {
-extern "C" XLA_FFI_Error* SpmmCuda(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* SddmmCuda(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* EdgeSoftmaxCuda(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* EdgeSoftmaxBwdCuda(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* AttentionFwdCuda(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* AttentionJvpCuda(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* AttentionBwdCuda(XLA_FFI_CallFrame*);
-extern "C" XLA_FFI_Error* AttentionGradsCuda(XLA_FFI_CallFrame*);
+JAXSPARSE_TC_OPS(JAXSPARSE_TC_DECLARE_CUDA)
+constexpr OpHandler kCudaHandlers[] = {JAXSPARSE_TC_OPS(JAXSPARSE_TC_HANDLER_CUDA)};
+
 // Workspace result sizes, from the same plans the handlers launch by (spmm/plan.h,
-// attention/plan.h). `kernel`: the SpMM handler's attribute (cuda/common/plan.h KernelChoice);
+// attention/plan.h). `kernel`: the SpMM handler's attribute (common/ops.h KernelChoice);
 // an invalid one sets `error` and returns -1.
 int64_t spmm_workspace_bytes(int esize, bool exact, int kernel, const PatternFeatures& pattern,
                              int64_t num_items, int64_t row_items, int64_t d, int64_t heads,
@@ -32,26 +28,11 @@ int64_t attention_grads_workspace_bytes(int64_t d, int64_t heads, int64_t m, int
                                         bool merge_split_windows);
 }  // namespace jaxsparse_tc
 
-namespace {
-template <typename F>
-nb::capsule capsule(F* fn) {
-  return nb::capsule(reinterpret_cast<void*>(fn));
-}
-}  // namespace
-
 NB_MODULE(_cuda, m) {
-  m.def("registrations", []() {
-    nb::dict d;
-    d["jaxsparse_tc_spmm"] = capsule(jaxsparse_tc::SpmmCuda);
-    d["jaxsparse_tc_sddmm"] = capsule(jaxsparse_tc::SddmmCuda);
-    d["jaxsparse_tc_edge_softmax"] = capsule(jaxsparse_tc::EdgeSoftmaxCuda);
-    d["jaxsparse_tc_edge_softmax_bwd"] = capsule(jaxsparse_tc::EdgeSoftmaxBwdCuda);
-    d["jaxsparse_tc_attention_fwd"] = capsule(jaxsparse_tc::AttentionFwdCuda);
-    d["jaxsparse_tc_attention_jvp"] = capsule(jaxsparse_tc::AttentionJvpCuda);
-    d["jaxsparse_tc_attention_bwd"] = capsule(jaxsparse_tc::AttentionBwdCuda);
-    d["jaxsparse_tc_attention_grads"] = capsule(jaxsparse_tc::AttentionGradsCuda);
-    return d;
-  });
+  // The op table as this extension was built with it (Python checks it against the CPU
+  // extension's) and this extension's handlers (common/ops.h).
+  jaxsparse_tc::export_op_table(m);
+  jaxsparse_tc::def_registrations(m, jaxsparse_tc::kCudaHandlers);
   m.def(
       "spmm_workspace_bytes",
       [](int esize, bool exact, int kernel, int64_t rows, int64_t nnz, int64_t windows,

@@ -53,7 +53,7 @@ from jax.interpreters import ad, batching, mlir
 
 from jaxsparse_tc._src import checks, heads, rules, select, vma
 from jaxsparse_tc._src import precision as precision_lib
-from jaxsparse_tc._src.extensions import CUDA_TARGETS, cuda_extension
+from jaxsparse_tc._src.extensions import cpu_extension, cuda_extension, has_cuda_kernel
 from jaxsparse_tc._src.lowering import param, register_ffi_lowering
 from jaxsparse_tc._src.operator import operator
 from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, PatternOperands
@@ -229,7 +229,7 @@ ad.primitive_jvps[attention_fwd_p] = _fwd_jvp
 batching.primitive_batchers[attention_fwd_p] = _fwd_batch
 register_ffi_lowering(
   attention_fwd_p,
-  "jaxsparse_tc_attention_fwd",
+  "attention_fwd",
   4,
   cpu_pattern=lambda P: P.a,
   attrs=_ATTRS,
@@ -324,9 +324,7 @@ attention_jvp_p.def_abstract_eval(_jvp_abstract)
 ad.primitive_jvps[attention_jvp_p] = _no_higher_order
 ad.primitive_transposes[attention_jvp_p] = _jvp_transpose
 batching.primitive_batchers[attention_jvp_p] = _jvp_batch
-register_ffi_lowering(
-  attention_jvp_p, "jaxsparse_tc_attention_jvp", 10, cpu_pattern=lambda P: P.a, attrs=_ATTRS
-)
+register_ffi_lowering(attention_jvp_p, "attention_jvp", 10, cpu_pattern=lambda P: P.a, attrs=_ATTRS)
 
 
 # -- backward ---------------------------------------------------------------------------------
@@ -383,7 +381,7 @@ attention_bwd_p.def_abstract_eval(_bwd_abstract)
 batching.primitive_batchers[attention_bwd_p] = _bwd_batch
 register_ffi_lowering(
   attention_bwd_p,
-  "jaxsparse_tc_attention_bwd",
+  "attention_bwd",
   7,
   cpu_pattern=lambda P: (),
   cuda_pattern=lambda P: P.row_view_a,
@@ -398,15 +396,15 @@ register_ffi_lowering(
 # windows, dK and dV over A^T's), for 16-bit operands with d = dv in TENSOR_CORE_D. dbias is
 # [H, nnz] in A's format order with a bias, else [H, 0]. On CPU, and on CUDA for other dtypes and
 # widths, it lowers to the composed backward (_composed_grads).
-TENSOR_CORE_D = (32, 64, 128)
+# The kernels' head dims (csrc/cuda/attention/plan.h kAttentionTcD, exported by the extension).
+TENSOR_CORE_D: tuple[int, ...] = tuple(cpu_extension().ATTENTION_TC_D)
 
 
 def _grads_kernel_fits(q, v) -> bool:
-  """Whether the tensor-core kernels take these operands: 16-bit, d = dv in TENSOR_CORE_D."""
-  return (
-    q.dtype in (jnp.float16, jnp.bfloat16)
-    and q.shape[-1] == v.shape[-1]
-    and q.shape[-1] in TENSOR_CORE_D
+  """Whether the tensor-core kernels take these operands: 16-bit, d = dv in TENSOR_CORE_D (the
+  launch plans' own rule, attention_tc_shape, asked through the CPU extension)."""
+  return jnp.issubdtype(q.dtype, jnp.floating) and cpu_extension().attention_tc_shape(
+    q.dtype.itemsize, q.shape[-1], v.shape[-1]
   )
 
 
@@ -415,7 +413,7 @@ def _grads_on_tensor_cores(q, v, P: PatternOperands, m: int, options) -> bool:
   extension has its kernels and they take the operands, the selector's choice from A's pattern
   features (csrc/common/select.h attention_backward_prefers_fused, through the CPU extension);
   options.attention_backward forces either where both can run."""
-  if not _grads_kernel_fits(q, v) or "jaxsparse_tc_attention_grads" not in CUDA_TARGETS:
+  if not _grads_kernel_fits(q, v) or not has_cuda_kernel("attention_grads"):
     return False
   counts = select.feature_counts(P.a, rows=m, nnz=P.nnz)
   c = select.choices(counts, q.shape[2], q.dtype.itemsize, options=kernel_options(options))
@@ -489,7 +487,7 @@ batching.primitive_batchers[attention_grads_p] = _grads_batch
 # Kernel operands: the 7 arrays, A's and A^T's window arrays, perm_t.
 register_ffi_lowering(
   attention_grads_p,
-  "jaxsparse_tc_attention_grads",
+  "attention_grads",
   7,
   cpu_pattern=lambda P: (*P.a, *P.t, P.perm_t),
   attrs=_ATTRS,
@@ -532,7 +530,7 @@ def _backward(q, k, v, bias, o, lse, do, pattern, shape, scale, has_bias, groupe
       )
     )
   fused = (
-    "jaxsparse_tc_attention_bwd" in CUDA_TARGETS
+    has_cuda_kernel("attention_bwd")
     and max(q.shape[2], v.shape[2]) * q.dtype.itemsize <= _BWD_ROW_BYTES
   )
   return _composed_grads(

@@ -88,7 +88,7 @@ batching.primitive_batchers[edge_softmax_p] = _batch
 # CUDA also reads each value's row (its kernel strides over a window's values).
 register_ffi_lowering(
   edge_softmax_p,
-  "jaxsparse_tc_edge_softmax",
+  "edge_softmax",
   1,
   cpu_pattern=lambda P: P.a,
   cuda_pattern=lambda P: (*P.a, P.rows_a),
@@ -144,7 +144,7 @@ ad.primitive_transposes[edge_softmax_bwd_p] = _bwd_transpose
 batching.primitive_batchers[edge_softmax_bwd_p] = _bwd_batch
 register_ffi_lowering(
   edge_softmax_bwd_p,
-  "jaxsparse_tc_edge_softmax_bwd",
+  "edge_softmax_bwd",
   2,
   cpu_pattern=lambda P: P.a,
   cuda_pattern=lambda P: (*P.a, P.rows_a),

@@ -1,4 +1,10 @@
-"""Loads the compiled extensions and registers their FFI targets with JAX."""
+"""Loads the compiled extensions and registers their FFI targets with JAX.
+
+The contract between Python and the kernels is defined in C++ (csrc/common/ops.h) and read from
+the CPU extension here: the operators' FFI targets (`target`), which platforms implement them
+(`has_cpu_kernel`, `has_cuda_kernel`) and the codes of the attributes passed as integers
+(`KERNEL_CODES`, `PRECISION_CODES`, `ATTENTION_BACKWARD_CODES`).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +23,20 @@ try:  # built only where nvcc was found
 except ImportError:  # pragma: no cover - depends on the build
   _cuda = None
 
+# {operator name: FFI target (versioned: jaxsparse_tc_<name>_v<N>)}.
+OPS: dict[str, str] = dict(_cpu.OPS)
+# {name: code} of KernelOptions.spmm / .sddmm, of precision, of KernelOptions.attention_backward.
+KERNEL_CODES: dict[str, int] = dict(_cpu.KERNEL_CODES)
+PRECISION_CODES: dict[str, int] = dict(_cpu.PRECISION_CODES)
+ATTENTION_BACKWARD_CODES: dict[str, int] = dict(_cpu.ATTENTION_BACKWARD_CODES)
+
+if _cuda is not None and dict(_cuda.OPS) != OPS:  # pragma: no cover - a mixed build
+  raise ImportError(
+    "jaxsparse_tc's CUDA and CPU extensions were built from different operator tables "
+    f"(csrc/common/ops.h): CUDA {dict(_cuda.OPS)}, CPU {OPS}; rebuild both"
+  )
+
+CPU_TARGETS = frozenset(_cpu.registrations())
 for _name, _capsule in _cpu.registrations().items():
   jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 
@@ -24,6 +44,26 @@ CUDA_TARGETS = frozenset(_cuda.registrations()) if _cuda is not None else frozen
 if _cuda is not None:
   for _name, _capsule in _cuda.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
+
+
+def target(op: str) -> str:
+  """The FFI target of operator `op` (a name of the op table, e.g. "spmm")."""
+  try:
+    return OPS[op]
+  except KeyError:
+    raise ValueError(
+      f"unknown operator {op!r}; the op table (csrc/common/ops.h) has {sorted(OPS)}"
+    ) from None
+
+
+def has_cpu_kernel(op: str) -> bool:
+  """Whether the CPU extension has a handler for operator `op`."""
+  return target(op) in CPU_TARGETS
+
+
+def has_cuda_kernel(op: str) -> bool:
+  """Whether the CUDA extension was built and has a handler for operator `op`."""
+  return target(op) in CUDA_TARGETS
 
 
 def cpu_extension():

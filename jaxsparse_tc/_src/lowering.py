@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
-from jaxsparse_tc._src.extensions import CUDA_TARGETS
+from jaxsparse_tc._src import extensions
 from jaxsparse_tc._src.partitioning import register_partitioned_lowering
 from jaxsparse_tc._src.pattern import PatternOperands
 
@@ -41,7 +41,7 @@ def eager_impl(prim):
 
 def register_ffi_lowering(
   prim,
-  target: str,
+  op: str,
   num_dense: int,
   *,
   cpu_pattern: PatternPick,
@@ -54,7 +54,8 @@ def register_ffi_lowering(
   features=(),
 ):
   """Lowers `prim` (operands: `num_dense` dense arrays, then PatternOperands.flat()) to the FFI
-  `target` on CPU (always) and CUDA (when built).
+  target of operator `op` (a name of the op table, csrc/common/ops.h) on CPU and, where the
+  CUDA extension was built, on CUDA.
 
   A kernel reads the dense operands and the pattern arrays its pick returns: `cpu_pattern`, and
   on CUDA `cuda_pattern` (default: the same). `attrs` maps each FFI attribute to an AttrRule
@@ -68,8 +69,13 @@ def register_ffi_lowering(
   `cpu_rule`: a lowering rule for CPU in place of an FFI target (an operator whose CPU
   reference is composed from other primitives). `cuda_supports(avals_in, params) -> bool`: where
   it says no, the CUDA lowering is `cpu_rule` too (a kernel for some dtypes and shapes only, the
-  composed reference elsewhere).
+  composed reference elsewhere). An operator the table gives no CPU handler needs a `cpu_rule`.
   """
+  target = extensions.target(op)
+  if cpu_rule is None and not extensions.has_cpu_kernel(op):
+    raise ValueError(
+      f"{prim.name}: operator {op!r} has no CPU handler (csrc/common/ops.h); give a cpu_rule"
+    )
   attrs = dict(attrs or {})
   cuda_attrs = {**attrs, **(cuda_attrs or {})}
   cuda_pattern = cuda_pattern or cpu_pattern
@@ -102,6 +108,6 @@ def register_ffi_lowering(
 
   prim.def_impl(eager_impl(prim))
   rules = {"cpu": cpu_rule or rule}
-  if target in CUDA_TARGETS:
+  if extensions.has_cuda_kernel(op):
     rules["cuda"] = cuda_rule
   register_partitioned_lowering(prim, num_dense, tuple(features), rules)

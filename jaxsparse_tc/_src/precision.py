@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import jax
 
-# FFI attribute values.
-DEFAULT = 0  # float32 at least as accurate as tf32 (tf32 tensor cores, or exact CUDA cores)
-HIGHEST = 1  # exact float32 on CUDA cores
+from jaxsparse_tc._src.extensions import PRECISION_CODES
+
+# Values of the FFI attribute `precision` (csrc/common/ops.h Precision). DEFAULT: float32 at
+# least as accurate as tf32 (tf32 tensor cores, or exact CUDA cores); HIGHEST: exact float32 on
+# CUDA cores.
+DEFAULT = PRECISION_CODES["default"]
+HIGHEST = PRECISION_CODES["highest"]
 
 _NAMES = {
   None: DEFAULT,

@@ -132,7 +132,7 @@ batching.primitive_batchers[sddmm_p] = _batch
 # On CUDA the kernels also read A's row view (the CUDA-core kernels for sparse blocks).
 register_ffi_lowering(
   sddmm_p,
-  "jaxsparse_tc_sddmm",
+  "sddmm",
   2,
   cpu_pattern=lambda P: P.a,
   cuda_pattern=lambda P: (*P.a, *P.row_view_a),

@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kRowThreads, UNROLL >= 4 ? 2 : 4)
   // CTA items (the schedule's prefix), CTA-strided: group g takes the g-th share.
   for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
     const int4 it = row_item(rv, c);
-    if (it.w == kWholeRow) break;
+    if (it.w == kWholeRowSlot) break;
     const int2 share = cta_share(it.y, it.z, NG, g, p.min_share);
     row_edges<T, L, U, VEC>(p, rv, h, it.x, share.x, share.y, li);
   }
@@ -237,20 +237,8 @@ ffi::Error attention_bwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer 
 }  // namespace attention
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionBwdCuda, attention::attention_bwd_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()         // q [Hq, m, d]
-                                  .Arg<ffi::AnyBuffer>()         // k [Hk, n, d]
-                                  .Arg<ffi::AnyBuffer>()         // v [Hv, n, dv]
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // bias [Hb, nnz] (or [1, 1])
-                                  .Arg<ffi::AnyBuffer>()         // o [Ho, m, dv]
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // lse [Hl, m]
-                                  .Arg<ffi::AnyBuffer>()         // do [Hd, m, dv]
-                              JAXSPARSE_TC_ROW_VIEW_ARGS
-                                  .Ret<ffi::AnyBuffer>()  // p [H, nnz]
-                                  .Ret<ffi::AnyBuffer>()  // ds [H, nnz]
-                                  .Attr<float>("scale")
-                                  .Attr<int32_t>("has_bias"),
+                              JAXSPARSE_TC_BIND_ATTENTION_BWD(JAXSPARSE_TC_CUDA_CTX,
+                                                              JAXSPARSE_TC_ROW_VIEW_ARGS, , ),
                               JAXSPARSE_TC_CAPTURABLE);
 
 }  // namespace jaxsparse_tc

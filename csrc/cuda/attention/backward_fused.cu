@@ -149,29 +149,13 @@ int64_t attention_grads_workspace_bytes(int64_t d, int64_t heads, int64_t m, int
           .total);
 }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionGradsCuda, attention::attention_grads_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()         // q [Hq, m, d]
-                                  .Arg<ffi::AnyBuffer>()         // k [Hk, n, d]
-                                  .Arg<ffi::AnyBuffer>()         // v [Hv, n, d]
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // bias [Hb, nnz] (or [1, 1])
-                                  .Arg<ffi::AnyBuffer>()         // o [Ho, m, d]
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // lse [Hl, m]
-                                  .Arg<ffi::AnyBuffer>()         // do [Hd, m, d]
-                              JAXSPARSE_TC_PATTERN_ARGS          // A's
-                                  JAXSPARSE_TC_PATTERN_ARGS      // A^T's
-                                  .Arg<I32>()                    // perm_t
-                                  .Ret<ffi::AnyBuffer>()         // dq [H, m, d]
-                                  .Ret<ffi::AnyBuffer>()         // dk [H, n, d]
-                                  .Ret<ffi::AnyBuffer>()         // dv [H, n, d]
-                                  .Ret<ffi::AnyBuffer>()         // dbias [H, nnz] (or [H, 0])
-                                  .Ret<ffi::AnyBuffer>()         // workspace [bytes] (plan.h)
-                                  .Attr<float>("scale")
-                                  .Attr<int32_t>("has_bias")
-                                  .Attr<int32_t>("grouped")               // A's schedule is grouped
-                                  .Attr<int32_t>("grouped_t")             // A^T's
-                                  .Attr<int32_t>("merge_split_windows"),  // 1 default; plan.h
-                              JAXSPARSE_TC_CAPTURABLE);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    AttentionGradsCuda, attention::attention_grads_cuda,
+    JAXSPARSE_TC_BIND_ATTENTION_GRADS(JAXSPARSE_TC_CUDA_CTX, ,
+                                      .Ret<ffi::AnyBuffer>(),          // workspace [bytes] (plan.h)
+                                      .Attr<int32_t>("grouped")        // A's schedule is grouped
+                                          .Attr<int32_t>("grouped_t")  // A^T's
+                                          .Attr<int32_t>("merge_split_windows")),  // plan.h
+    JAXSPARSE_TC_CAPTURABLE);
 
 }  // namespace jaxsparse_tc

@@ -143,40 +143,16 @@ int64_t attention_workspace_bytes(int esize, int64_t d, int64_t dv, int64_t head
       plan_attention_fwd(esize, d, dv, heads, num_items, grouped, merge_split_windows).total_bytes);
 }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionFwdCuda, attention::attention_fwd_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()         // q [Hq, m, d]
-                                  .Arg<ffi::AnyBuffer>()         // k [Hk, n, d]
-                                  .Arg<ffi::AnyBuffer>()         // v [Hv, n, dv]
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // bias [Hb, nnz] (or [1, 1])
-                              JAXSPARSE_TC_PATTERN_ARGS
-                                  .Ret<ffi::AnyBuffer>()         // o [H, m, dv]
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // lse [H, m]
-                                  .Ret<ffi::AnyBuffer>()         // workspace [bytes] (plan.h)
-                                  .Attr<float>("scale")
-                                  .Attr<int32_t>("has_bias")
-                                  .Attr<int32_t>("grouped")               // the schedule is grouped
-                                  .Attr<int32_t>("merge_split_windows"),  // 1 default; plan.h
-                              JAXSPARSE_TC_CAPTURABLE);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    AttentionFwdCuda, attention::attention_fwd_cuda,
+    JAXSPARSE_TC_BIND_ATTENTION_FWD(JAXSPARSE_TC_CUDA_CTX, ,
+                                    .Ret<ffi::AnyBuffer>(),    // workspace [bytes] (plan.h)
+                                    .Attr<int32_t>("grouped")  // the schedule is grouped
+                                        .Attr<int32_t>("merge_split_windows")),  // plan.h
+    JAXSPARSE_TC_CAPTURABLE);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionJvpCuda, attention::attention_jvp_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()         // q
-                                  .Arg<ffi::AnyBuffer>()         // k
-                                  .Arg<ffi::AnyBuffer>()         // v
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // bias
-                                  .Arg<ffi::AnyBuffer>()         // o
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // lse
-                                  .Arg<ffi::AnyBuffer>()         // dq
-                                  .Arg<ffi::AnyBuffer>()         // dk
-                                  .Arg<ffi::AnyBuffer>()         // dv
-                                  .Arg<ffi::AnyBuffer>()         // dbias (float32 or Q's dtype)
-                              JAXSPARSE_TC_PATTERN_ARGS
-                                  .Ret<ffi::AnyBuffer>()  // dout
-                                  .Attr<float>("scale")
-                                  .Attr<int32_t>("has_bias"),
+                              JAXSPARSE_TC_BIND_ATTENTION_JVP(JAXSPARSE_TC_CUDA_CTX, , , ),
                               JAXSPARSE_TC_CAPTURABLE);
 
 }  // namespace jaxsparse_tc

@@ -24,9 +24,17 @@ namespace jaxsparse_tc {
 // piece: correct, slower).
 constexpr int64_t kAttentionSplitBytes = int64_t(128) << 20;
 
-// Whether the tensor-core kernels take these operands (16-bit, d = dv in {32, 64, 128}).
+// Head dims (d = dv) of the tensor-core kernels, forward and fused backward; each is a template
+// instance of their launches (attention/forward.cu, attention/backward_fused.cu). The CPU
+// extension exports them (ATTENTION_TC_D).
+inline constexpr int kAttentionTcD[] = {32, 64, 128};
+
+// Whether the tensor-core kernels take these operands (16-bit, d = dv in kAttentionTcD).
 inline bool attention_tc_shape(int esize, int64_t d, int64_t dv) {
-  return esize == 2 && d == dv && (d == 32 || d == 64 || d == 128);
+  if (esize != 2 || d != dv) return false;
+  for (const int tc_d : kAttentionTcD)
+    if (d == tc_d) return true;
+  return false;
 }
 
 // The forward's plan: its kernel, and its workspace: per slot (the schedule's first `cap` items)

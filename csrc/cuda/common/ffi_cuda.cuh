@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/ffi_ops.h"
 #include "common/ffi_pattern.h"
 #include "common/format.h"
 #include "cuda/common/bounds.cuh"
@@ -20,6 +21,9 @@
 // memory that would be freed after the capture while the graph keeps its address) and does
 // the same thing each time it runs with the same shapes and attributes.
 #define JAXSPARSE_TC_CAPTURABLE {ffi::Traits::kCmdBufferCompatible}
+
+// The CUDA handlers' context (common/ffi_ops.h CTX): XLA's stream, which every launch goes on.
+#define JAXSPARSE_TC_CUDA_CTX .Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()
 
 namespace jaxsparse_tc {
 

@@ -8,19 +8,14 @@
 #include <string>
 
 #include "common/ffi_pattern.h"
+#include "common/ops.h"
 
 namespace jaxsparse_tc {
 
-// FFI attribute `kernel` of the SpMM and SDDMM handlers (jaxsparse_tc/options.py _KERNEL_CODES).
-enum class KernelChoice : int32_t {
-  kAuto = 0,        // the plan's rule
-  kCudaCore = 1,    // the row kernels (CUDA cores, the pattern's row view)
-  kTensorCore = 2,  // the window kernels (tensor cores; exact float32 on CUDA cores)
-};
-
-// `code` as a KernelChoice; an unknown code is an InvalidArgument naming the operator.
+// `code` (FFI attribute `kernel`) as a KernelChoice (common/ops.h); an unknown code is an
+// InvalidArgument naming the operator.
 inline ffi::Error kernel_choice(const char* op, int64_t code, KernelChoice& choice) {
-  if (code < 0 || code > 2)
+  if (code < 0 || code >= code_count(kKernelChoiceCodes))
     return ffi::Error::InvalidArgument(std::string(op) +
                                        ": attribute kernel must be 0 (auto), 1 (cuda_core) or 2 "
                                        "(tensor_core); got " +

@@ -14,9 +14,6 @@ namespace jaxsparse_tc {
 
 constexpr int kRowThreads = 256;  // threads per CTA of the row kernels
 
-// Graphs under kSmallGraphNnz nonzeros (common/format.h) have row pieces of kSmallGraphPiece
-// entries (jaxsparse_tc/_src/pattern.py SMALL_GRAPH_PIECE; a test checks they agree).
-constexpr int kSmallGraphPiece = 8;
 template <class T>
 constexpr int kRowVec = 16 / int(sizeof(T));  // features per lane
 
@@ -25,7 +22,7 @@ constexpr int kRowVec = 16 / int(sizeof(T));  // features per lane
 // row operands, first entries) is paid on enough entries; on small graphs, whose time is their
 // longest chain, a row piece (docs/DESIGN.md, SDDMM table: Cora).
 inline int cta_min_share(int64_t nnz) {
-  return nnz < kSmallGraphNnz ? kSmallGraphPiece : 32;
+  return nnz < kSmallGraphNnz ? kSmallGraphRowPiece : 32;
 }
 
 // Longest single CTA item (a row cut into one CTA item, a little past the row piece) that the

@@ -20,10 +20,10 @@
 namespace jaxsparse_tc {
 
 // Work items of the row view: (row, begin, end, slot) over entries [begin, end)
-// (jaxsparse_tc/_src/pattern.py row_schedule). slot kWholeRow: a lane group walks the row; any
-// other slot: a CTA item, the CTA's groups share the entries. slot >= 0: one of several CTA items
-// of a very long row, whose sums meet in workspace slot `slot`. CTA items form the schedule's
-// prefix, slotted ones the prefix of that.
+// (jaxsparse_tc/_src/pattern.py row_schedule; the slots: common/format.h). slot kWholeRowSlot: a
+// lane group walks the row; any other slot: a CTA item, the CTA's groups share the entries.
+// slot >= 0: one of several CTA items of a very long row, whose sums meet in workspace slot
+// `slot`. CTA items form the schedule's prefix, slotted ones the prefix of that.
 struct RowView {
   const int2* entries;  // [nnz] (column, format position), CSR order
   const int4* sched;    // [R] items
@@ -32,8 +32,6 @@ struct RowView {
   // into [0, last_row], entries' columns into [0, last_col] and positions into [0, last_pos].
   int num_entries, last_row, last_col, last_pos;
 };
-
-constexpr int kWholeRow = -1, kCtaRow = -2;  // pattern.py WHOLE_ROW, CTA_ROW
 
 // `rows`: rows the items' row field addresses; `cols`: rows of the table the entries' columns
 // gather; `values`: positions per head the entries' positions address. No item can be walked
@@ -73,8 +71,8 @@ __device__ __forceinline__ int2 clamp_entry(const RowView& rv, int2 e) {
 // is past the schedule or a CTA item: kernels whose warps run in lockstep call their row
 // function for every group, with or without work.
 __device__ __forceinline__ int3 whole_row_or_empty(const RowView& rv, int64_t item) {
-  int4 it = item < rv.num_items ? row_item(rv, item) : make_int4(0, 0, 0, kCtaRow);
-  if (it.w != kWholeRow) it.y = it.z = 0;
+  int4 it = item < rv.num_items ? row_item(rv, item) : make_int4(0, 0, 0, kCtaRowSlot);
+  if (it.w != kWholeRowSlot) it.y = it.z = 0;
   return make_int3(it.x, it.y, it.z);
 }
 
@@ -83,7 +81,7 @@ __device__ __forceinline__ int3 whole_row_or_empty(const RowView& rv, int64_t it
 // come longest first and slotted ones before single ones (pattern.row_schedule), so past the
 // first item the streams walk, they walk every later one, and the CTAs stop there.
 __device__ __forceinline__ bool streamed(int slot, int len, int stream_max) {
-  return slot == kWholeRow || (slot == kCtaRow && len <= stream_max);
+  return slot == kWholeRowSlot || (slot == kCtaRowSlot && len <= stream_max);
 }
 
 // Share g of `groups` equal shares (at least min_share entries each) of a CTA item's entries

@@ -211,23 +211,15 @@ static ffi::Error edge_softmax_bwd_cuda(cudaStream_t stream, ffi::AnyBuffer y, f
   return launch_status("edge_softmax_bwd");
 }
 
+// Both read each value's row (rows [nnz]) after the pattern.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EdgeSoftmaxCuda, edge_softmax_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // values [H, nnz]
-                              JAXSPARSE_TC_PATTERN_ARGS
-                                  .Arg<I32>()  // rows [nnz]: each value's row
-                                  .Ret<ffi::AnyBuffer>(),
+                              JAXSPARSE_TC_BIND_EDGE_SOFTMAX(JAXSPARSE_TC_CUDA_CTX, .Arg<I32>(),
+                                                             , ),
                               JAXSPARSE_TC_CAPTURABLE);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EdgeSoftmaxBwdCuda, edge_softmax_bwd_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // y [Hy, nnz]
-                                  .Arg<ffi::AnyBuffer>()  // t [Ht, nnz]
-                              JAXSPARSE_TC_PATTERN_ARGS
-                                  .Arg<I32>()  // rows [nnz]: each value's row
-                                  .Ret<ffi::AnyBuffer>(),
+                              JAXSPARSE_TC_BIND_EDGE_SOFTMAX_BWD(JAXSPARSE_TC_CUDA_CTX, .Arg<I32>(),
+                                                                 , ),
                               JAXSPARSE_TC_CAPTURABLE);
 
 }  // namespace jaxsparse_tc

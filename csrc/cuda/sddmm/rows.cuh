@@ -106,7 +106,7 @@ __device__ __forceinline__ void row_stream(const SddmmParams& p, const RowView& 
     x[s] = LaneRows<T, E, VEC>(static_cast<const T*>(p.x) + h * p.x_head_stride, f, p.d);
     y[s] = LaneRows<T, E, VEC>(static_cast<const T*>(p.y) + h * p.y_head_stride, f, p.d);
   }
-  int4 it = item < items ? row_item(rv, item) : make_int4(0, 0, 0, kWholeRow);
+  int4 it = item < items ? row_item(rv, item) : make_int4(0, 0, 0, kWholeRowSlot);
   while (item < items &&
          !streamed(it.w, it.z - it.y, p.stream_max)) {  // skip the CTA items the CTAs walk
     item += stride;
@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(kRowThreads, SMALL     ? 1
   const int h = blockIdx.y;
   for (int64_t c = blockIdx.x; c < rv.num_items; c += gridDim.x) {
     const int4 it = row_item(rv, c);
-    if (it.w == kWholeRow) break;
+    if (it.w == kWholeRowSlot) break;
     if constexpr (!SMALL) {
       if (streamed(it.w, it.z - it.y, p.stream_max)) break;  // the streams walk it
     }

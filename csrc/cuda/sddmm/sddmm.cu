@@ -96,7 +96,7 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
   const PatternFeatures features{p.m, p.nnz, int64_t(wcp.element_count()) - 1,
                                  int64_t(bitmap.element_count()) / 2, int64_t(wc.element_count())};
   const SddmmShape shape{dtype == ffi::DataType::F32 ? 4 : 2,
-                         dtype == ffi::DataType::F32 && precision == 1,
+                         dtype == ffi::DataType::F32 && precision == int32_t(Precision::kHighest),
                          features,
                          p.num_items,
                          heads,
@@ -147,14 +147,9 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
 }  // namespace sddmm
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SddmmCuda, sddmm::sddmm_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // x [Hx, m, d]
-                                  .Arg<ffi::AnyBuffer>()  // y [Hy, n, d]
-                              JAXSPARSE_TC_PATTERN_ARGS JAXSPARSE_TC_ROW_VIEW_ARGS
-                                  .Ret<ffi::AnyBuffer>()       // out [H, nnz]
-                                  .Attr<int32_t>("precision")  // 1: exact float32 ("highest")
-                                  .Attr<int32_t>("kernel"),    // KernelChoice (common/plan.h)
+                              JAXSPARSE_TC_BIND_SDDMM(JAXSPARSE_TC_CUDA_CTX,
+                                                      JAXSPARSE_TC_ROW_VIEW_ARGS, ,
+                                                      .Attr<int32_t>("kernel")),  // KernelChoice
                               JAXSPARSE_TC_CAPTURABLE);
 
 }  // namespace jaxsparse_tc

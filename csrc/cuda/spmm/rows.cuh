@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   // indices fit in int: a row's entries are addressed by int (format.h).
   const int items = int(rv.num_items), stride = int(gridDim.x) * NG;
   int item = int(blockIdx.x) * NG + g;
-  int4 it = item < items ? row_item(rv, item) : make_int4(0, 0, 0, kWholeRow);
+  int4 it = item < items ? row_item(rv, item) : make_int4(0, 0, 0, kWholeRowSlot);
   while (item < items && !streamed(it.w, it.z - it.y, p.stream_max)) {
     item += stride;
     if (item < items) it = row_item(rv, item);

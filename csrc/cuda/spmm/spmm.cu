@@ -131,7 +131,7 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::AnyBuffer values, ffi::AnyBuffer 
     return ffi::Error::Success();
   }
 
-  const bool exact = dtype == ffi::DataType::F32 && precision == 1;
+  const bool exact = dtype == ffi::DataType::F32 && precision == int32_t(Precision::kHighest);
   const int esize = dtype == ffi::DataType::F32 ? 4 : 2;
   const PatternFeatures features{p.m, p.nnz, int64_t(wcp.element_count()) - 1,
                                  int64_t(bitmap.element_count()) / 2, int64_t(wc.element_count())};
@@ -206,15 +206,10 @@ int64_t spmm_workspace_bytes(int esize, bool exact, int kernel, const PatternFea
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SpmmCuda, spmm::spmm_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // values [Hv, nnz]
-                                  .Arg<ffi::AnyBuffer>()  // x [Hx, n, d]
-                              JAXSPARSE_TC_PATTERN_ARGS JAXSPARSE_TC_ROW_VIEW_ARGS
-                                  .Ret<ffi::AnyBuffer>()       // out [H, m, d]
-                                  .Ret<ffi::AnyBuffer>()       // workspace [bytes] (plan.h)
-                                  .Attr<int32_t>("precision")  // 1: exact float32 ("highest")
-                                  .Attr<int32_t>("kernel"),    // KernelChoice (common/plan.h)
+                              JAXSPARSE_TC_BIND_SPMM(JAXSPARSE_TC_CUDA_CTX,
+                                                     JAXSPARSE_TC_ROW_VIEW_ARGS,
+                                                     .Ret<ffi::AnyBuffer>(),  // workspace (plan.h)
+                                                     .Attr<int32_t>("kernel")),  // KernelChoice
                               JAXSPARSE_TC_CAPTURABLE);
 
 }  // namespace jaxsparse_tc
