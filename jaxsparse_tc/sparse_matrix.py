@@ -19,15 +19,6 @@ from jaxsparse_tc.options import FormatOptions
 _MAX_ENTRIES = integrity.MAX_ENTRIES
 
 
-def _index_array(name: str, a) -> np.ndarray:
-  a = np.asarray(a)
-  if a.ndim != 1:
-    raise ValueError(f"{name} must be one-dimensional; got shape {a.shape}")
-  if a.size and not np.issubdtype(a.dtype, np.integer):
-    raise ValueError(f"{name} must hold integers; got dtype {a.dtype}")
-  return a.astype(np.int64, copy=False)
-
-
 def _check_shape(shape, rows: np.ndarray, cols: np.ndarray) -> tuple[int, int]:
   if shape is None:
     m = int(rows.max()) + 1 if rows.size else 0
@@ -254,7 +245,7 @@ class SparseMatrix:
         f"format_options must be a jaxsparse_tc.FormatOptions or None; got "
         f"{type(format_options).__name__}"
       )
-    rows, cols = _index_array("rows", rows), _index_array("cols", cols)
+    rows, cols = integrity.index_array("rows", rows), integrity.index_array("cols", cols)
     shape = _check_shape(shape, rows, cols)
     _check_indices(rows, cols, shape)
     v = _input_values(values, rows.size)

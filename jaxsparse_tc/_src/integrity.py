@@ -61,6 +61,17 @@ def is_concrete(x) -> bool:
   return isinstance(x, (np.ndarray, jax.Array)) and not isinstance(x, jax.core.Tracer)
 
 
+def index_array(name: str, a) -> np.ndarray:
+  """A one-dimensional array of integer ids as contiguous int64 (what the C++ builders read);
+  ValueError naming `name` for another rank or a non-integer dtype."""
+  a = np.asarray(a)
+  if a.ndim != 1:
+    raise ValueError(f"{name} must be one-dimensional; got shape {a.shape}")
+  if a.size and not np.issubdtype(a.dtype, np.integer):
+    raise ValueError(f"{name} must hold integers; got dtype {a.dtype}")
+  return np.ascontiguousarray(a, dtype=np.int64)
+
+
 def check_dims(m: int, n: int, what: str = "shape") -> None:
   for name, size in (("rows", m), ("columns", n)):
     if size > MAX_DIM:

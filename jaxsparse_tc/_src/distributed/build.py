@@ -11,7 +11,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxsparse_tc import sparse_matrix as sm
-from jaxsparse_tc._src import padding
+from jaxsparse_tc._src import integrity, padding
 from jaxsparse_tc._src import pattern as pattern_lib
 from jaxsparse_tc._src.distributed.halo import (
   DEFAULT_HALO_THRESHOLD,
@@ -145,7 +145,7 @@ def shard_coo(
   check_host_mesh(mesh, "shard_coo")
   P = int(mesh.shape[axis])
   n = int(num_nodes)
-  rows, cols = sm._index_array("rows", rows), sm._index_array("cols", cols)
+  rows, cols = integrity.index_array("rows", rows), integrity.index_array("cols", cols)
   sm._check_indices(rows, cols, (n, n))
   v = sm._input_values(values, rows.size)
   if bounds is None:

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 
+from jaxsparse_tc._src.integrity import index_array
 from jaxsparse_tc.sparse_matrix import SparseMatrix
 
 # The C++ reordering splits its work over at most two threads (csrc/cpu/reorder.cc).
@@ -28,15 +29,6 @@ def int_arg(name: str, v, *, low: int, high: int | None = None, none_ok: bool = 
     bound = f">= {low}" if high is None else f"in [{low}, {high}]"
     raise ValueError(f"{name} must be an integer {bound}; got {v}")
   return int(v)
-
-
-def int_array(name: str, a) -> np.ndarray:
-  a = np.asarray(a)
-  if a.ndim != 1:
-    raise ValueError(f"{name} must be one-dimensional; got shape {a.shape}")
-  if a.size and not np.issubdtype(a.dtype, np.integer):
-    raise ValueError(f"{name} must hold integers; got dtype {a.dtype}")
-  return np.ascontiguousarray(a, dtype=np.int64)
 
 
 def coo(A, num_nodes):
@@ -67,7 +59,7 @@ def coo(A, num_nodes):
     if ei.size and ei.dtype.kind not in "iu":
       raise ValueError(f"edge_index must have an integer dtype (node ids); got {ei.dtype}")
     rows, cols, shape = ei[1], ei[0], None  # message passing: rows = targets (PyG's flow)
-  rows, cols = int_array("rows", rows), int_array("cols", cols)
+  rows, cols = index_array("rows", rows), index_array("cols", cols)
   if rows.size != cols.size:
     raise ValueError(f"rows and cols differ in length: {rows.size} and {cols.size}")
   if shape is None:
@@ -88,7 +80,7 @@ def coo(A, num_nodes):
 
 def check_perm(perm, n: int) -> np.ndarray:
   """A user's permutation of n nodes (perm[new] = old): its length, range and duplicates."""
-  p = int_array("perm", perm)
+  p = index_array("perm", perm)
   if p.size != n:
     raise ValueError(f"perm must have one entry per node, {n}; got {p.size}")
   if n == 0:

@@ -114,7 +114,7 @@ class ReorderedMatrix(SparseMatrix):
     **reorder_kwargs,
   ) -> "ReorderedMatrix":
     """SparseMatrix.from_coo's arguments (square), built reordered (one format build)."""
-    rows, cols = inputs.int_array("rows", rows), inputs.int_array("cols", cols)
+    rows, cols = inputs.index_array("rows", rows), inputs.index_array("cols", cols)
     if shape is None:
       k = int(max(rows.max(), cols.max())) + 1 if rows.size else 0
       shape = (k, k)
