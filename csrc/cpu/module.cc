@@ -255,4 +255,8 @@ NB_MODULE(_cpu, m) {
         nb::arg("dv"),
         "Whether the attention tensor-core kernels (forward and fused backward) take operands of "
         "esize bytes with head dims d and dv: 16-bit, d = dv in ATTENTION_TC_D.");
+  m.def("attention_bwd_row_fits", &jaxsparse_tc::attention_bwd_row_fits, nb::arg("esize"),
+        nb::arg("d"), nb::arg("dv"),
+        "Whether the composed attention backward's CUDA kernel takes rows of d and dv elements "
+        "of esize bytes (else the backward is composed from SDDMMs).");
 }

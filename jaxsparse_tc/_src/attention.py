@@ -333,8 +333,8 @@ register_ffi_lowering(attention_jvp_p, "attention_jvp", 10, cpu_pattern=lambda P
 # format order. dS is dbias; dQ = scale dS K is an SpMM over A; permuted to A^T's order, P and
 # dS are the values of the SpMMs that give dV and dK. On CUDA one kernel
 # (attention/backward_composed.cu) gathers each K and V row once per nonzero; on CPU, and on CUDA
-# for rows wider than that kernel takes, the pair is composed from two SDDMMs (_edge_pass).
-_BWD_ROW_BYTES = 512  # the CUDA kernel's widest row (d and dv): 32 lanes x 16 bytes
+# for rows wider than that kernel takes (attention_bwd_row_fits, attention/plan.h), the pair is
+# composed from two SDDMMs (_edge_pass).
 
 
 def _bwd_abstract(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
@@ -529,9 +529,8 @@ def _backward(q, k, v, bias, o, lse, do, pattern, shape, scale, has_bias, groupe
         options=options,
       )
     )
-  fused = (
-    has_cuda_kernel("attention_bwd")
-    and max(q.shape[2], v.shape[2]) * q.dtype.itemsize <= _BWD_ROW_BYTES
+  fused = has_cuda_kernel("attention_bwd") and cpu_extension().attention_bwd_row_fits(
+    q.dtype.itemsize, q.shape[2], v.shape[2]
   )
   return _composed_grads(
     q,

@@ -188,7 +188,7 @@ ffi::Error attention_bwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer 
   p.dv = vd[2];
   p.nnz = pd[1];
   const int64_t esize = dtype == ffi::DataType::F32 ? 4 : 2;
-  if (std::max(p.d, p.dv) * esize > 32 * 16)
+  if (!attention_bwd_row_fits(int(esize), p.d, p.dv))
     return ffi::Error::InvalidArgument("attention backward: d, dv past 512 bytes of a row");
   if (pd[0] > 65535) return ffi::Error::InvalidArgument("attention backward: at most 65535 heads");
   if (pd[0] == 0 || p.nnz == 0) return ffi::Error::Success();

@@ -37,6 +37,13 @@ inline bool attention_tc_shape(int esize, int64_t d, int64_t dv) {
   return false;
 }
 
+// Whether the composed backward's kernel (attention/backward_composed.cu) takes rows of d and dv
+// elements of esize bytes: a warp's 32 lanes load 16 bytes each of a row, so at most 512 bytes.
+// Wider rows take the backward composed from SDDMMs.
+inline bool attention_bwd_row_fits(int esize, int64_t d, int64_t dv) {
+  return std::max(d, dv) * esize <= 32 * 16;
+}
+
 // The forward's plan: its kernel, and its workspace: per slot (the schedule's first `cap` items)
 // and head, 8 rows of unnormalised O, then of (running max, sum), then a piece counter.
 struct AttentionFwdPlan {
