@@ -55,43 +55,38 @@
 // it is a [1, 1] placeholder).
 #define JAXSPARSE_TC_ATTENTION_ATTRS .Attr<float>("scale").Attr<int32_t>("has_bias")
 
+// The attention operators' first operands: q, k, v and the float32 bias.
+#define JAXSPARSE_TC_ATTENTION_QKVB                                   \
+  .Arg<::xla::ffi::AnyBuffer>()                   /* q [Hq, m, d] */  \
+      .Arg<::xla::ffi::AnyBuffer>()               /* k [Hk, n, d] */  \
+      .Arg<::xla::ffi::AnyBuffer>()               /* v [Hv, n, dv] */ \
+      .Arg<::xla::ffi::Buffer<::xla::ffi::F32>>() /* bias [Hb, nnz] */
+
 // attention_fwd: O = softmax_row(mask_A(scale Q K^T + bias)) V and the rows' log-sum-exp.
-#define JAXSPARSE_TC_BIND_ATTENTION_FWD(CTX, ARGS, RETS, ATTRS)            \
-  ::xla::ffi::Ffi::Bind()                                                  \
-      CTX.Arg<::xla::ffi::AnyBuffer>()                /* q [Hq, m, d] */   \
-          .Arg<::xla::ffi::AnyBuffer>()               /* k [Hk, n, d] */   \
-          .Arg<::xla::ffi::AnyBuffer>()               /* v [Hv, n, dv] */  \
-          .Arg<::xla::ffi::Buffer<::xla::ffi::F32>>() /* bias [Hb, nnz] */ \
-      JAXSPARSE_TC_PATTERN_ARGS ARGS                                       \
-          .Ret<::xla::ffi::AnyBuffer>()               /* o [H, m, dv] */   \
-          .Ret<::xla::ffi::Buffer<::xla::ffi::F32>>() /* lse [H, m] */     \
+#define JAXSPARSE_TC_BIND_ATTENTION_FWD(CTX, ARGS, RETS, ATTRS)                     \
+  ::xla::ffi::Ffi::Bind() CTX JAXSPARSE_TC_ATTENTION_QKVB JAXSPARSE_TC_PATTERN_ARGS \
+      ARGS.Ret<::xla::ffi::AnyBuffer>()               /* o [H, m, dv] */            \
+          .Ret<::xla::ffi::Buffer<::xla::ffi::F32>>() /* lse [H, m] */              \
       RETS JAXSPARSE_TC_ATTENTION_ATTRS ATTRS
 
 // attention_jvp: dO for the tangents (dq, dk, dv, dbias) from the saved lse. dbias: float32 (as
 // Python passes it; each handler checks its dtype where has_bias).
 #define JAXSPARSE_TC_BIND_ATTENTION_JVP(CTX, ARGS, RETS, ATTRS)                        \
-  ::xla::ffi::Ffi::Bind()                                                              \
-      CTX.Arg<::xla::ffi::AnyBuffer>()                            /* q [Hq, m, d] */   \
-          .Arg<::xla::ffi::AnyBuffer>()                           /* k [Hk, n, d] */   \
-          .Arg<::xla::ffi::AnyBuffer>()                           /* v [Hv, n, dv] */  \
-          .Arg<::xla::ffi::Buffer<::xla::ffi::F32>>()             /* bias [Hb, nnz] */ \
-          .Arg<::xla::ffi::AnyBuffer>()                           /* o [Ho, m, dv] */  \
-          .Arg<::xla::ffi::Buffer<::xla::ffi::F32>>()             /* lse [Hl, m] */    \
-          .Arg<::xla::ffi::AnyBuffer>()                           /* dq, as q */       \
-          .Arg<::xla::ffi::AnyBuffer>()                           /* dk, as k */       \
-          .Arg<::xla::ffi::AnyBuffer>()                           /* dv, as v */       \
-          .Arg<::xla::ffi::AnyBuffer>()                           /* dbias, as bias */ \
+  ::xla::ffi::Ffi::Bind() CTX JAXSPARSE_TC_ATTENTION_QKVB                              \
+      .Arg<::xla::ffi::AnyBuffer>()                               /* o [Ho, m, dv] */  \
+      .Arg<::xla::ffi::Buffer<::xla::ffi::F32>>()                 /* lse [Hl, m] */    \
+      .Arg<::xla::ffi::AnyBuffer>()                               /* dq, as q */       \
+      .Arg<::xla::ffi::AnyBuffer>()                               /* dk, as k */       \
+      .Arg<::xla::ffi::AnyBuffer>()                               /* dv, as v */       \
+      .Arg<::xla::ffi::AnyBuffer>()                               /* dbias, as bias */ \
       JAXSPARSE_TC_PATTERN_ARGS ARGS.Ret<::xla::ffi::AnyBuffer>() /* do [H, m, dv] */  \
       RETS JAXSPARSE_TC_ATTENTION_ATTRS ATTRS
 
 // The attention backwards' operands: the forward's, its outputs and the output's cotangent.
-#define JAXSPARSE_TC_ATTENTION_BWD_OPERANDS                            \
-  .Arg<::xla::ffi::AnyBuffer>()                   /* q [Hq, m, d] */   \
-      .Arg<::xla::ffi::AnyBuffer>()               /* k [Hk, n, d] */   \
-      .Arg<::xla::ffi::AnyBuffer>()               /* v [Hv, n, dv] */  \
-      .Arg<::xla::ffi::Buffer<::xla::ffi::F32>>() /* bias [Hb, nnz] */ \
-      .Arg<::xla::ffi::AnyBuffer>()               /* o [Ho, m, dv] */  \
-      .Arg<::xla::ffi::Buffer<::xla::ffi::F32>>() /* lse [Hl, m] */    \
+#define JAXSPARSE_TC_ATTENTION_BWD_OPERANDS                           \
+  JAXSPARSE_TC_ATTENTION_QKVB                                         \
+      .Arg<::xla::ffi::AnyBuffer>()               /* o [Ho, m, dv] */ \
+      .Arg<::xla::ffi::Buffer<::xla::ffi::F32>>() /* lse [Hl, m] */   \
       .Arg<::xla::ffi::AnyBuffer>()               /* do [Hd, m, dv] */
 
 // attention_bwd: the composed backward's per-edge pass, P and dS in A's format order. Its

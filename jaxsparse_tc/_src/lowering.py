@@ -23,7 +23,7 @@ def param(name: str, typ=np.int32) -> AttrRule:
   return lambda params: typ(params[name])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=4096)  # as many (primitive, params) as jax's own eager cache
 def _jitted(prim, params: tuple):
   kwargs = dict(params)
   return jax.jit(lambda *args: prim.bind(*args, **kwargs))

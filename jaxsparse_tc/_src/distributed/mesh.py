@@ -46,7 +46,9 @@ _CPU_INFLIGHT_STEPS = 32  # XLA's max_inflight_computations_per_device
 
 
 def cpu_client_threads(cpu_devices: int) -> tuple[int, str]:
-  """XLA's CPU client pool size T (above), as XLA computes it, and where it comes from."""
+  """XLA's CPU client pool size T (above), as XLA computes it, and where it comes from. The
+  variables are XLA's own configuration, read here only to predict its pool (no public API
+  reports it); nothing in the library changes with them but whether this check refuses."""
   for var in ("PJRT_NPROC", "NPROC"):
     value = os.environ.get(var)
     if value is None:
