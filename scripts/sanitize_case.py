@@ -437,34 +437,45 @@ def corrupt_operands(rng, A, dtype, d: int) -> tuple:
   return x, x_odd, q, k, v, jnp.asarray(rng.standard_normal((2, A.nnz)), jnp.float32)
 
 
-def run_corrupt_cases(A, dtype, operands, cases, compile_only: bool = False) -> int:
-  """Every case of `cases` through one program on A (results waited for, then dropped); with
-  compile_only the program is only lowered and compiled. Returns the number of cases."""
+def run_corrupt_cases(
+  A, dtype, operands, cases, compile_only: bool = False, picked: range | None = None
+) -> int:
+  """The cases of `cases` (those at the indices `picked`, default all) through one program on A
+  (results waited for, then dropped); with compile_only the program is only lowered and
+  compiled. Returns the number of cases run or compiled."""
   program = jax.jit(corrupt_program(dtype, cases))
   if compile_only:
     program.lower(A, jnp.int32(0), *operands).compile()
     return len(cases)
-  for i, c in enumerate(cases):
+  picked = range(len(cases)) if picked is None else picked
+  for i in picked:
+    c = cases[i]
     try:
       jax.block_until_ready(program(A, jnp.int32(i), *operands))
     except Exception:
       print(f"sanitize_case: corrupt case {c.name!r} failed ({np.dtype(dtype).name})")
       raise
-  return len(cases)
+  return len(picked)
 
 
-def corrupt(rng, compile_only: bool = False) -> int:
-  """Every case on every graph and dtype (the large graph: fp16 and float32); returns how many
-  ran (or, with compile_only, were compiled without running)."""
+def corrupt(rng, compile_only: bool = False, stride: int = 1) -> int:
+  """Every case on every graph and dtype (the large graph: fp16 and float32), or with stride
+  k every k-th case, the starting case moving by one per (graph, dtype) so that together they
+  cover k different slices (a memory-checker run of all cases takes longer than one device
+  call); returns how many ran (or, with compile_only, were compiled without running)."""
   cases = corruptions()
   count = 0
+  slice_ = 0
   for name, A in corrupt_graphs(rng):
     for dtype, d in CORRUPT_DTYPES:
       if A.nnz >= 1 << 18 and dtype == jnp.bfloat16:
         continue  # the large graph's own paths are fp16's
       ops = corrupt_operands(rng, A, dtype, d)
-      count += run_corrupt_cases(A, dtype, ops, cases, compile_only)
-      print(f"corrupt: {name:8s} {np.dtype(dtype).name:9s} {len(cases)} cases")
+      picked = range(slice_ % stride, len(cases), stride)
+      slice_ += 1
+      ran = run_corrupt_cases(A, dtype, ops, cases, compile_only, picked)
+      count += ran
+      print(f"corrupt: {name:8s} {np.dtype(dtype).name:9s} {ran} cases")
   return count
 
 
@@ -491,7 +502,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     action="store_true",
     help="corrupt: lower and compile its programs without running them (any machine)",
   )
+  parser.add_argument(
+    "--stride",
+    type=int,
+    default=1,
+    help="corrupt: run every STRIDE-th case (a different slice per graph and dtype)",
+  )
   args = parser.parse_args(argv)
+  if args.stride < 1:
+    parser.error(f"--stride must be >= 1, got {args.stride}")
   unknown = [p for p in args.parts if p not in PARTS]
   if unknown:
     parser.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
@@ -505,7 +524,7 @@ def main(argv: list[str]) -> None:
   for part in args.parts:
     rng = np.random.default_rng(0)
     if part == "corrupt":
-      n = corrupt(rng, args.compile_only)
+      n = corrupt(rng, args.compile_only, args.stride)
       last = f"sanitize_case: {n} corrupt cases {'compiled' if args.compile_only else 'ran'}"
     else:
       PARTS[part](rng)

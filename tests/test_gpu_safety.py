@@ -91,5 +91,7 @@ def test_sanitize_case_arguments():
   args = sc.parse_args(["corrupt", "--compile-only"])
   assert args.parts == ["corrupt"] and args.compile_only
   assert sc.parse_args(["streams", "grads"]).parts == ["streams", "grads"]
-  with pytest.raises(SystemExit):
-    sc.parse_args(["nonsense"])
+  assert sc.parse_args(["corrupt", "--stride", "7"]).stride == 7
+  for bad in (["nonsense"], ["corrupt", "--stride", "0"]):
+    with pytest.raises(SystemExit):
+      sc.parse_args(bad)
