@@ -4,8 +4,10 @@ from jaxsparse_tc import (
   distributed,  # sharded matrices; sharding rules of the primitives
   interop,  # BCOO conversions
 )
+from jaxsparse_tc._src import serialization  # noqa: F401 (pickle and flax.serialization of matrices)
 from jaxsparse_tc._src.attention import sparse_attention
 from jaxsparse_tc._src.edge_softmax import edge_softmax
+from jaxsparse_tc._src.export import export_disabled_checks  # jax.export; registers the pytrees
 from jaxsparse_tc._src.extensions import has_cuda
 from jaxsparse_tc._src.sddmm import sddmm
 from jaxsparse_tc._src.select import KernelPlan, PatternFeatures, kernel_plan
@@ -26,6 +28,7 @@ __all__ = [
   "KernelPlan",
   "PatternFeatures",
   "has_cuda",
+  "export_disabled_checks",
   "interop",
   "distributed",
   "reorder",
