@@ -42,9 +42,9 @@ def _export(fn, *args) -> jax.export.Exported:
 
 
 def _run_fresh(tmp_path, cases: dict, import_library: bool = True) -> subprocess.CompletedProcess:
-  """Deserializes and calls each case's artifact, {name: (bytes, args)}, in a new Python process
-  that imports only jax, numpy and pickle (and jaxsparse_tc where asked); its results come back
-  in results.pkl as numpy arrays."""
+  """Deserializes each case's artifact, {name: (bytes, args)}, and calls it on args (unless
+  None), in a new Python process that imports only jax, numpy and pickle (and jaxsparse_tc where
+  asked); its results come back in results.pkl as numpy arrays."""
   with open(tmp_path / "cases.pkl", "wb") as f:
     pickle.dump(cases, f)
   script = textwrap.dedent(
@@ -58,8 +58,9 @@ def _run_fresh(tmp_path, cases: dict, import_library: bool = True) -> subprocess
       cases = pickle.load(f)
     results = {{}}
     for name, (blob, args) in cases.items():
-      out = jax.export.deserialize(bytearray(blob)).call(*args)
-      results[name] = jax.tree.map(np.asarray, out)
+      exported = jax.export.deserialize(bytearray(blob))
+      if args is not None:
+        results[name] = jax.tree.map(np.asarray, exported.call(*args))
     with open("results.pkl", "wb") as f:
       pickle.dump(results, f)
     """
@@ -204,7 +205,8 @@ def test_export_without_the_disabled_checks_names_the_target(rng):
 @needs_flatbuffers
 def test_a_process_without_jaxsparse_tc_fails_naming_the_target(rng, tmp_path):
   """Without `import jaxsparse_tc` the handlers are not registered: compiling the artifact
-  fails, and the error names the missing versioned target."""
+  fails, and the error names the missing versioned target. An artifact that takes a matrix
+  fails sooner, at deserialization, naming the library's unregistered pytree node."""
   rows, cols, vals = random_coo(rng, 30, 30, 0.2)
   A = jst.SparseMatrix.from_coo(rows, cols, vals, shape=(30, 30))
   x = np.asarray(rng.standard_normal((30, 4)), np.float32)
@@ -212,6 +214,11 @@ def test_a_process_without_jaxsparse_tc_fails_naming_the_target(rng, tmp_path):
   proc = _run_fresh(tmp_path, {"spmm": (bytes(e.serialize()), (x,))}, import_library=False)
   assert proc.returncode != 0
   assert extensions.target("spmm") in proc.stderr, proc.stderr[-4000:]
+
+  e = _export(jst.spmm, A, x)
+  proc = _run_fresh(tmp_path, {"spmm": (bytes(e.serialize()), None)}, import_library=False)
+  assert proc.returncode != 0
+  assert re.search(r"unregistered type `jaxsparse_tc\.\w+`", proc.stderr), proc.stderr[-4000:]
 
 
 @needs_flatbuffers
