@@ -41,6 +41,12 @@ def _export(fn, *args) -> jax.export.Exported:
   )(*args)
 
 
+def _child_env() -> dict:
+  """This checkout first on the path; no preallocation of the GPU the test process holds."""
+  path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+  return dict(os.environ, PYTHONPATH=path, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+
+
 def _run_fresh(tmp_path, cases: dict, import_library: bool = True) -> subprocess.CompletedProcess:
   """Deserializes each case's artifact, {name: (bytes, args)}, and calls it on args (unless
   None), in a new Python process that imports only jax, numpy and pickle (and jaxsparse_tc where
@@ -65,7 +71,7 @@ def _run_fresh(tmp_path, cases: dict, import_library: bool = True) -> subprocess
       pickle.dump(results, f)
     """
   )
-  env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_PYTHON_CLIENT_PREALLOCATE="false")
+  env = _child_env()
   return subprocess.run(
     [sys.executable, "-c", script],
     cwd=tmp_path,
@@ -326,7 +332,7 @@ def test_flax_registration_waits_for_flax(tmp_path):
     """
   )
   pytest.importorskip("flax")
-  env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_PYTHON_CLIENT_PREALLOCATE="false")
+  env = _child_env()
   proc = subprocess.run(
     [sys.executable, "-c", script],
     cwd=tmp_path,
