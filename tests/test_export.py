@@ -342,3 +342,20 @@ def test_flax_registration_waits_for_flax(tmp_path):
     timeout=300,
   )
   assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def test_orbax_round_trip_of_a_params_tree(rng, tmp_path):
+  """orbax saves a matrix as the pytree it is (its arrays) and restores it into an abstract
+  template of the same tree, through the pytree's checked unflattening."""
+  ocp = pytest.importorskip("orbax.checkpoint")
+  A, dense = _matrix(rng)
+  params = {"adjacency": A, "kernel": jnp.asarray(rng.standard_normal((5, 3)), jnp.float32)}
+  checkpointer = ocp.StandardCheckpointer()
+  checkpointer.save(tmp_path / "ckpt", params)
+  checkpointer.wait_until_finished()
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, params)
+  restored = checkpointer.restore(tmp_path / "ckpt", abstract)
+  _same_matrix(restored["adjacency"], A)
+  x = jnp.asarray(rng.standard_normal((37, 5)), jnp.float32)
+  got = jst.spmm(restored["adjacency"], x)
+  np.testing.assert_allclose(got, dense @ np.asarray(x, np.float64), rtol=1e-5, atol=1e-5)
