@@ -242,6 +242,17 @@ def test_matrix_pytree_nodes_round_trip_through_serialization(rng):
     e.call(B, x)
 
 
+@needs_flatbuffers
+def test_a_reordered_matrix_argument_round_trips(rng):
+  rows, cols, vals = random_coo(rng, 48, 48, 0.1)
+  R = jst.ReorderedMatrix.from_coo(rows, cols, vals, shape=(48, 48), method="affinity")
+  x = jnp.asarray(rng.standard_normal((48, 3)), jnp.float32)
+  e = jax.export.deserialize(_export(jst.spmm, R, x).serialize())
+  assert e.in_tree == jax.tree.structure(((R, x), {}))
+  dense = _dense(rows, cols, vals, (48, 48))
+  np.testing.assert_allclose(e.call(R, x), dense @ np.asarray(x, np.float64), rtol=1e-5, atol=1e-5)
+
+
 # -- pickle and flax.serialization ---------------------------------------------------------------
 def _matrix(rng, heads=None):
   rows, cols, vals = random_coo(rng, 50, 37, 0.15)

@@ -16,13 +16,18 @@ handlers the artifact calls.
 from __future__ import annotations
 
 import json
+import sys
 
 import jax
 
 from jaxsparse_tc._src import extensions
 from jaxsparse_tc._src.pattern import Pattern
 from jaxsparse_tc._src.reorder.matrix import ReorderedMatrix
-from jaxsparse_tc.sparse_matrix import SparseMatrix, _Origin
+from jaxsparse_tc.sparse_matrix import SparseMatrix
+
+# The pytree aux data's origin marker (a weak reference to the flattened matrix), from the module
+# that defines SparseMatrix, wherever that is.
+_Origin = sys.modules[SparseMatrix.__module__]._Origin
 
 
 def export_disabled_checks() -> list[jax.export.DisabledSafetyCheck]:
