@@ -384,3 +384,33 @@ def test_shipped_cora_unchanged():
   np.testing.assert_array_equal(ds.train_idx, np.arange(140))
   np.testing.assert_array_equal(ds.val_idx, np.arange(140, 640))
   assert np.all(np.bincount(ds.labels[ds.train_idx]) == 20)
+
+
+def test_planetoid_loader_rebuilds_the_shipped_cora(tmp_path, rng):
+  """The shipped Cora written back as raw planetoid files (test rows in a random test.index
+  order, adjacency lists in random order) loads as the same graph and split."""
+  cora = datasets.load_cora()
+  n_all = int(cora.test_idx.min())  # Cora's test nodes are the last 1,000
+  onehot = np.eye(cora.num_classes, dtype=np.int64)[cora.labels]
+  test_index = rng.permutation(cora.test_idx)
+  graph = collections.defaultdict(list)
+  for a in rng.permutation(cora.num_nodes).tolist():
+    graph[a] = rng.permutation(cora.adjacency[a].indices).tolist()
+  raw = tmp_path / "Cora" / "raw"
+  raw.mkdir(parents=True)
+  parts = {
+    "x": sp.csr_matrix(cora.features[:140]),
+    "tx": sp.csr_matrix(cora.features[test_index]),
+    "allx": sp.csr_matrix(cora.features[:n_all]),
+    "y": onehot[:140],
+    "ty": onehot[test_index],
+    "ally": onehot[:n_all],
+    "graph": graph,
+  }
+  for part, obj in parts.items():
+    _pickle(raw / f"ind.cora.{part}", obj, py2_names=True)
+  (raw / "ind.cora.test.index").write_text("".join(f"{i}\n" for i in test_index))
+  ds = datasets.load_planetoid("Cora", tmp_path, download=False)
+  for field in ("features", "labels", "train_idx", "val_idx", "test_idx", "edge_index"):
+    np.testing.assert_array_equal(getattr(ds, field), getattr(cora, field), err_msg=field)
+  assert (ds.adjacency != cora.adjacency).nnz == 0
