@@ -19,7 +19,8 @@ to the device once, a Python loop of steps). "PyG loader" is PyG's usual path, f
 a DataLoader(shuffle=True) that collates every batch during the epoch. Reported: the median
 epoch time after `--warmup` epochs (compilation and cuDNN/cuBLAS warm-up excluded), and the
 time to build ours' batches once.
-Data: <dataset>.npz from --data, or ../shared/data / shared/data (no network needed).
+Data: <dataset>.npz in --data (default: the benchmark graphs' folder,
+benchmarks.common.SHARED_DATA; no network needed).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
   sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import SHARED_DATA  # noqa: E402
 
 
 def _packings(ds, args):
@@ -159,7 +162,9 @@ def _pyg(ds, args, packings):
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--dataset", action="append", help="PROTEINS and/or DD (default: both)")
-  p.add_argument("--data", default=None, help="folder holding <dataset>.npz")
+  p.add_argument(
+    "--data", default=str(SHARED_DATA), help="folder holding <dataset>.npz (default: %(default)s)"
+  )
   p.add_argument("--epochs", type=int, default=5, help="timed epochs")
   p.add_argument("--warmup", type=int, default=2, help="untimed epochs first (compilation)")
   p.add_argument("--batch-size", type=int, default=32)
@@ -180,13 +185,13 @@ def main(argv=None) -> int:
     import jax
 
     jax.config.update("jax_platforms", "cpu")
-  from jaxsparse_tc.datasets import TUDataset, load_tu
+  from jaxsparse_tc.datasets import TUDataset, find_dataset_file, load_tu_npz
 
   names = args.dataset or (["PROTEINS"] if args.quick else ["PROTEINS", "DD"])
   rows = []
   nan = float("nan")
   for name in names:
-    ds = load_tu(name, args.data)
+    ds = load_tu_npz(find_dataset_file(name, args.data), name)
     if args.quick:
       ds = TUDataset(ds.name, ds.graphs[::5], ds.labels[::5], ds.num_features, ds.num_classes)
     budget, packings = _packings(ds, args)

@@ -51,10 +51,10 @@ def tiny_tu(path, rng, graphs=40, tags=3):
 
 @pytest.mark.parametrize("kind", ["gin", "gcn"])
 def test_logits_ignore_padding_and_batch_mates(tmp_path, rng, kind):
-  from jaxsparse_tc.datasets import load_tu
+  from jaxsparse_tc.datasets import load_tu_npz
 
   tiny_tu(tmp_path / "tiny.npz", rng, graphs=12)
-  ds = load_tu("tiny", tmp_path)
+  ds = load_tu_npz(tmp_path / "tiny.npz")
   loops = kind == "gcn"
   small = Budget.for_dataset(ds.graphs, 6, add_self_loops=loops)
   large = Budget(small.nodes + 37, small.edges + 50, 8, add_self_loops=loops)
@@ -128,10 +128,10 @@ def test_folds_are_independent_and_see_only_their_training_graphs(tmp_path, rng)
 
   import jax.numpy as jnp
 
-  from jaxsparse_tc.datasets import load_tu
+  from jaxsparse_tc.datasets import load_tu_npz
 
   tiny_tu(tmp_path / "tiny.npz", rng)
-  ds = load_tu("tiny", tmp_path)
+  ds = load_tu_npz(tmp_path / "tiny.npz")
   roles = np.zeros((3, len(ds)), np.int32)
   for f, split in enumerate(
     gc.fold_splits(ds.labels, argparse.Namespace(folds=3, protocol="both", seed=3))

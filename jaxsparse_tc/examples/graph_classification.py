@@ -5,8 +5,11 @@
     python -m jaxsparse_tc.examples.graph_classification --dataset PROTEINS --model gcn --data DIR
     python -m jaxsparse_tc.examples.train --task graph --dataset PROTEINS     # the same entry point
 
-Data: `<dataset>.npz` from --data, or ./shared/data or ../shared/data (not shipped; see
-jaxsparse_tc.datasets.load_tu). Node features: the one-hot node tags; labels: `graph_label`.
+Data (see load_dataset): `<dataset>.npz` in the --data folder where it holds one (the disjoint-union
+layout of jaxsparse_tc.datasets.load_tu_npz), else the TU site's raw files under --data (default:
+the user's cache folder, jaxsparse_tc.datasets.default_root()), downloaded there when missing
+(jaxsparse_tc.datasets.load_tu). Node features: the one-hot node tags (labels); labels: the
+graph classes.
 
 Models (Flax nnx), as in Xu et al. 2019 ("How powerful are graph neural networks?", their
 code: github.com/weihua916/powerful-gnns), `--layers` 5 counting the input layer:
@@ -81,7 +84,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxsparse_tc.datasets import TUDataset, load_tu
+from jaxsparse_tc.datasets import TUDataset, find_dataset_file, load_tu, load_tu_npz
 from jaxsparse_tc.nn import flax as nnf
 from jaxsparse_tc.nn import graph
 from jaxsparse_tc.nn.batch import Budget, GraphBatch, GraphLoader, batch_graphs
@@ -470,10 +473,21 @@ def select(m: np.ndarray, protocol: str) -> dict:
   return {k: (float(a), float(s), e) for k, (a, s, e) in out.items()}
 
 
+def load_dataset(name: str, data=None) -> TUDataset:
+  """`<name>.npz` in the folder `data` (load_tu_npz) where it holds one, else the TU raw files
+  under `data` (None: the user's cache folder), downloaded when missing (load_tu)."""
+  if data is not None:
+    try:
+      return load_tu_npz(find_dataset_file(name, data), name)
+    except FileNotFoundError:
+      pass
+  return load_tu(name, data)
+
+
 def cross_validate(args, ds: TUDataset | None = None, log=print) -> dict:
   """Runs the protocol on one dataset and model (args.dataset[0] unless `ds` is given)."""
   if ds is None:
-    ds = load_tu(args.dataset if isinstance(args.dataset, str) else args.dataset[0], args.data)
+    ds = load_dataset(args.dataset if isinstance(args.dataset, str) else args.dataset[0], args.data)
   model_kind = args.model if isinstance(args.model, str) else args.model[0]
   t_start = time.perf_counter()
   slots = batch_slots(args.batch_size, args.protocol)
@@ -586,12 +600,13 @@ def summary_table(results: list[dict]) -> str:
 def parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument(
-    "--dataset", nargs="+", default=["PROTEINS"], help="PROTEINS and/or DD (TU .npz names)"
+    "--dataset", nargs="+", default=["PROTEINS"], help="TU set names: PROTEINS, DD, MUTAG, ..."
   )
   p.add_argument(
     "--data",
     default=None,
-    help="folder holding <dataset>.npz (default: ./shared/data or ../shared/data)",
+    help="folder holding <dataset>.npz, or the TU raw files as <DATASET>/raw/ (default: the "
+    "user's cache folder; missing raw files are downloaded)",
   )
   p.add_argument("--model", nargs="+", choices=["gin", "gcn"], default=["gin"])
   p.add_argument("--protocol", choices=["val", "xu", "both"], default="both")
@@ -632,7 +647,7 @@ def main(argv=None) -> int:
     print(summary_table([]), flush=True)
   results = []
   for name, n_epochs in zip(args.dataset, epochs):
-    ds = load_tu(name, args.data)
+    ds = load_dataset(name, args.data)
     for kind in args.model:
       one = argparse.Namespace(**{**vars(args), "dataset": name, "model": kind, "epochs": n_epochs})
       results.append(cross_validate(one, ds, log))
