@@ -4,7 +4,7 @@ Nothing in the library reads the environment. Where a test, a benchmark or a use
 kernel other than the launch plan's choice (docs/DESIGN.md, "Which kernel runs"), they say so
 with a `KernelOptions`, passed as a static argument to an operator:
 
-    opts = jst.KernelOptions(spmm="cuda_core")
+    opts = jst.KernelOptions(spmm="rows")
     Y = jst.spmm(A, X, options=opts)
 
 The options become primitive parameters, then FFI attributes of the CUDA handlers, so they are
@@ -27,7 +27,7 @@ __all__ = ["KernelOptions", "FormatOptions"]
 
 # The names for type checkers; the codes (and the names the checks below accept) are the
 # extension's (csrc/common/ops.h), and a test keeps these literals equal to their names.
-KernelChoice = Literal["auto", "cuda_core", "tensor_core"]
+KernelChoice = Literal["auto", "rows", "windows"]
 BackwardChoice = Literal["auto", "fused", "composed"]
 
 # FFI attribute `kernel` of the CUDA SpMM and SDDMM handlers, from `KernelOptions.spmm` / `.sddmm`.
@@ -36,7 +36,16 @@ _KERNEL_CODES = extensions.KERNEL_CODES
 _BACKWARD_CODES = extensions.ATTENTION_BACKWARD_CODES
 
 
+# Kernel family names KernelOptions once took, and the names they go by now.
+_RENAMED_KERNELS = {"cuda_core": "rows", "tensor_core": "windows"}
+
+
 def _check_choice(name: str, value, allowed) -> None:
+  if isinstance(value, str) and _RENAMED_KERNELS.get(value) in allowed:
+    raise ValueError(
+      f"{name}: the kernel family {value!r} is now called {_RENAMED_KERNELS[value]!r}; "
+      f"use one of {', '.join(map(repr, allowed))}"
+    )
   if value not in allowed:
     raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
 
@@ -47,10 +56,12 @@ class KernelOptions:
   (`jst.kernel_plan` tells which they are for a matrix, on any machine).
 
   Attributes:
-    spmm: "auto" (the plan: CUDA-core row kernels where blocks are sparse or float32 must be
-      exact, tensor-core window kernels elsewhere), "cuda_core" (the row kernels; fails for
-      rows too long for their workspace) or "tensor_core" (the window kernels).
-    sddmm: the same three, for the SDDMM ("cuda_core" needs d * itemsize <= 1024 bytes).
+    spmm: "auto" (the plan: the row kernels, on CUDA cores, where blocks are sparse or float32
+      must be exact; the window kernels, on tensor cores, elsewhere), "rows" (the row kernels;
+      fails for rows too long for their workspace) or "windows" (the window kernels, whose
+      exact float32 kernel runs on CUDA cores). The names "cuda_core" and "tensor_core" these
+      families once had are a ValueError saying so.
+    sddmm: the same three, for the SDDMM ("rows" needs d * itemsize <= 1024 bytes).
     attention_backward: "auto" (the fused tensor-core backward where it applies and measured
       faster), "fused" (the tensor-core backward wherever its kernels take the operands: 16-bit,
       d = dv in {32, 64, 128}) or "composed" (a per-edge pass and three SpMMs).
