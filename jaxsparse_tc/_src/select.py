@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from jaxsparse_tc._src import precision as precision_lib
 from jaxsparse_tc._src.extensions import _cpu
-from jaxsparse_tc.options import DEFAULT_KERNEL_OPTIONS, kernel_options
+from jaxsparse_tc._src.options import DEFAULT_KERNEL_OPTIONS, kernel_options
 
 __all__ = ["PatternFeatures", "KernelPlan", "kernel_plan"]
 
@@ -114,7 +114,7 @@ def kernel_plan(
 
   Returns a KernelPlan(spmm, sddmm, attention_backward, features, spmm_kernel, sddmm_kernel).
   """
-  from jaxsparse_tc.sparse_matrix import SparseMatrix
+  from jaxsparse_tc._src.sparse_matrix import SparseMatrix
 
   if not isinstance(A, SparseMatrix):
     raise TypeError(f"kernel_plan: A must be a jaxsparse_tc.SparseMatrix; got {type(A).__name__}")
