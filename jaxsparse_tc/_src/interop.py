@@ -9,8 +9,6 @@ import numpy as np
 from jaxsparse_tc._src.options import FormatOptions
 from jaxsparse_tc._src.sparse_matrix import SparseMatrix
 
-__all__ = ["from_bcoo", "to_bcoo"]
-
 
 def from_bcoo(m, *, format_options: FormatOptions | None = None) -> SparseMatrix:
   """A SparseMatrix from a 2-D BCOO (no batch or dense dimensions; duplicates are summed).

@@ -18,8 +18,6 @@ from jaxsparse_tc._src.options import FormatOptions
 from jaxsparse_tc._src.pattern import Pattern
 from jaxsparse_tc._src.sparse_matrix import SparseMatrix
 
-__all__ = ["Graph", "Budget", "GraphBatch", "batch_graphs", "GraphLoader", "unbatch_nodes"]
-
 _TILE = 8  # dummy entries fill dense 8x8 tiles (one block each, in A and in A^T)
 _MAX_TILES_PER_WINDOW = 32  # keeps grouped schedules possible and dummy rows short
 

@@ -2,31 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from jaxsparse_tc._src.nn import functional as F
-
-__all__ = [
-  "Linear",
-  "LayerNorm",
-  "MLP",
-  "GCNConv",
-  "GATConv",
-  "GATv2Conv",
-  "AGNNConv",
-  "SAGEConv",
-  "GINConv",
-  "TransformerConv",
-  "GraphTransformerLayer",
-  "GCN",
-  "GAT",
-  "AGNN",
-  "GraphTransformer",
-]
+from jaxsparse_tc._src.nn import layers
 
 glorot = jax.nn.initializers.glorot_uniform()
 
@@ -91,9 +74,9 @@ def _dropout_fn(dropout: eqx.nn.Dropout, key):
   return lambda v: dropout(v, key=key)
 
 
-def _apply_dropout(dropout: eqx.nn.Dropout, x, key):
-  fn = _dropout_fn(dropout, key)
-  return x if fn is None else fn(x)
+def _arrays(p):
+  """The layers' `read` (layers.py): equinox holds parameters as arrays."""
+  return p
 
 
 class GCNConv(eqx.Module):
@@ -111,7 +94,7 @@ class GCNConv(eqx.Module):
 
   def __call__(self, A, x, *, key=None):
     del key
-    return F.gcn_conv(A, x, self.lin.kernel, self.bias)
+    return layers.gcn_conv(self, _arrays, A, x)
 
 
 class GATConv(eqx.Module):
@@ -166,22 +149,13 @@ class GATConv(eqx.Module):
     self.dropout = eqx.nn.Dropout(dropout)
 
   def __call__(self, A, x, edge_attr=None, *, return_attention_weights: bool = False, key=None):
-    return F.gat_conv(
+    return layers.gat_conv(
+      self,
+      _arrays,
       A,
       x,
-      self.lin.kernel,
-      self.att_src,
-      self.att_dst,
-      self.bias,
-      heads=self.heads,
-      concat=self.concat,
-      negative_slope=self.negative_slope,
+      edge_attr,
       attn_dropout=_dropout_fn(self.dropout, key),
-      add_self_loops=self.add_self_loops,
-      edge_attr=edge_attr,
-      edge_kernel=None if self.lin_edge is None else self.lin_edge.kernel,
-      att_edge=self.att_edge,
-      fill_value=self.fill_value,
       return_attention_weights=return_attention_weights,
     )
 
@@ -238,23 +212,13 @@ class GATv2Conv(eqx.Module):
     self.dropout = eqx.nn.Dropout(dropout)
 
   def __call__(self, A, x, edge_attr=None, *, return_attention_weights: bool = False, key=None):
-    return F.gatv2_conv(
+    return layers.gatv2_conv(
+      self,
+      _arrays,
       A,
       x,
-      self.lin_l.kernel,
-      self.lin_r.kernel,
-      self.att,
-      self.bias,
-      heads=self.heads,
-      bias_src=self.lin_l.bias,
-      bias_dst=self.lin_r.bias,
-      concat=self.concat,
-      negative_slope=self.negative_slope,
+      edge_attr,
       attn_dropout=_dropout_fn(self.dropout, key),
-      add_self_loops=self.add_self_loops,
-      edge_attr=edge_attr,
-      edge_kernel=None if self.lin_edge is None else self.lin_edge.kernel,
-      fill_value=self.fill_value,
       return_attention_weights=return_attention_weights,
     )
 
@@ -287,15 +251,7 @@ class SAGEConv(eqx.Module):
 
   def __call__(self, A, x, *, key=None):
     del key
-    return F.sage_conv(
-      A,
-      x,
-      self.lin_l.kernel,
-      None if self.lin_r is None else self.lin_r.kernel,
-      self.lin_l.bias,
-      aggr=self.aggr,
-      normalize=self.normalize,
-    )
+    return layers.sage_conv(self, _arrays, A, x)
 
 
 class MLP(eqx.Module):
@@ -314,12 +270,9 @@ class MLP(eqx.Module):
     self.dropout = eqx.nn.Dropout(dropout)
 
   def __call__(self, x, *, key=None):
-    keys = _keys(key, len(self.lins))
-    for i, lin in enumerate(self.lins):
-      x = lin(x)
-      if i < len(self.lins) - 1:
-        x = _apply_dropout(self.dropout, jax.nn.relu(x), keys[i])
-    return x
+    keys = _keys(key, len(self.lins))[:-1]
+    dropouts = [_dropout_fn(self.dropout, k) for k in keys]
+    return layers.mlp(self.lins, x, norm=None, dropouts=dropouts)
 
 
 class GINConv(eqx.Module):
@@ -336,7 +289,7 @@ class GINConv(eqx.Module):
 
   def __call__(self, A, x, *, key=None):
     fn = (lambda h: self.nn(h, key=key)) if isinstance(self.nn, MLP) else self.nn
-    return F.gin_conv(A, x, fn, self.eps)
+    return layers.gin_conv(self, _arrays, A, x, fn)
 
 
 class AGNNConv(eqx.Module):
@@ -353,7 +306,7 @@ class AGNNConv(eqx.Module):
 
   def __call__(self, A, x, *, key=None):
     del key
-    return F.agnn_conv(A, x, self.beta)
+    return layers.agnn_conv(self, _arrays, A, x)
 
 
 class TransformerConv(eqx.Module):
@@ -403,20 +356,13 @@ class TransformerConv(eqx.Module):
     self.dropout = eqx.nn.Dropout(dropout)
 
   def __call__(self, A, x, edge_attr=None, *, return_attention_weights: bool = False, key=None):
-    pair = lambda lin: (lin.kernel, lin.bias)  # noqa: E731
-    return F.transformer_conv(
+    return layers.transformer_conv(
+      self,
+      _arrays,
       A,
       x,
-      pair(self.lin_query),
-      pair(self.lin_key),
-      pair(self.lin_value),
-      None if self.lin_skip is None else pair(self.lin_skip),
-      None if self.lin_beta is None else self.lin_beta.kernel,
-      heads=self.heads,
-      concat=self.concat,
+      edge_attr,
       attn_dropout=_dropout_fn(self.dropout, key),
-      edge_attr=edge_attr,
-      edge_kernel=None if self.lin_edge is None else self.lin_edge.kernel,
       return_attention_weights=return_attention_weights,
     )
 
@@ -466,27 +412,14 @@ class GraphTransformerLayer(eqx.Module):
     self.attn_dropout = eqx.nn.Dropout(attn_dropout)
 
   def __call__(self, A, x, *, key=None):
-    k_attn, k1, k2, k3 = _keys(key, 4)
-    h = self.norm1(x) if self.norm_first else x
-    split = lambda t: F._split_heads(t, self.heads)  # noqa: E731
-    q, k, v = split(self.lin_query(h)), split(self.lin_key(h)), split(self.lin_value(h))
-    a = F.multihead_attention(
+    k_attn, *keys = _keys(key, 4)
+    return layers.graph_transformer_layer(
+      self,
       A,
-      q,
-      k,
-      v,
-      scale=1.0 / math.sqrt(q.shape[-1]),
+      x,
       attn_dropout=_dropout_fn(self.attn_dropout, k_attn),
+      dropouts=[_dropout_fn(self.dropout, k) for k in keys],
     )
-    x = x + _apply_dropout(self.dropout, self.lin_out(F._merge_heads(a, True)), k1)
-    if not self.norm_first:
-      x = self.norm1(x)
-    h = self.norm2(x) if self.norm_first else x
-    f = self.ff2(_apply_dropout(self.dropout, jax.nn.relu(self.ff1(h)), k2))
-    x = x + _apply_dropout(self.dropout, f, k3)
-    if not self.norm_first:
-      x = self.norm2(x)
-    return x
 
 
 # -- two-layer node classifiers (the Cora example's models) -------------------------------------
@@ -508,9 +441,8 @@ class GCN(eqx.Module):
     self.dropout = eqx.nn.Dropout(dropout)
 
   def __call__(self, A, x, *, key=None):
-    k1, k2 = _keys(key, 2)
-    x = jax.nn.relu(self.conv1(A, _apply_dropout(self.dropout, x, k1)))
-    return self.conv2(A, _apply_dropout(self.dropout, x, k2))
+    drops = [_dropout_fn(self.dropout, k) for k in _keys(key, 2)]
+    return layers.gcn((self.conv1, self.conv2), A, x, drops)
 
 
 class GAT(eqx.Module):
@@ -541,8 +473,9 @@ class GAT(eqx.Module):
 
   def __call__(self, A, x, *, key=None):
     k1, k2, k3, k4 = _keys(key, 4)
-    x = jax.nn.elu(self.conv1(A, _apply_dropout(self.dropout, x, k1), key=k2))
-    return self.conv2(A, _apply_dropout(self.dropout, x, k3), key=k4)
+    convs = (functools.partial(self.conv1, key=k2), functools.partial(self.conv2, key=k4))
+    drops = (_dropout_fn(self.dropout, k1), _dropout_fn(self.dropout, k3))
+    return layers.gat(convs, A, x, drops)
 
 
 class AGNN(eqx.Module):
@@ -566,10 +499,9 @@ class AGNN(eqx.Module):
     self.dropout = eqx.nn.Dropout(dropout)
 
   def __call__(self, A, x, *, key=None):
-    k1, k2 = _keys(key, 2)
-    x = jax.nn.relu(self.lin1(_apply_dropout(self.dropout, x, k1)))
-    x = self.prop2(A, self.prop1(A, x))
-    return self.lin2(_apply_dropout(self.dropout, x, k2))
+    lins, props = (self.lin1, self.lin2), (self.prop1, self.prop2)
+    drops = [_dropout_fn(self.dropout, k) for k in _keys(key, 2)]
+    return layers.agnn(lins, props, A, x, drops)
 
 
 class GraphTransformer(eqx.Module):
@@ -612,7 +544,6 @@ class GraphTransformer(eqx.Module):
 
   def __call__(self, A, x, *, key=None):
     keys = _keys(key, len(self.layers) + 2)
-    x = self.lin_in(_apply_dropout(self.dropout, x, keys[0]))
-    for layer, k in zip(self.layers, keys[2:]):
-      x = layer(A, x, key=k)
-    return self.lin_out(_apply_dropout(self.dropout, x, keys[1]))
+    blocks = [functools.partial(layer, key=k) for layer, k in zip(self.layers, keys[2:])]
+    drops = (_dropout_fn(self.dropout, keys[0]), _dropout_fn(self.dropout, keys[1]))
+    return layers.graph_transformer(self.lin_in, blocks, self.lin_out, A, x, drops)

@@ -8,23 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxsparse_tc._src.nn import functional as F
-
-__all__ = [
-  "GCNConv",
-  "GATConv",
-  "GATv2Conv",
-  "AGNNConv",
-  "SAGEConv",
-  "GINConv",
-  "MLP",
-  "TransformerConv",
-  "GraphTransformerLayer",
-  "GCN",
-  "GAT",
-  "AGNN",
-  "GraphTransformer",
-]
+from jaxsparse_tc._src.nn import layers
 
 glorot = jax.nn.initializers.glorot_uniform()
 _List = getattr(nnx, "List", list)  # flax >= 0.12 wants nnx.List for lists of modules
@@ -72,7 +56,7 @@ class GCNConv(nnx.Module):
     self.bias = nnx.Param(jnp.zeros((out_features,), jnp.float32)) if use_bias else None
 
   def __call__(self, A, x):
-    return F.gcn_conv(A, x, self.lin.kernel[...], _get(self.bias))
+    return layers.gcn_conv(self, _get, A, x)
 
 
 class GATConv(nnx.Module):
@@ -124,22 +108,13 @@ class GATConv(nnx.Module):
     self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
   def __call__(self, A, x, edge_attr=None, *, return_attention_weights: bool = False):
-    return F.gat_conv(
+    return layers.gat_conv(
+      self,
+      _get,
       A,
       x,
-      self.lin.kernel[...],
-      self.att_src[...],
-      self.att_dst[...],
-      _get(self.bias),
-      heads=self.heads,
-      concat=self.concat,
-      negative_slope=self.negative_slope,
+      edge_attr,
       attn_dropout=_active(self.dropout),
-      add_self_loops=self.add_self_loops,
-      edge_attr=edge_attr,
-      edge_kernel=None if self.lin_edge is None else self.lin_edge.kernel[...],
-      att_edge=_get(self.att_edge),
-      fill_value=self.fill_value,
       return_attention_weights=return_attention_weights,
     )
 
@@ -190,23 +165,13 @@ class GATv2Conv(nnx.Module):
     self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
   def __call__(self, A, x, edge_attr=None, *, return_attention_weights: bool = False):
-    return F.gatv2_conv(
+    return layers.gatv2_conv(
+      self,
+      _get,
       A,
       x,
-      self.lin_l.kernel[...],
-      self.lin_r.kernel[...],
-      self.att[...],
-      _get(self.bias),
-      heads=self.heads,
-      bias_src=_get(self.lin_l.bias),
-      bias_dst=_get(self.lin_r.bias),
-      concat=self.concat,
-      negative_slope=self.negative_slope,
+      edge_attr,
       attn_dropout=_active(self.dropout),
-      add_self_loops=self.add_self_loops,
-      edge_attr=edge_attr,
-      edge_kernel=None if self.lin_edge is None else self.lin_edge.kernel[...],
-      fill_value=self.fill_value,
       return_attention_weights=return_attention_weights,
     )
 
@@ -240,15 +205,7 @@ class SAGEConv(nnx.Module):
     )
 
   def __call__(self, A, x):
-    return F.sage_conv(
-      A,
-      x,
-      self.lin_l.kernel[...],
-      None if self.lin_r is None else self.lin_r.kernel[...],
-      _get(self.lin_l.bias),
-      aggr=self.aggr,
-      normalize=self.normalize,
-    )
+    return layers.sage_conv(self, _get, A, x)
 
 
 class MLP(nnx.Module):
@@ -271,13 +228,8 @@ class MLP(nnx.Module):
 
   def __call__(self, x, *, mask=None):
     m = None if mask is None else jnp.asarray(mask).reshape(-1, 1)
-    for i, lin in enumerate(self.lins):
-      x = lin(x)
-      if i < len(self.lins) - 1:
-        if self.norms is not None:
-          x = self.norms[i](x, mask=m)
-        x = self.dropout(jax.nn.relu(x))
-    return x
+    norm = None if self.norms is None else (lambda i, h: self.norms[i](h, mask=m))
+    return layers.mlp(self.lins, x, norm=norm, dropouts=[self.dropout] * len(self.lins))
 
 
 class GINConv(nnx.Module):
@@ -296,7 +248,7 @@ class GINConv(nnx.Module):
 
   def __call__(self, A, x, *, mask=None):
     fn = (lambda h: self.nn(h, mask=mask)) if isinstance(self.nn, MLP) else self.nn
-    return F.gin_conv(A, x, fn, self.eps[...])
+    return layers.gin_conv(self, _get, A, x, fn)
 
 
 class AGNNConv(nnx.Module):
@@ -312,7 +264,7 @@ class AGNNConv(nnx.Module):
     self.beta = kind(jnp.ones((), jnp.float32))
 
   def __call__(self, A, x):
-    return F.agnn_conv(A, x, self.beta[...])
+    return layers.agnn_conv(self, _get, A, x)
 
 
 class TransformerConv(nnx.Module):
@@ -360,20 +312,13 @@ class TransformerConv(nnx.Module):
     self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
   def __call__(self, A, x, edge_attr=None, *, return_attention_weights: bool = False):
-    pair = lambda lin: (lin.kernel[...], _get(lin.bias))  # noqa: E731
-    return F.transformer_conv(
+    return layers.transformer_conv(
+      self,
+      _get,
       A,
       x,
-      pair(self.lin_query),
-      pair(self.lin_key),
-      pair(self.lin_value),
-      None if self.lin_skip is None else pair(self.lin_skip),
-      None if self.lin_beta is None else self.lin_beta.kernel[...],
-      heads=self.heads,
-      concat=self.concat,
+      edge_attr,
       attn_dropout=_active(self.dropout),
-      edge_attr=edge_attr,
-      edge_kernel=None if self.lin_edge is None else self.lin_edge.kernel[...],
       return_attention_weights=return_attention_weights,
     )
 
@@ -416,20 +361,9 @@ class GraphTransformerLayer(nnx.Module):
     self.attn_dropout = nnx.Dropout(attn_dropout, rngs=rngs)
 
   def __call__(self, A, x):
-    h = self.norm1(x) if self.norm_first else x
-    split = lambda t: F._split_heads(t, self.heads)  # noqa: E731
-    q, k, v = split(self.lin_query(h)), split(self.lin_key(h)), split(self.lin_value(h))
-    a = F.multihead_attention(
-      A, q, k, v, scale=1.0 / math.sqrt(q.shape[-1]), attn_dropout=_active(self.attn_dropout)
+    return layers.graph_transformer_layer(
+      self, A, x, attn_dropout=_active(self.attn_dropout), dropouts=[self.dropout] * 3
     )
-    x = x + self.dropout(self.lin_out(F._merge_heads(a, True)))
-    if not self.norm_first:
-      x = self.norm1(x)
-    h = self.norm2(x) if self.norm_first else x
-    x = x + self.dropout(self.ff2(self.dropout(jax.nn.relu(self.ff1(h)))))
-    if not self.norm_first:
-      x = self.norm2(x)
-    return x
 
 
 # -- two-layer node classifiers (the Cora example's models) -------------------------------------
@@ -449,8 +383,7 @@ class GCN(nnx.Module):
     self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
   def __call__(self, A, x):
-    x = jax.nn.relu(self.conv1(A, self.dropout(x)))
-    return self.conv2(A, self.dropout(x))
+    return layers.gcn((self.conv1, self.conv2), A, x, (self.dropout, self.dropout))
 
 
 class GAT(nnx.Module):
@@ -478,8 +411,7 @@ class GAT(nnx.Module):
     self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
   def __call__(self, A, x):
-    x = jax.nn.elu(self.conv1(A, self.dropout(x)))
-    return self.conv2(A, self.dropout(x))
+    return layers.gat((self.conv1, self.conv2), A, x, (self.dropout, self.dropout))
 
 
 class AGNN(nnx.Module):
@@ -496,9 +428,8 @@ class AGNN(nnx.Module):
     self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
   def __call__(self, A, x):
-    x = jax.nn.relu(self.lin1(self.dropout(x)))
-    x = self.prop2(A, self.prop1(A, x))
-    return self.lin2(self.dropout(x))
+    lins, props = (self.lin1, self.lin2), (self.prop1, self.prop2)
+    return layers.agnn(lins, props, A, x, (self.dropout, self.dropout))
 
 
 class GraphTransformer(nnx.Module):
@@ -538,7 +469,5 @@ class GraphTransformer(nnx.Module):
     self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
   def __call__(self, A, x):
-    x = self.lin_in(self.dropout(x))
-    for layer in self.layers:
-      x = layer(A, x)
-    return self.lin_out(self.dropout(x))
+    drops = (self.dropout, self.dropout)
+    return layers.graph_transformer(self.lin_in, self.layers, self.lin_out, A, x, drops)

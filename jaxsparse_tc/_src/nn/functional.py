@@ -18,19 +18,6 @@ from jaxsparse_tc._src.spmm import spmm
 
 Dropout = Optional[Callable[[jax.Array], jax.Array]]
 
-__all__ = [
-  "gcn_conv",
-  "gat_conv",
-  "gatv2_conv",
-  "agnn_conv",
-  "sage_conv",
-  "gin_conv",
-  "transformer_conv",
-  "multihead_attention",
-  "heads_to_pyg",
-  "heads_from_pyg",
-  "check_inputs",
-]
 
 _BUILD = (
   "build one with jaxsparse_tc.nn.graph.message_passing_matrix(edge_index, num_nodes) "

@@ -11,21 +11,6 @@ import numpy as np
 from jaxsparse_tc._src import integrity
 from jaxsparse_tc._src.sparse_matrix import SparseMatrix
 
-__all__ = [
-  "message_passing_matrix",
-  "gcn_norm",
-  "normalize_symmetric",
-  "add_self_loops",
-  "add_remaining_self_loops",
-  "remove_self_loops",
-  "edge_features",
-  "has_self_loops",
-  "degree",
-  "to_undirected",
-  "subgraph",
-  "dropout_edge",
-]
-
 Flow = Literal["source_to_target", "target_to_source"]
 
 

@@ -8,8 +8,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["global_add_pool", "global_mean_pool", "global_max_pool"]
-
 
 def _args(x, graph_index, num_graphs):
   batch = None
