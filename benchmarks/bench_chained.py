@@ -156,7 +156,7 @@ def run(
 
   rows: list[dict] = []
   d = 128
-  spmm_tc, sddmm_tc = _forced(spmm="tensor_core"), _forced(sddmm="tensor_core")
+  spmm_tc, sddmm_tc = _forced(spmm="windows"), _forced(sddmm="windows")
   for gname, csr in common.benchmark_graphs(quick, graphs).items():
     csr = csr.tocsr()
     csr.sort_indices()

@@ -14,7 +14,7 @@ Grid: every graph of common.benchmark_graphs with more than 80k stored edges (no
 rmat17-d16 and rmat20-d8 (graphs named with --graphs are taken whatever their size); orders
 `none` (the caller's) and `affinity` (jst.reorder(csr, "affinity", seed=0), then P A P^T);
 d in 32, 64, 128, 256; fp16 and fp32 (float32 inputs, default precision: tf32 tensor cores
-allowed). Ours: KernelOptions "auto", "cuda_core" and "tensor_core" (a forced kernel that
+allowed). Ours: KernelOptions "auto", "rows" and "windows" (a forced kernel that
 raises gets a row with `error`); XLA peers (segment_sum SpMM, gather SDDMM; float32
 accumulation, inputs and outputs in the dtype) at --xla-dims (default 128). Attention: the fused
 forward vs XLA unfused; fwd+bwd with attention_backward auto / fused / composed vs XLA.
@@ -38,7 +38,7 @@ K = 4 and few timing repeats (and common.benchmark_graphs' quick list). On the C
 kernel options are ignored (forced rows equal auto) and times are wall times.
 
 Raw rows (JSON "rows"): graph, order, op (spmm | sddmm | attention fwd | attention fwd+bwd),
-d, dtype, H, impl (ours-auto | ours-cuda_core | ours-tensor_core | ours-fused | ours-composed |
+d, dtype, H, impl (ours-auto | ours-rows | ours-windows | ours-fused | ours-composed |
 cusparse | xla | floor-bytes | floor-gather; SDDMM also floor-gather-windows, and xla-serial
 and ours-auto-serial, the fans with each call ordered after the previous one, so XLA cannot
 fuse the K calls into one kernel),
@@ -88,8 +88,8 @@ DERIVED_COLUMNS = [
   "d",
   "dtype",
   "auto_us",
-  "cuda_core_us",
-  "tensor_core_us",
+  "rows_us",
+  "windows_us",
   "fused_us",
   "composed_us",
   "best",
@@ -347,7 +347,7 @@ class _Recorder:
     self.rows.append({**self.base, "op": op, "impl": impl, "error": _first_line(e)})
 
 
-_KINDS = ("auto", "cuda_core", "tensor_core")
+_KINDS = ("auto", "rows", "windows")
 
 
 def _spmm_rows(add, csr, A, k, dims, dtypes, xla_dims, has_torch):
@@ -643,8 +643,8 @@ def derive(rows: list[dict]) -> list[dict]:
       ("ours-fused", "ours-composed")
       if op == "attention fwd+bwd"
       else (
-        "ours-cuda_core",
-        "ours-tensor_core",
+        "ours-rows",
+        "ours-windows",
       )
     )
     times = {f.split("-", 1)[1]: get(f) for f in forced if get(f)}
@@ -657,8 +657,8 @@ def derive(rows: list[dict]) -> list[dict]:
       "d": d,
       "dtype": dt,
       "auto_us": auto,
-      "cuda_core_us": times.get("cuda_core"),
-      "tensor_core_us": times.get("tensor_core"),
+      "rows_us": times.get("rows"),
+      "windows_us": times.get("windows"),
       "fused_us": times.get("fused"),
       "composed_us": times.get("composed"),
       "best": best,
@@ -776,8 +776,8 @@ def _per_graph_table(t, feats, graphs, orders, dims, dev) -> list[dict]:
           "reorder_s": f["reorder_s"],
           "nnz/blk": f["nnz_per_block"],
           "spmm16 auto": auto,
-          "rows": get("spmm", "ours-cuda_core"),
-          "tc": get("spmm", "ours-tensor_core"),
+          "rows": get("spmm", "ours-rows"),
+          "tc": get("spmm", "ours-windows"),
           "cusp orig": cs_orig,
           "cusp this": get("spmm", "cusparse"),
           "x cusp orig": _ratio(cs_orig, auto),
@@ -886,7 +886,7 @@ def _selector_table(der, orders, dev) -> list[dict]:
       ]
       if not ds:
         continue
-      fast2 = "tensor_core" if op != "attention fwd+bwd" else "fused"
+      fast2 = "windows" if op != "attention fwd+bwd" else "fused"
       tc = [r for r in ds if r["best"] == fast2]
       sel.append(
         {
@@ -923,7 +923,7 @@ def _selector_table(der, orders, dev) -> list[dict]:
     ]
     if kind != "real" and not of_kind:
       continue
-    tc_fast = [r for r in of_kind if r["best"] == "tensor_core"]
+    tc_fast = [r for r in of_kind if r["best"] == "windows"]
     tc_sel = [r for r in tc_fast if r["auto_hit"]]
     print(
       f"\n{label}, reordered (spmm + sddmm): tensor cores fastest in {len(tc_fast)} of "

@@ -21,9 +21,9 @@ import numpy as np
 from benchmarks import common
 
 # At d=128 both kernel families are timed forced next to the default: rows
-# `ours-cuda_core-<dtype>` (its fp32 is exact: compare it with ours-fp32-highest too) and
+# `ours-rows-<dtype>` (its fp32 is exact: compare it with ours-fp32-highest too) and
 # `ours-<dtype>-tc` (the tensor-core window kernels).
-FAMILIES = {"cuda_core": "cuda_core", "tc": "tensor_core"}
+FAMILIES = {"rows": "rows", "tc": "windows"}
 COLUMNS = ["graph", "op", "d", "impl", "ms", "GB/s", "GFLOP/s", "err"]
 
 
@@ -159,7 +159,7 @@ def run(quick: bool = False) -> list[dict]:
             for fam, choice in FAMILIES.items():
               g = make(jst.KernelOptions(spmm=choice))
               out = g(Ad.values, x)
-              label = f"ours-cuda_core-{name}" if fam == "cuda_core" else f"{impl}-{fam}"
+              label = f"ours-rows-{name}" if fam == "rows" else f"{impl}-{fam}"
               add("spmm", label, name, _time(lambda: g(Ad.values, x), _sync_jax), _rel(out, ref))
               del out
       add("spmm", "xla-segment_sum-fp32", "fp32", _time(lambda: seg(vals32, x32), _sync_jax))
@@ -230,45 +230,45 @@ def summary(rows: list[dict]) -> list[dict]:
     ("SpMM ours-tf32 vs cusparse-fp32", "spmm", "ours-tf32", "cusparse-fp32", 1.5),
     ("SpMM ours-fp32-highest vs cusparse-fp32", "spmm", "ours-fp32-highest", "cusparse-fp32", None),
     (
-      "SpMM ours-cuda_core-fp16 vs ours-fp16 (default)",
+      "SpMM ours-rows-fp16 vs ours-fp16 (default)",
       "spmm",
-      "ours-cuda_core-fp16",
+      "ours-rows-fp16",
       "ours-fp16",
       None,
     ),
     (
-      "SpMM ours-cuda_core-bf16 vs ours-bf16 (default)",
+      "SpMM ours-rows-bf16 vs ours-bf16 (default)",
       "spmm",
-      "ours-cuda_core-bf16",
+      "ours-rows-bf16",
       "ours-bf16",
       None,
     ),
     (
-      "SpMM ours-cuda_core-fp32 vs ours-fp32-highest",
+      "SpMM ours-rows-fp32 vs ours-fp32-highest",
       "spmm",
-      "ours-cuda_core-fp32",
+      "ours-rows-fp32",
       "ours-fp32-highest",
       None,
     ),
-    ("SpMM ours-cuda_core-fp32 vs ours-tf32", "spmm", "ours-cuda_core-fp32", "ours-tf32", None),
+    ("SpMM ours-rows-fp32 vs ours-tf32", "spmm", "ours-rows-fp32", "ours-tf32", None),
     (
-      "SpMM ours-cuda_core-fp16 vs cusparse-fp32",
+      "SpMM ours-rows-fp16 vs cusparse-fp32",
       "spmm",
-      "ours-cuda_core-fp16",
+      "ours-rows-fp16",
       "cusparse-fp32",
       2.5,
     ),
     (
-      "SpMM ours-cuda_core-fp16 vs cusparse-fp16",
+      "SpMM ours-rows-fp16 vs cusparse-fp16",
       "spmm",
-      "ours-cuda_core-fp16",
+      "ours-rows-fp16",
       "cusparse-fp16",
       2.0,
     ),
     (
-      "SpMM ours-cuda_core-fp32 vs cusparse-fp32",
+      "SpMM ours-rows-fp32 vs cusparse-fp32",
       "spmm",
-      "ours-cuda_core-fp32",
+      "ours-rows-fp32",
       "cusparse-fp32",
       None,
     ),

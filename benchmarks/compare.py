@@ -17,6 +17,10 @@ from collections import defaultdict
 
 KEY = ("graph", "order", "op", "d", "dtype", "H", "impl")
 
+# Impl names of runs made before the kernel families were renamed, as they are called now, so
+# that rows of an older tree pair with the same kernels' rows of a newer one.
+RENAMED_IMPLS = {"ours-cuda_core": "ours-rows", "ours-tensor_core": "ours-windows"}
+
 
 def _median(xs):
   xs = sorted(xs)
@@ -30,6 +34,7 @@ def load(paths) -> dict:
     with open(path) as f:
       for row in json.load(f)["rows"]:
         if row.get("us_per_call") and not row.get("error"):
+          row = {**row, "impl": RENAMED_IMPLS.get(row.get("impl"), row.get("impl"))}
           times[tuple(row.get(k) for k in KEY)].append(float(row["us_per_call"]))
   return {k: _median(v) for k, v in times.items()}
 

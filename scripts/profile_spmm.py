@@ -1,7 +1,7 @@
 """One SpMM on a benchmark graph (rmat17-d16, d=128 by default), for `ncu`
 (scripts/gpu_check.sh --profile).
 
-Usage: python3 -m scripts.profile_spmm [dtype] [d] [auto|torch|cuda_core|tensor_core] [graph]
+Usage: python3 -m scripts.profile_spmm [dtype] [d] [auto|torch|rows|windows] [graph]
     [none|affinity]
 (graph: a name of benchmarks.common.load_graph; affinity: jst.reorder's order first)
 The SpMM runs 3 times (compile + 2); profile the last launch with `--launch-skip 2`.

@@ -57,7 +57,7 @@ def streams(rng) -> None:
   br = np.repeat(np.arange(big_m), deg)
   B = jst.SparseMatrix.from_coo(br, rng.integers(0, big_n, br.size), shape=(big_m, big_n))
   assert (1 << 18) <= B.nnz < (1 << 20), B.nnz
-  rows = jst.KernelOptions(spmm="cuda_core", sddmm="cuda_core")
+  rows = jst.KernelOptions(spmm="rows", sddmm="rows")
   for dtype, d in ((jnp.float16, 64), (jnp.bfloat16, 5), (jnp.float32, 40)):
     q = jnp.asarray(rng.standard_normal((2, big_m, d)), dtype)
     x = jnp.asarray(rng.standard_normal((big_n, d)), dtype)
@@ -149,7 +149,7 @@ def main_case(rng) -> None:
   assert worst < 2e-2, worst
   # the pipelined tensor-core SpMM forced, with 256-byte slab rows (2-block stages) and 128-byte
   # ones (4-block stages)
-  tc = jst.KernelOptions(spmm="tensor_core")
+  tc = jst.KernelOptions(spmm="windows")
   for dtype, d in ((jnp.float16, 128), (jnp.float32, 64), (jnp.bfloat16, 64)):
     x = jnp.asarray(rng.standard_normal((n, d)), dtype)
     out = jax.jit(lambda A, x: jst.spmm(A, x, options=tc))(A.astype(dtype), x)
@@ -363,9 +363,9 @@ def corrupt_program(dtype, cases: list[Corruption]):
   # The row kernels, the composed backward and split windows done whole by their first piece;
   # the window kernels, the fused backward and split windows merged.
   rows_k = jst.KernelOptions(
-    spmm="cuda_core", sddmm="cuda_core", attention_backward="composed", merge_split_windows=False
+    spmm="rows", sddmm="rows", attention_backward="composed", merge_split_windows=False
   )
-  tc_k = jst.KernelOptions(spmm="tensor_core", sddmm="tensor_core", attention_backward="fused")
+  tc_k = jst.KernelOptions(spmm="windows", sddmm="windows", attention_backward="fused")
 
   def sum32(y):
     return jnp.sum(y.astype(f32))

@@ -50,17 +50,54 @@ def test_replan_takes_the_forced_kernel_of_todays_pick():
     "cols_per_window": f.cols_per_window,
   }
   rows = [
-    {**base, "impl": "ours-auto", "us_per_call": 9.0, "plan": "cuda_core"},
-    {**base, "impl": "ours-cuda_core", "us_per_call": 2.0},
-    {**base, "impl": "ours-tensor_core", "us_per_call": 1.0},
+    {**base, "impl": "ours-auto", "us_per_call": 9.0, "plan": "rows"},
+    {**base, "impl": "ours-rows", "us_per_call": 2.0},
+    {**base, "impl": "ours-windows", "us_per_call": 1.0},
     {**base, "impl": "cusparse", "us_per_call": 5.0},
   ]
   want = jst.kernel_plan(A, 128, np.float16).spmm
   out = bench_kernels.plan_rows(bench_kernels.replan_rows(rows))
   (auto,) = [x for x in out if x["impl"] == "ours-auto"]
-  assert auto["plan"] == want and auto["us_per_call"] == (1.0 if want == "tensor_core" else 2.0)
+  assert auto["plan"] == want and auto["us_per_call"] == (1.0 if want == "windows" else 2.0)
   assert sorted(x["impl"] for x in out if x["impl"] != "ours-auto") == [
     "cusparse",
-    "ours-cuda_core",
-    "ours-tensor_core",
+    "ours-rows",
+    "ours-windows",
   ]
+
+
+def test_compare_pairs_rows_of_renamed_kernel_families(tmp_path):
+  """An older tree's impl names (ours-cuda_core, ours-tensor_core) pair with today's."""
+  import json
+
+  from benchmarks import compare
+
+  key = {"graph": "g", "order": "none", "op": "spmm", "d": 64, "dtype": "fp16", "H": 1}
+  before, after = tmp_path / "before.json", tmp_path / "after.json"
+  rng = np.random.default_rng()
+  t_rows, t_windows = rng.uniform(1, 10, 2)
+  before.write_text(
+    json.dumps(
+      {
+        "rows": [
+          {**key, "impl": "ours-cuda_core", "us_per_call": t_rows},
+          {**key, "impl": "ours-tensor_core", "us_per_call": t_windows},
+        ]
+      }
+    )
+  )
+  after.write_text(
+    json.dumps(
+      {
+        "rows": [
+          {**key, "impl": "ours-rows", "us_per_call": 2 * t_rows},
+          {**key, "impl": "ours-windows", "us_per_call": 3 * t_windows},
+        ]
+      }
+    )
+  )
+  b, a = compare.load([before]), compare.load([after])
+  assert set(b) == set(a) and len(a) == 2
+  out = compare.compare(b, a)
+  assert "| ours-rows |" in out and "| 2.000 |" in out and "| 3.000 |" in out
+  assert "cuda_core" not in out and "tensor_core" not in out

@@ -98,7 +98,7 @@ def _custom_call_attrs(fn, *args) -> str:
   return calls[0]
 
 
-@pytest.mark.parametrize("choice,code", [("auto", 0), ("cuda_core", 1), ("tensor_core", 2)])
+@pytest.mark.parametrize("choice,code", [("auto", 0), ("rows", 1), ("windows", 2)])
 def test_kernel_options_become_ffi_attributes(choice, code):
   g = _long_row_graph()
   A = jst.SparseMatrix.from_scipy(g).astype(jnp.float16)  # float16 values: the float16 kernels
@@ -118,9 +118,9 @@ def test_kernel_options_choose_the_workspace():
   x = jnp.ones((g.shape[1], 64), jnp.float16)
   sizes = {
     c: _results(lambda A, x: jst.spmm(A, x, options=jst.KernelOptions(spmm=c)), A, x)[1]
-    for c in ("auto", "cuda_core", "tensor_core")
+    for c in ("auto", "rows", "windows")
   }
-  assert sizes["auto"] == sizes["cuda_core"] != sizes["tensor_core"]
+  assert sizes["auto"] == sizes["rows"] != sizes["windows"]
 
 
 def test_kernel_options_are_part_of_the_cache_key():
@@ -134,7 +134,7 @@ def test_kernel_options_are_part_of_the_cache_key():
     return jst.spmm(A, x, options=options)
 
   jf = jax.jit(f, static_argnames="options")
-  for opts in (jst.KernelOptions(), jst.KernelOptions(), jst.KernelOptions(spmm="cuda_core")):
+  for opts in (jst.KernelOptions(), jst.KernelOptions(), jst.KernelOptions(spmm="rows")):
     jf.trace(x, options=opts).lower(lowering_platforms=("cuda",))
   assert len(traces) == 2  # equal options share a trace; different ones do not
 
@@ -147,7 +147,7 @@ def test_bad_options_fail_before_tracing():
   g = _long_row_graph()
   A = jst.SparseMatrix.from_scipy(g)
   with pytest.raises(TypeError, match="KernelOptions"):
-    jst.spmm(A, jnp.ones((g.shape[1], 8)), options={"spmm": "cuda_core"})
+    jst.spmm(A, jnp.ones((g.shape[1], 8)), options={"spmm": "rows"})
 
 
 @pytest.mark.parametrize("choice", ["auto", "fused", "composed"])

@@ -492,7 +492,7 @@ def test_bad_indices_raise(rows, cols, shape, match):
 def test_entry_limit_leaves_int32_headroom(monkeypatch):
   """Entry positions are int32 and kernels step past a row's end: the cap keeps headroom, and
   a matrix over the cap is refused before anything is built."""
-  from jaxsparse_tc import sparse_matrix
+  from jaxsparse_tc._src import sparse_matrix
 
   assert sparse_matrix._MAX_ENTRIES <= 2**31 - 2**16
   monkeypatch.setattr(sparse_matrix, "_MAX_ENTRIES", 3)

@@ -165,7 +165,7 @@ def test_sddmm(rng, kind, dt, d):
 def test_sddmm_window_parts(rng, kind, dt, launch):
   """The window SDDMM cuts each item into 8 parts on small launches (items x heads < 16384, so
   that they still fill the GPU) and not on large ones: every value comes out exactly once."""
-  opts = jst.KernelOptions(sddmm="tensor_core")
+  opts = jst.KernelOptions(sddmm="windows")
   dtype, precision, tol = DTYPES[dt]
   A, _ = _matrix(rng, kind)
   m, n = A.shape
@@ -276,7 +276,7 @@ def test_many_heads_split_workspace(rng):
   np.testing.assert_array_equal(np.asarray(out, np.float64)[:, empty], 0.0)
 
 
-@pytest.mark.parametrize("variant", ["cuda_core", "tensor_core"])
+@pytest.mark.parametrize("variant", ["rows", "windows"])
 @pytest.mark.parametrize("kind", ["heavy", "cora"])
 def test_spmm_chain_in_a_command_buffer(rng, kind, variant):
   """Four dependent SpMM pairs x <- A^T (A x) / scale in one program: XLA records consecutive
@@ -301,7 +301,7 @@ def test_spmm_chain_in_a_command_buffer(rng, kind, variant):
     ref = x.astype(np.float64)
     for _ in range(4):
       ref = a64.T @ (a64 @ ref) / scale
-    tol = 1e-5 if variant == "cuda_core" else 1e-2  # exact float32 / tf32, 8 products deep
+    tol = 1e-5 if variant == "rows" else 1e-2  # exact float32 / tf32, 8 products deep
     assert rel_err(out, ref) < tol, f"{kind} {variant}"
 
 
@@ -314,7 +314,7 @@ def test_spmm_many_units_per_warp(rng, dt, d):
   32 four."""
   import scipy.sparse as sp
 
-  opts = jst.KernelOptions(spmm="tensor_core")
+  opts = jst.KernelOptions(spmm="windows")
   dtype, _, tol = DTYPES[dt]
   m, n, H = 24_011, 20_000, 40
   rows = np.repeat(np.arange(m), rng.integers(0, 12, m))
@@ -347,7 +347,7 @@ def test_repeatable(rng):
   assert rel_err(a, b) < 1e-6
 
 
-@pytest.mark.parametrize("kernel", ["auto", "cuda_core", "tensor_core"])
+@pytest.mark.parametrize("kernel", ["auto", "rows", "windows"])
 @pytest.mark.parametrize("dt", ["f32", "f16"])
 @pytest.mark.parametrize("kind", ["random", "heavy"])
 def test_spmm_kernel_families(rng, kind, dt, kernel):
@@ -369,7 +369,7 @@ def test_spmm_kernel_families(rng, kind, dt, kernel):
     np.testing.assert_array_equal(np.asarray(out, np.float64)[empty], 0.0)
 
 
-CUDA_CORE = jst.KernelOptions(spmm="cuda_core")
+CUDA_CORE = jst.KernelOptions(spmm="rows")
 
 
 @pytest.mark.parametrize("d", DS)
@@ -392,7 +392,7 @@ def test_spmm_cuda_core(rng, kind, dt, d):
   assert out.dtype == dtype and out.shape == (A.shape[0], d)
   cpu_out = f(_on(_cpu(), A), _on(_cpu(), xj))
   ref = _dense64(A, dtype) @ np.asarray(xj, np.float64)
-  _check(out, ref, cpu_out, tol, f"spmm cuda_core {kind} {dt} d={d}")
+  _check(out, ref, cpu_out, tol, f"spmm rows {kind} {dt} d={d}")
   np.testing.assert_array_equal(np.asarray(out, np.float64)[empty], 0.0)
 
 
@@ -448,14 +448,14 @@ def test_sddmm_cuda_core(rng, kind, dt, d):
   m, n = A.shape
   x = jnp.asarray(rng.standard_normal((2, m, d)), dtype)
   y = jnp.asarray(rng.standard_normal((n, d)), dtype)
-  opts = jst.KernelOptions(sddmm="cuda_core")
+  opts = jst.KernelOptions(sddmm="rows")
   f = jax.jit(lambda A, x, y: jst.sddmm(A, x, y, precision=precision, options=opts).values)
   out = f(*_on(_gpu(), (A, x, y)))
   assert out.dtype == dtype and out.shape == (2, A.nnz)
   cpu_out = f(*_on(_cpu(), (A, x, y)))
   r, c = np.asarray(A.rows), np.asarray(A.cols)
   ref = np.einsum("hkd,kd->hk", np.asarray(x, np.float64)[:, r], np.asarray(y, np.float64)[c])
-  _check(out, ref, cpu_out, tol, f"sddmm cuda_core {kind} {dt} d={d}")
+  _check(out, ref, cpu_out, tol, f"sddmm rows {kind} {dt} d={d}")
 
 
 def test_sddmm_cuda_core_too_wide_is_an_error(rng):
@@ -470,14 +470,14 @@ def test_sddmm_cuda_core_too_wide_is_an_error(rng):
     np.asarray(y, np.float64)[np.asarray(A.cols)],
   )
   assert rel_err(f(*_on(_gpu(), (A, x, y))), ref) < 1e-5
-  opts = jst.KernelOptions(sddmm="cuda_core")
+  opts = jst.KernelOptions(sddmm="rows")
   with pytest.raises(Exception, match="width"):
     jax.block_until_ready(
       jax.jit(lambda A, x, y: jst.sddmm(A, x, y, options=opts).values)(*_on(_gpu(), (A, x, y)))
     )
 
 
-@pytest.mark.parametrize("variant", ["tensor_core", "cuda_core"])
+@pytest.mark.parametrize("variant", ["windows", "rows"])
 @pytest.mark.parametrize("dt", ["f32", "f16"])
 def test_sddmm_variants_agree(rng, variant, dt):
   """Both SDDMM kernel families compute the same function (the default picks one of them)."""

@@ -372,6 +372,44 @@ def test_flax_equals_equinox(problem, name):
   assert not np.allclose(np.asarray(em2(A, x)), np.asarray(ye))
 
 
+@pytest.mark.parametrize("name", ["GATv2Conv", "GATConv-edges", "SAGEConv", "GINConv", "MLP"])
+def test_flax_equals_equinox_through_the_shared_core(rng, problem, name):
+  """The layers the list above leaves out, with edge features and both kinds of their options:
+  Flax and Equinox run one forward core (_src/nn/layers.py), so given the same weights they
+  agree, and a perturbed weight changes the output."""
+  import equinox as eqx
+  from flax import nnx
+
+  nnf, nne = _flax_eqx()
+  ei, n, x = problem
+  f = x.shape[1]
+  attr = rng.normal(size=(ei.shape[1], 3)).astype(np.float32)
+  A = graph.message_passing_matrix(ei, n, add_self_loops=name.startswith("GAT"))
+  call = lambda m: m(A, x)  # noqa: E731
+  if name == "GATv2Conv":
+    make = lambda mod, **k: mod.GATv2Conv(f, 4, heads=2, edge_dim=3, concat=False, **k)  # noqa: E731
+    call = lambda m: m(A, x, edge_attr=attr)  # noqa: E731
+  elif name == "GATConv-edges":
+    make = lambda mod, **k: mod.GATConv(f, 4, heads=3, edge_dim=3, **k)  # noqa: E731
+    call = lambda m: m(A, x, edge_attr=attr)  # noqa: E731
+  elif name == "SAGEConv":
+    make = lambda mod, **k: mod.SAGEConv(f, 6, aggr="max", normalize=True, **k)  # noqa: E731
+  elif name == "GINConv":
+    make = lambda mod, **k: mod.GINConv(mod.MLP([f, 8, 5], **k), eps=0.3, train_eps=True)  # noqa: E731
+  else:
+    make = lambda mod, **k: mod.MLP([f, 8, 7, 5], **k)  # noqa: E731
+    call = lambda m: m(x)  # noqa: E731
+  fm = make(nnf, rngs=nnx.Rngs(int(rng.integers(1 << 30))))
+  em = make(nne, key=jax.random.key(int(rng.integers(1 << 30))))
+  fm.eval()
+  em = eqx.nn.inference_mode(copy_flax_to_eqx(fm, em))
+  yf, ye = call(fm), call(em)
+  assert yf.shape == ye.shape and yf.shape[0] == n and np.abs(np.asarray(yf)).max() > 0
+  np.testing.assert_allclose(np.asarray(yf), np.asarray(ye), rtol=1e-5, atol=1e-5)
+  em2 = jax.tree_util.tree_map(lambda a: a + 0.5 if eqx.is_inexact_array(a) else a, em)
+  assert not np.allclose(np.asarray(call(em2)), np.asarray(ye))
+
+
 def test_flax_gcnconv_matches_reference(problem):
   nnf, _ = _flax_eqx()
   from flax import nnx

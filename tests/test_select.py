@@ -22,7 +22,7 @@ from jaxsparse_tc._src.extensions import has_cuda
 from jaxsparse_tc._src.pattern import SMALL_GRAPH_NNZ
 
 KINDS = ["empty", "tiny", "hub", "block_dense", "rmat"]
-FAMILIES = {"cuda_core", "tensor_core"}
+FAMILIES = {"rows", "windows"}
 
 
 def _rmat(rng, scale: int, edges: int, probs=(0.57, 0.19, 0.19, 0.05)):
@@ -114,7 +114,7 @@ def test_kernel_plan_features_and_families(matrices, kind, dtype, d):
   assert plan.features[:5] == ref[:5]
   np.testing.assert_allclose(plan.features[5:], ref[5:], rtol=1e-12)
   with pytest.raises(AttributeError):
-    plan.spmm = "tensor_core"  # frozen
+    plan.spmm = "windows"  # frozen
 
 
 def _rule(f, d, esize):
@@ -145,7 +145,7 @@ def test_selector_rule(matrices, kind):
     for d in (8, 32, 64, 128, 256):
       plan = jst.kernel_plan(A, d, dtype)
       spmm, sddmm = _rule(plan.features, d, esize)
-      want = lambda tc: "tensor_core" if tc else "cuda_core"  # noqa: E731
+      want = lambda tc: "windows" if tc else "rows"  # noqa: E731
       assert (plan.spmm, plan.sddmm) == (want(spmm), want(sddmm)), (kind, dtype, d)
 
 
@@ -155,18 +155,18 @@ def test_block_dense_takes_tensor_cores_and_rmat_the_row_kernels(matrices):
   for dtype in (jnp.float16, jnp.bfloat16, jnp.float32):
     for d in (64, 128):
       plan = jst.kernel_plan(dense, d, dtype)
-      assert (plan.spmm, plan.sddmm) == ("tensor_core", "tensor_core"), (dtype, d)
+      assert (plan.spmm, plan.sddmm) == ("windows", "windows"), (dtype, d)
     # reuse >= 4: the SpMM's tensor cores at any width, even 64-byte rows of a small graph
-    assert jst.kernel_plan(dense, 64 // jnp.dtype(dtype).itemsize, dtype).spmm == "tensor_core"
+    assert jst.kernel_plan(dense, 64 // jnp.dtype(dtype).itemsize, dtype).spmm == "windows"
   for dtype in (jnp.float16, jnp.float32):
     for d in (32, 64, 128, 256):
-      assert jst.kernel_plan(rmat, d, dtype).spmm == "cuda_core", (dtype, d)
+      assert jst.kernel_plan(rmat, d, dtype).spmm == "rows", (dtype, d)
   # A small graph's SDDMM: tensor cores for 64-byte rows, the row kernels for wider ones.
   assert rmat.nnz < 2**17
-  assert jst.kernel_plan(rmat, 32, jnp.float16).sddmm == "tensor_core"
-  assert jst.kernel_plan(rmat, 64, jnp.float16).sddmm == "cuda_core"
-  assert jst.kernel_plan(rmat, 16, jnp.float32).sddmm == "tensor_core"
-  assert jst.kernel_plan(rmat, 32, jnp.float32).sddmm == "cuda_core"
+  assert jst.kernel_plan(rmat, 32, jnp.float16).sddmm == "windows"
+  assert jst.kernel_plan(rmat, 64, jnp.float16).sddmm == "rows"
+  assert jst.kernel_plan(rmat, 16, jnp.float32).sddmm == "windows"
+  assert jst.kernel_plan(rmat, 32, jnp.float32).sddmm == "rows"
   assert jst.kernel_plan(rmat, 64).features.nnz_per_block < 16
 
 
@@ -177,7 +177,7 @@ def test_large_short_row_graph_with_reuse():
   below, at narrower rows and in float32."""
   rng = np.random.default_rng(5)
   m = 2**17  # windows of 8 rows; each window's rows draw 5 of its `ncols` columns
-  for ncols, reuse_lo, reuse_hi, tc in ((28, 1.6, 1.8, "cuda_core"), (20, 2.0, 2.5, "tensor_core")):
+  for ncols, reuse_lo, reuse_hi, tc in ((28, 1.6, 1.8, "rows"), (20, 2.0, 2.5, "windows")):
     cols_of_window = rng.integers(0, m, size=(m // 8, ncols))
     pick = rng.integers(0, ncols, size=(m, 5))
     rows = np.repeat(np.arange(m), 5)
@@ -189,9 +189,9 @@ def test_large_short_row_graph_with_reuse():
     for d, dtype, want in (
       (128, jnp.float16, (tc, tc)),
       (256, jnp.float16, (tc, tc)),
-      (64, jnp.float16, ("cuda_core", tc)),
-      (128, jnp.float32, ("cuda_core", "cuda_core")),
-      (32, jnp.float16, ("cuda_core", "cuda_core")),
+      (64, jnp.float16, ("rows", tc)),
+      (128, jnp.float32, ("rows", "rows")),
+      (32, jnp.float16, ("rows", "rows")),
     ):
       plan = jst.kernel_plan(A, d, dtype)
       assert (plan.spmm, plan.sddmm) == want, (ncols, d, dtype)
@@ -216,10 +216,10 @@ def test_large_graphs_of_communities():
   A = SparseMatrix.from_coo(rows, cols, shape=(m, m))
   f = jst.kernel_plan(A, 128).features
   assert f.nnz >= 2**19 and f.mean_row_length >= 12 and 2 <= f.nnz / f.condensed_cols < 2.5, f
-  for d, want in ((32, "cuda_core"), (64, "cuda_core"), (128, "tensor_core"), (256, "tensor_core")):
+  for d, want in ((32, "rows"), (64, "rows"), (128, "windows"), (256, "windows")):
     assert jst.kernel_plan(A, d, jnp.float16).spmm == want, d
-  assert jst.kernel_plan(A, 128, jnp.float32).spmm == "cuda_core"
-  assert jst.kernel_plan(A, 128, jnp.float16).sddmm == "tensor_core"
+  assert jst.kernel_plan(A, 128, jnp.float32).spmm == "rows"
+  assert jst.kernel_plan(A, 128, jnp.float16).sddmm == "windows"
   rows_d, cols_d, (m_d, _) = _communities(rng, m=2**14, degree=32)
   D = SparseMatrix.from_coo(rows_d, cols_d, shape=(m_d, m_d))
   g = jst.kernel_plan(D, 128).features
@@ -227,44 +227,44 @@ def test_large_graphs_of_communities():
   for dtype in (jnp.float16, jnp.float32):
     for d in (32, 128):
       plan = jst.kernel_plan(D, d, dtype)
-      assert (plan.spmm, plan.sddmm) == ("tensor_core", "tensor_core"), (dtype, d)
+      assert (plan.spmm, plan.sddmm) == ("windows", "windows"), (dtype, d)
   perm = rng.permutation(m)
   B = SparseMatrix.from_coo(perm[rows], perm[cols], shape=(m, m))
   h = jst.kernel_plan(B, 128).features
   assert h.nnz == f.nnz and h.nnz / h.condensed_cols < 1.1, h
   for dtype in (jnp.float16, jnp.float32):
-    assert jst.kernel_plan(B, 128, dtype).spmm == "cuda_core", dtype
+    assert jst.kernel_plan(B, 128, dtype).spmm == "rows", dtype
 
 
 def test_exact_float32_takes_the_row_kernels(matrices):
   dense = matrices["block_dense"][0]
   for precision in ("highest", jax.lax.Precision.HIGHEST):
     plan = jst.kernel_plan(dense, 64, jnp.float32, precision=precision)
-    assert (plan.spmm, plan.sddmm) == ("cuda_core", "cuda_core")
+    assert (plan.spmm, plan.sddmm) == ("rows", "rows")
   plan = jst.kernel_plan(dense, 64, jnp.float32, precision="high")  # tf32
-  assert (plan.spmm, plan.sddmm) == ("tensor_core", "tensor_core")
+  assert (plan.spmm, plan.sddmm) == ("windows", "windows")
 
 
 def test_sddmm_row_kernels_need_narrow_rows(matrices):
   """The SDDMM row kernels hold a row of X in registers: up to 1024 bytes."""
   rmat = matrices["rmat"][0]
-  assert jst.kernel_plan(rmat, 512, jnp.float16).sddmm == "cuda_core"
-  assert jst.kernel_plan(rmat, 520, jnp.float16).sddmm == "tensor_core"
-  assert jst.kernel_plan(rmat, 520, jnp.float32, precision="highest").sddmm == "tensor_core"
+  assert jst.kernel_plan(rmat, 512, jnp.float16).sddmm == "rows"
+  assert jst.kernel_plan(rmat, 520, jnp.float16).sddmm == "windows"
+  assert jst.kernel_plan(rmat, 520, jnp.float32, precision="highest").sddmm == "windows"
   with pytest.raises(ValueError, match="1024 bytes"):
-    jst.kernel_plan(rmat, 520, jnp.float16, options=jst.KernelOptions(sddmm="cuda_core"))
+    jst.kernel_plan(rmat, 520, jnp.float16, options=jst.KernelOptions(sddmm="rows"))
 
 
 def test_spmm_row_workspace_cap():
   """A row cut into many CTA items needs a workspace slot per extra item and head; past the
-  cap (256 MB) auto takes the window kernels and a forced cuda_core fails."""
+  cap (256 MB) auto takes the window kernels and a forced rows fails."""
   n = 200_000
   A = SparseMatrix.from_coo(np.zeros(n, np.int64), np.arange(n), shape=(8, n))
-  assert jst.kernel_plan(A, 64, jnp.float16).spmm == "cuda_core"
-  assert jst.kernel_plan(A, 64, jnp.float16, heads=64).spmm == "cuda_core"
-  assert jst.kernel_plan(A, 1024, jnp.float16, heads=512).spmm == "tensor_core"
+  assert jst.kernel_plan(A, 64, jnp.float16).spmm == "rows"
+  assert jst.kernel_plan(A, 64, jnp.float16, heads=64).spmm == "rows"
+  assert jst.kernel_plan(A, 1024, jnp.float16, heads=512).spmm == "windows"
   with pytest.raises(ValueError, match="workspace"):
-    jst.kernel_plan(A, 1024, jnp.float16, heads=512, options=jst.KernelOptions(spmm="cuda_core"))
+    jst.kernel_plan(A, 1024, jnp.float16, heads=512, options=jst.KernelOptions(spmm="rows"))
 
 
 def test_attention_backward_rule(matrices):
@@ -288,7 +288,7 @@ def test_attention_backward_rule(matrices):
 @pytest.mark.parametrize("kind", KINDS)
 def test_forced_options_are_obeyed(matrices, kind):
   A, _ = matrices[kind]
-  for family in ("cuda_core", "tensor_core"):
+  for family in ("rows", "windows"):
     opts = jst.KernelOptions(spmm=family, sddmm=family)
     for dtype, precision in ((jnp.float16, None), (jnp.float32, "highest")):
       plan = jst.kernel_plan(A, 64, dtype, precision=precision, options=opts)
@@ -304,6 +304,48 @@ def test_forced_options_are_obeyed(matrices, kind):
   assert auto == jst.kernel_plan(A, 64)
 
 
+SPMM_KERNELS = {"rows": {"rows"}, "windows": {"windows_async", "windows_registers", "exact_f32"}}
+SDDMM_KERNELS = {"rows": {"rows"}, "windows": {"windows", "exact_f32"}}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_kernel_plan_names_the_launched_kernel(matrices, kind):
+  """spmm_kernel / sddmm_kernel are kernels of the plan's family, chosen as spmm/plan.h and
+  sddmm/plan.h choose: exact float32's window kernel, cp.async gathers on sm_90 for 16-byte rows
+  of X, register gathers elsewhere."""
+  A, _ = matrices[kind]
+  for family in ("auto", "rows", "windows"):
+    opts = jst.KernelOptions(spmm=family, sddmm=family)
+    for dtype, precision in ((jnp.float16, None), (jnp.float32, None), (jnp.float32, "highest")):
+      exact = precision == "highest"
+      esize = jnp.dtype(dtype).itemsize
+      for d in (4, 8, 12, 32, 64, 128):
+        for arch in (80, 90):
+          plan = jst.kernel_plan(A, d, dtype, precision=precision, options=opts, arch=arch)
+          where = (kind, family, dtype, precision, d, arch)
+          assert plan.spmm_kernel in SPMM_KERNELS[plan.spmm], where
+          assert plan.sddmm_kernel in SDDMM_KERNELS[plan.sddmm], where
+          if plan.spmm == "windows":
+            async_ok = arch >= 90 and (d * esize) % 16 == 0
+            want = "exact_f32" if exact else "windows_async" if async_ok else "windows_registers"
+            assert plan.spmm_kernel == want, where
+          if plan.sddmm == "windows":
+            assert plan.sddmm_kernel == ("exact_f32" if exact else "windows"), where
+          # The kernel, unlike the family, depends on the device only for the SpMM windows.
+          assert plan[:4] == jst.kernel_plan(A, d, dtype, precision=precision, options=opts)[:4]
+
+
+def test_old_kernel_family_names_say_what_they_became():
+  for field in ("spmm", "sddmm"):
+    for old, new in (("cuda_core", "rows"), ("tensor_core", "windows")):
+      with pytest.raises(ValueError, match=f"'{old}' is now called '{new}'"):
+        jst.KernelOptions(**{field: old})
+  with pytest.raises(ValueError, match="must be one of"):
+    jst.KernelOptions(attention_backward="tensor_core")
+  with pytest.raises(ValueError, match="must be one of"):
+    jst.KernelOptions(spmm="row")
+
+
 def test_kernel_plan_errors(matrices):
   A = matrices["tiny"][0]
   with pytest.raises(TypeError, match="SparseMatrix"):
@@ -313,7 +355,10 @@ def test_kernel_plan_errors(matrices):
   with pytest.raises(ValueError, match="d must be"):
     jst.kernel_plan(A, -1)
   with pytest.raises(TypeError, match="KernelOptions"):
-    jst.kernel_plan(A, 8, options="tensor_core")
+    jst.kernel_plan(A, 8, options="windows")
+  for arch in (9.0, "sm_90", True, 0):
+    with pytest.raises(ValueError, match="arch must be"):
+      jst.kernel_plan(A, 8, arch=arch)
 
 
 def test_kernel_plan_of_heads_and_reordered_matrices(rng):
@@ -349,7 +394,7 @@ def test_spmm_lowering_plans_the_selected_family(matrices, kind, dtype, precisio
   A = A.with_values(A.values.astype(dtype))
   x = jnp.ones((A.shape[1], 64), dtype)
   family = jst.kernel_plan(A, 64, dtype, precision=precision).spmm
-  other = ({"cuda_core", "tensor_core"} - {family}).pop()
+  other = ({"rows", "windows"} - {family}).pop()
   ws = lambda spmm: _spmm_workspace(A, x, precision, spmm and jst.KernelOptions(spmm=spmm))
   auto, chosen, rest = ws(None), ws(family), ws(other)
   assert auto == chosen
@@ -458,7 +503,7 @@ def test_gpu_dense_communities_default_options(rng, dt):
   vals = rng.uniform(-1, 1, rows.size).astype(np.float32)
   A = SparseMatrix.from_coo(rows, cols, vals, shape=shape).astype(dtype)
   plan = jst.kernel_plan(A, 128, dtype, precision=precision)
-  assert (plan.spmm, plan.sddmm) == ("tensor_core", "tensor_core")
+  assert (plan.spmm, plan.sddmm) == ("windows", "windows")
   x = jnp.asarray(rng.standard_normal((shape[1], 128)), dtype)
   out = np.asarray(jax.jit(lambda A, x: jst.spmm(A, x, precision=precision))(_gpu(A), _gpu(x)))
   assert np.all(np.isfinite(out))

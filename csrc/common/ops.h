@@ -91,14 +91,14 @@ struct NamedCode {
 // FFI attribute `kernel` of the CUDA SpMM and SDDMM handlers (KernelOptions.spmm, .sddmm), and
 // kernel_choices' spmm_kernel / sddmm_kernel.
 enum class KernelChoice : int32_t {
-  kAuto = 0,        // the plan's rule
-  kCudaCore = 1,    // the row kernels (CUDA cores, the pattern's row view)
-  kTensorCore = 2,  // the window kernels (tensor cores; exact float32 on CUDA cores)
+  kAuto = 0,     // the plan's rule
+  kRows = 1,     // the row kernels (CUDA cores, the pattern's row view)
+  kWindows = 2,  // the window kernels (tensor cores; exact float32 on CUDA cores)
 };
 inline constexpr NamedCode kKernelChoiceCodes[] = {
     {"auto", int32_t(KernelChoice::kAuto)},
-    {"cuda_core", int32_t(KernelChoice::kCudaCore)},
-    {"tensor_core", int32_t(KernelChoice::kTensorCore)},
+    {"rows", int32_t(KernelChoice::kRows)},
+    {"windows", int32_t(KernelChoice::kWindows)},
 };
 
 // FFI attribute `precision` of the SpMM and SDDMM handlers (jaxsparse_tc/_src/precision.py).

@@ -67,12 +67,36 @@ nb::dict build_pattern(IndexArray rows, IndexArray cols, int64_t m, int64_t n,
   return out;
 }
 
+// The names kernel_choices gives the kernels a plan launches (KernelPlan.spmm_kernel and
+// .sddmm_kernel): the family, and for the window family which of its kernels.
+const char* spmm_kernel_name(jaxsparse_tc::SpmmKernel k) {
+  using jaxsparse_tc::SpmmKernel;
+  switch (k) {
+    case SpmmKernel::kRows: return "rows";
+    case SpmmKernel::kAsync: return "windows_async";
+    case SpmmKernel::kRegisters: return "windows_registers";
+    case SpmmKernel::kExactF32: return "exact_f32";
+  }
+  return "?";
+}
+
+const char* sddmm_kernel_name(jaxsparse_tc::SddmmKernel k) {
+  using jaxsparse_tc::SddmmKernel;
+  switch (k) {
+    case SddmmKernel::kRows: return "rows";
+    case SddmmKernel::kTensorCores: return "windows";
+    case SddmmKernel::kExactF32: return "exact_f32";
+  }
+  return "?";
+}
+
 // The kernel family each CUDA launch plan picks for a pattern's features (common/select.h) and
 // the dense operands, under the KernelOptions codes given (0: auto). Family names are
-// KernelOptions': "tensor_core" is the window family, exact float32's included.
+// KernelOptions': "windows" is the window family, exact float32's included.
 nb::dict kernel_choices(int64_t rows, int64_t nnz, int64_t windows, int64_t blocks,
                         int64_t condensed_cols, int64_t d, int esize, bool exact, int64_t row_items,
-                        int64_t heads, int spmm_kernel, int sddmm_kernel, int attention_backward) {
+                        int64_t heads, int spmm_kernel, int sddmm_kernel, int attention_backward,
+                        bool sm90) {
   using namespace jaxsparse_tc;
   if (rows < 0 || nnz < 0 || windows < 0 || blocks < 0 || condensed_cols < 0 || d < 0 ||
       row_items < 0 || heads < 1)
@@ -84,10 +108,12 @@ nb::dict kernel_choices(int64_t rows, int64_t nnz, int64_t windows, int64_t bloc
         "kernel_choices: attention_backward must be an ATTENTION_BACKWARD_CODES value");
   const PatternFeatures f{rows, nnz, windows, blocks, condensed_cols};
   // num_items only sizes the window family's workspace, not the choice.
+  const SpmmShape spmm_shape{esize, exact, f, 0, row_items, d, heads};
   SpmmPlan spmm_plan;
-  if (auto err = plan_spmm({esize, exact, f, 0, row_items, d, heads}, spmm_kernel, spmm_plan);
-      err.failure())
+  if (auto err = plan_spmm(spmm_shape, spmm_kernel, spmm_plan); err.failure())
     throw nb::value_error(err.message().c_str());
+  // The launch with 16-byte aligned operands, as XLA allocates them.
+  const SpmmLaunch spmm = spmm_launch(spmm_shape, spmm_plan, sm90, true, true);
   SddmmPlan sddmm_plan;
   if (auto err = plan_sddmm({esize, exact, f, 0, heads, d}, sddmm_kernel, sddmm_plan);
       err.failure())
@@ -101,11 +127,12 @@ nb::dict kernel_choices(int64_t rows, int64_t nnz, int64_t windows, int64_t bloc
   const DerivedFeatures x = derived_features(f);
   nb::dict out;
   const auto family = [](bool rows) {
-    return code_name(kKernelChoiceCodes,
-                     rows ? KernelChoice::kCudaCore : KernelChoice::kTensorCore);
+    return code_name(kKernelChoiceCodes, rows ? KernelChoice::kRows : KernelChoice::kWindows);
   };
   out["spmm"] = family(spmm_plan.rows);
   out["sddmm"] = family(sddmm_plan.kernel == SddmmKernel::kRows);
+  out["spmm_kernel"] = spmm_kernel_name(spmm.kernel);
+  out["sddmm_kernel"] = sddmm_kernel_name(sddmm_plan.kernel);
   out["attention_backward"] = code_name(
       kAttentionBackwardCodes, fused ? AttentionBackward::kFused : AttentionBackward::kComposed);
   out["nnz_per_block"] = x.nnz_per_block;
@@ -215,8 +242,12 @@ NB_MODULE(_cpu, m) {
         nb::arg("blocks"), nb::arg("condensed_cols"), nb::arg("d"), nb::arg("esize"),
         nb::arg("exact"), nb::kw_only(), nb::arg("row_items") = 0, nb::arg("heads") = 1,
         nb::arg("spmm_kernel") = 0, nb::arg("sddmm_kernel") = 0, nb::arg("attention_backward") = 0,
-        "The kernel family each CUDA launch plan picks (dict: spmm and sddmm \"cuda_core\" or "
-        "\"tensor_core\", attention_backward \"fused\" or \"composed\") and the derived "
+        nb::arg("sm90") = true,
+        "The kernel family each CUDA launch plan picks (dict: spmm and sddmm \"rows\" or "
+        "\"windows\", attention_backward \"fused\" or \"composed\"), the kernel it launches "
+        "(spmm_kernel \"rows\", \"windows_async\", \"windows_registers\" or \"exact_f32\"; "
+        "sddmm_kernel \"rows\", \"windows\" or \"exact_f32\"; on an sm_90 or later device if sm90, "
+        "with 16-byte aligned operands) and the derived "
         "features (nnz_per_block, cols_per_window, mean_row_length), from one orientation's "
         "pattern features (common/select.h), the dense width d and element size, exact "
         "float32, and the KernelOptions codes (KERNEL_CODES, ATTENTION_BACKWARD_CODES; 0: "

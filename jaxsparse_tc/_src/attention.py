@@ -56,6 +56,7 @@ from jaxsparse_tc._src import precision as precision_lib
 from jaxsparse_tc._src.extensions import cpu_extension, cuda_extension, has_cuda_kernel
 from jaxsparse_tc._src.lowering import param, register_ffi_lowering
 from jaxsparse_tc._src.operator import operator
+from jaxsparse_tc._src.options import kernel_options
 from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, PatternOperands
 from jaxsparse_tc._src.primitives import (
   attention_bwd_p,
@@ -65,7 +66,6 @@ from jaxsparse_tc._src.primitives import (
   sddmm_p,
   spmm_p,
 )
-from jaxsparse_tc.options import kernel_options
 
 __all__ = [
   "sparse_attention",

@@ -10,9 +10,9 @@ from jaxsparse_tc._src import checks, heads, rules, vma
 from jaxsparse_tc._src import precision as precision_lib
 from jaxsparse_tc._src.lowering import param, register_ffi_lowering
 from jaxsparse_tc._src.operator import operator
+from jaxsparse_tc._src.options import kernel_options
 from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, PatternOperands
 from jaxsparse_tc._src.primitives import sddmm_p, spmm_p
-from jaxsparse_tc.options import kernel_options
 
 __all__ = ["sddmm", "sddmm_p"]
 

@@ -17,8 +17,8 @@ namespace jaxsparse_tc {
 inline ffi::Error kernel_choice(const char* op, int64_t code, KernelChoice& choice) {
   if (code < 0 || code >= code_count(kKernelChoiceCodes))
     return ffi::Error::InvalidArgument(std::string(op) +
-                                       ": attribute kernel must be 0 (auto), 1 (cuda_core) or 2 "
-                                       "(tensor_core); got " +
+                                       ": attribute kernel must be 0 (auto), 1 (rows) or 2 "
+                                       "(windows); got " +
                                        std::to_string(code));
   choice = static_cast<KernelChoice>(code);
   return ffi::Error::Success();

@@ -4,8 +4,8 @@
 // | kernel attr   | rows: sddmm_rows (d * itemsize <= 1 KB)   | windows                          |
 // |---------------|-------------------------------------------|----------------------------------|
 // | 0 auto        | selector or exact fp32, where d fits      | otherwise                        |
-// | 1 cuda_core   | always (InvalidArgument past 1 KB)        | never                            |
-// | 2 tensor_core | never                                     | always: sddmm_f32_exact for      |
+// | 1 rows        | always (InvalidArgument past 1 KB)        | never                            |
+// | 2 windows   | never                                     | always: sddmm_f32_exact for      |
 // |               |                                           | exact fp32, sddmm_tc otherwise   |
 //
 // The selector (common/select.h, sddmm_prefers_tensor_cores) decides between the families under
@@ -65,12 +65,12 @@ inline ffi::Error plan_sddmm(const SddmmShape& s, int64_t kernel, SddmmPlan& pla
   if (auto err = kernel_choice("sddmm", kernel, choice); err.failure()) return err;
   plan = SddmmPlan{};
   const bool rows_fit = s.d * s.esize <= kSddmmRowBytes;
-  if (choice == KernelChoice::kCudaCore && !rows_fit)
+  if (choice == KernelChoice::kRows && !rows_fit)
     return ffi::Error::InvalidArgument(
         "sddmm: d * itemsize is past the row kernels' width (1024 bytes)");
   // auto: the selector's family (common/select.h), and the row kernels for exact fp32.
   const bool rows =
-      rows_fit && (choice == KernelChoice::kCudaCore ||
+      rows_fit && (choice == KernelChoice::kRows ||
                    (choice == KernelChoice::kAuto &&
                     (s.exact || !sddmm_prefers_tensor_cores(s.pattern, s.d, s.esize))));
   if (rows) {

@@ -7,8 +7,8 @@
 // | kernel attr      | rows: spmm_rows                         | windows (spmm_launch)          |
 // |------------------|-----------------------------------------|--------------------------------|
 // | 0 auto           | selector or exact fp32, if it fits      | otherwise                      |
-// | 1 cuda_core      | always (kResourceExhausted if no fit)   | never                          |
-// | 2 tensor_core    | never                                   | always                         |
+// | 1 rows           | always (kResourceExhausted if no fit)   | never                          |
+// | 2 windows        | never                                   | always                         |
 //
 // The selector (common/select.h, spmm_prefers_tensor_cores) decides between the families under
 // auto, from the pattern's features.
@@ -115,13 +115,13 @@ inline ffi::Error plan_spmm(const SpmmShape& s, int64_t kernel, SpmmPlan& plan) 
       plan.row_ws_bytes + size_t(plan.row_slots * s.heads * plan.row_nslab) * 4;
   const bool rows_fit =
       row_bytes <= size_t(kRowWorkspaceBytes) && s.d * int64_t(s.esize) <= INT32_MAX;
-  if (choice == KernelChoice::kCudaCore && !rows_fit)
+  if (choice == KernelChoice::kRows && !rows_fit)
     return ffi::Error(ffi::ErrorCode::kResourceExhausted,
                       "spmm: the row kernels' workspace for very long rows would exceed its cap");
   // auto: the selector's family (common/select.h), and the row kernels for exact fp32, which
   // they compute with one FMA per nonzero at many warps per SM, faster than the tf32 tensor-core
   // kernel (docs/DESIGN.md, SpMM table).
-  plan.rows = rows_fit && (choice == KernelChoice::kCudaCore ||
+  plan.rows = rows_fit && (choice == KernelChoice::kRows ||
                            (choice == KernelChoice::kAuto &&
                             (s.exact || !spmm_prefers_tensor_cores(s.pattern, s.d, s.esize))));
   if (plan.rows) {

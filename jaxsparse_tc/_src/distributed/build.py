@@ -10,9 +10,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxsparse_tc import sparse_matrix as sm
 from jaxsparse_tc._src import integrity, padding
 from jaxsparse_tc._src import pattern as pattern_lib
+from jaxsparse_tc._src import sparse_matrix as sm
 from jaxsparse_tc._src.distributed.halo import (
   DEFAULT_HALO_THRESHOLD,
   EXCHANGES,
@@ -34,8 +34,8 @@ from jaxsparse_tc._src.distributed.partition import (
   shard_entries,
 )
 from jaxsparse_tc._src.distributed.sharded_matrix import ShardedMatrix
+from jaxsparse_tc._src.options import FormatOptions
 from jaxsparse_tc._src.pattern import Pattern
-from jaxsparse_tc.options import FormatOptions
 
 
 def _build_local(rows: np.ndarray, cols: np.ndarray, m: int, n: int, format_options):

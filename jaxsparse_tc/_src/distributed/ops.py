@@ -24,8 +24,8 @@ from jaxsparse_tc._src.distributed.sharded_matrix import ShardedMatrix
 from jaxsparse_tc._src.edge_softmax import edge_softmax as _edge_softmax
 from jaxsparse_tc._src.padding import valid_mask
 from jaxsparse_tc._src.sddmm import sddmm as _sddmm
+from jaxsparse_tc._src.sparse_matrix import SparseMatrix
 from jaxsparse_tc._src.spmm import spmm as _spmm
-from jaxsparse_tc.sparse_matrix import SparseMatrix
 
 __all__ = ["spmm", "sddmm", "edge_softmax", "sparse_attention", "exchange", "shard_map_compat"]
 

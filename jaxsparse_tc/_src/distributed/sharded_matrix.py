@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from jaxsparse_tc import sparse_matrix as sm
 from jaxsparse_tc._src import checks
+from jaxsparse_tc._src import sparse_matrix as sm
 from jaxsparse_tc._src.distributed.layout import (
   ShardArrays,
   ShardLayout,

@@ -8,7 +8,7 @@ import os
 import numpy as np
 
 from jaxsparse_tc._src.integrity import index_array
-from jaxsparse_tc.sparse_matrix import SparseMatrix
+from jaxsparse_tc._src.sparse_matrix import SparseMatrix
 
 # The C++ reordering splits its work over at most two threads (csrc/cpu/reorder.cc).
 MAX_THREADS = 2

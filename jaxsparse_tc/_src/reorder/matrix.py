@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jaxsparse_tc._src.reorder import inputs
 from jaxsparse_tc._src.reorder.orderings import reorder
 from jaxsparse_tc._src.reorder.permute import take_nodes
-from jaxsparse_tc.sparse_matrix import SparseMatrix
+from jaxsparse_tc._src.sparse_matrix import SparseMatrix
 
 
 @jax.tree_util.register_pytree_node_class

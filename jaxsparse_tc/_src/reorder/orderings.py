@@ -15,7 +15,7 @@ from jaxsparse_tc import _cpu
 from jaxsparse_tc._src.reorder import inputs
 from jaxsparse_tc._src.reorder.permute import take_nodes
 from jaxsparse_tc._src.reorder.stats import BlockStats, stats
-from jaxsparse_tc.sparse_matrix import SparseMatrix
+from jaxsparse_tc._src.sparse_matrix import SparseMatrix
 
 if TYPE_CHECKING:
   from jaxsparse_tc._src.reorder.matrix import ReorderedMatrix

@@ -1,0 +1,1 @@
+"""The GNN layers' internals; the public API is jaxsparse_tc.nn."""
