@@ -16,18 +16,17 @@ handlers the artifact calls.
 from __future__ import annotations
 
 import json
-import sys
 
 import jax
 
 from jaxsparse_tc._src import extensions
+from jaxsparse_tc._src import sparse_matrix as _sparse_matrix
 from jaxsparse_tc._src.pattern import Pattern
 from jaxsparse_tc._src.reorder.matrix import ReorderedMatrix
-from jaxsparse_tc.sparse_matrix import SparseMatrix
+from jaxsparse_tc._src.sparse_matrix import SparseMatrix
 
-# The pytree aux data's origin marker (a weak reference to the flattened matrix), from the module
-# that defines SparseMatrix, wherever that is.
-_Origin = sys.modules[SparseMatrix.__module__]._Origin
+# The pytree aux data's origin marker (a weak reference to the flattened matrix).
+_Origin = _sparse_matrix._Origin
 
 
 def export_disabled_checks() -> list[jax.export.DisabledSafetyCheck]:

@@ -17,7 +17,7 @@ import sys
 import jax.numpy as jnp
 
 from jaxsparse_tc._src.pattern import Pattern
-from jaxsparse_tc.sparse_matrix import SparseMatrix
+from jaxsparse_tc._src.sparse_matrix import SparseMatrix
 
 _ARRAYS = ("values", "pattern", "pattern_t", "perm_t", "perm_t_inv", "input_to_format")
 
