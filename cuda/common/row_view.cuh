@@ -15,7 +15,7 @@
 #include "cuda/common/bounds.cuh"
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/ffi_cuda.cuh"
-#include "cuda/common/row_layout.h"
+#include "plan/row_layout.h"
 
 namespace jaxsparse_tc {
 
