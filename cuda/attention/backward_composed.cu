@@ -9,12 +9,12 @@
 // (Fusing dQ in as well, which keeps each gathered k_j until ds_ij is known, took 128 registers
 // and ran slower than the composed pass.)
 //
-// Row view and lane layout as the CUDA-core SDDMM (row_view.cuh, row_layout.h): a group of L lanes
-// owns a work item, lane li the 16 bytes of features at li * E of q_i, do_i and every gathered k_j,
-// v_j (so d, dv <= 32 E). Per batch of U entries each lane issues 2U gathers; reduce_many sums the
-// 2U partial dot products over the group and the lane holding entry j fetches its two totals and
-// writes p_ij and ds_ij. Entries are independent, so a CTA item's groups just take equal shares of
-// its entries.
+// Row view and lane layout as the CUDA-core SDDMM (row_view.cuh, plan/row_layout.h): a group of L
+// lanes owns a work item, lane li the 16 bytes of features at li * E of q_i, do_i and every
+// gathered k_j, v_j (so d, dv <= 32 E). Per batch of U entries each lane issues 2U gathers;
+// reduce_many sums the 2U partial dot products over the group and the lane holding entry j fetches
+// its two totals and writes p_ij and ds_ij. Entries are independent, so a CTA item's groups just
+// take equal shares of its entries.
 #include <algorithm>
 #include <cstdint>
 
