@@ -707,7 +707,7 @@ def plan_rows(rows: list[dict]) -> list[dict]:
 
 def replan_rows(rows: list[dict]) -> list[dict]:
   """rows with the SpMM and SDDMM forced rows' `plan` set to the kernel today's selector picks
-  (csrc/common/select.h through the CPU extension, on the pattern features each row records) and
+  (csrc/plan/select.h through the CPU extension, on the pattern features each row records) and
   their timed `ours-auto` rows dropped, so that plan_rows (summarize) takes auto's time from the
   picked forced kernel: a saved grid then shows the hit rate of rules fit after it ran. The
   grid's fp32 is the default precision (tf32 allowed), so the picks are for inexact fp32."""

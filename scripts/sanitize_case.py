@@ -183,7 +183,7 @@ def main_case(rng) -> None:
 # -- corrupt patterns ---------------------------------------------------------------------------
 # Inside a traced function a SparseMatrix's integer arrays are tracers, so nothing checks their
 # values, and user code can change them (jax.tree.map(lambda a, b: a + b, A, A) adds them too).
-# Every kernel must stay in bounds whatever they hold (csrc/cuda/common/bounds.cuh); what it
+# Every kernel must stay in bounds whatever they hold (cuda/common/bounds.cuh); what it
 # computes from them is undefined. Each case below changes one array (or one column of one) of A
 # or A^T inside jax.jit, keeping its dtype and shape; one program per graph and dtype runs every
 # operator and kernel family on the corrupted matrix, the case picked by a traced index.

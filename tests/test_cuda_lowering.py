@@ -168,3 +168,21 @@ def test_attention_backward_option_picks_the_backward(choice):
   )(q)
   text = str(jaxpr)
   assert (attention_grads_p.name in text) == (choice == "fused")
+
+
+@pytest.mark.parametrize("dtype,d,kernel", [(jnp.float16, 96, True), (jnp.float16, 384, False)])
+def test_composed_backward_edge_pass_follows_the_plan(dtype, d, kernel):
+  """The composed backward's per-edge pass is attention_bwd_p (one CUDA kernel) for rows of up to
+  512 bytes and two SDDMMs past that: plan_attention_backward's answer, which Python asks."""
+  from jaxsparse_tc._src.primitives import attention_bwd_p, attention_grads_p
+
+  rng = np.random.default_rng(0)
+  n = 256
+  A = jst.SparseMatrix.from_coo(rng.integers(0, n, 2000), rng.integers(0, n, 2000), shape=(n, n))
+  q = jnp.ones((1, n, d), dtype)
+  jaxpr = jax.make_jaxpr(
+    jax.grad(lambda q: jnp.sum(jst.sparse_attention(A, q, q, q).astype(jnp.float32)))
+  )(q)
+  text = str(jaxpr)
+  assert attention_grads_p.name not in text
+  assert (attention_bwd_p.name in text) == kernel

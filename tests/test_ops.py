@@ -162,6 +162,37 @@ def test_attention_tensor_core_dims_are_the_plans():
       assert (c["attention_backward"] == "fused") == want, (dtype, d)
 
 
+def test_attention_backward_plan_is_the_one_rule():
+  """attention_backward_plan (plan_attention_backward, which the CUDA backward handlers check
+  too) answers as kernel_choices does at dv = d; "fused" only where the tensor-core kernels take
+  the operands, "composed" always where asked; the composed backward's edge kernel only for rows
+  of at most 512 bytes (32 lanes x 16 bytes); a code past the list is refused."""
+  counts = dict(rows=64, nnz=512, windows=8, blocks=64, condensed_cols=400)
+  for esize in (2, 4):
+    for d in sorted({8, 48, 96, 200, 256, *TENSOR_CORE_D}):
+      for dv in (d, 2 * d):
+        tc = esize == 2 and d == dv and d in TENSOR_CORE_D
+        for name, code in _cpu.ATTENTION_BACKWARD_CODES.items():
+          p = _cpu.attention_backward_plan(
+            **counts, esize=esize, d=d, dv=dv, attention_backward=code
+          )
+          if name == "fused" or not tc:
+            assert (p["backward"] == "fused") == tc, (esize, d, dv, name)
+          if name == "composed":
+            assert p["backward"] == "composed"
+          composed = p["backward"] == "composed"
+          assert p["edge_kernel"] == (composed and max(d, dv) * esize <= 512), (esize, d, dv)
+          if dv == d:
+            c = _cpu.kernel_choices(
+              **counts, d=d, esize=esize, exact=False, attention_backward=code
+            )
+            assert c["attention_backward"] == p["backward"], (esize, d, name)
+  with pytest.raises(ValueError, match="attention_backward"):
+    _cpu.attention_backward_plan(
+      **counts, esize=2, d=64, dv=64, attention_backward=len(_cpu.ATTENTION_BACKWARD_CODES)
+    )
+
+
 def test_cpu_attention_jvp_checks_the_dbias_dtype(rng):
   """The JVP's binding takes dbias as any buffer (the CUDA kernel reads float32 or q's dtype); the
   CPU handler runs on float32, as the primitive's JVP does, and refuses another dtype where it

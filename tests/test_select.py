@@ -118,7 +118,7 @@ def test_kernel_plan_features_and_families(matrices, kind, dtype, d):
 
 
 def _rule(f, d, esize):
-  """csrc/common/select.h's rules, restated: (spmm, sddmm) prefer tensor cores."""
+  """csrc/plan/select.h's rules, restated: (spmm, sddmm) prefer tensor cores."""
   reuse = f.nnz / f.condensed_cols if f.condensed_cols else 0.0
   mean_row = f.nnz / f.rows if f.rows else 0.0
   rb = d * esize
@@ -139,7 +139,7 @@ def _rule(f, d, esize):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_selector_rule(matrices, kind):
-  """kernel_plan answers with the selector's rules (csrc/common/select.h)."""
+  """kernel_plan answers with the selector's rules (csrc/plan/select.h)."""
   A, _ = matrices[kind]
   for dtype, esize in ((jnp.float16, 2), (jnp.float32, 4)):
     for d in (8, 32, 64, 128, 256):

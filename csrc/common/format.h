@@ -23,12 +23,12 @@ constexpr int kGroupItems = 4;
 constexpr int kScheduleFields = 8;
 // Graphs under kSmallGraphNnz nonzeros (pattern.py SMALL_GRAPH_NNZ) are small: their time is
 // their longest chain of dependent round trips rather than their bytes, and the builder (short
-// pieces), several plans (cuda/attention/plan.h, cuda/sddmm/plan.h) and the selector
-// (common/select.h) treat them apart.
+// pieces), several plans (plan/attention.h, plan/sddmm.h) and the selector
+// (plan/select.h) treat them apart.
 constexpr int64_t kSmallGraphNnz = int64_t(1) << 16;
 // A small graph's split windows are cut into pieces of kSmallGraphSplit blocks (pattern.py
 // SMALL_GRAPH_SPLIT), its rows into row pieces of kSmallGraphRowPiece entries (SMALL_GRAPH_PIECE;
-// the row kernels' shares too, cuda/common/row_layout.h).
+// the row kernels' shares too, plan/row_layout.h).
 constexpr int kSmallGraphSplit = 4;
 constexpr int kSmallGraphRowPiece = 8;
 // Most blocks of a window of a grouped schedule (pattern.py GROUPED_MAX_BLOCKS).

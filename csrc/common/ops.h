@@ -114,7 +114,7 @@ inline constexpr NamedCode kPrecisionCodes[] = {
 // kernel_choices' attention_backward (KernelOptions.attention_backward); the backward's choice is
 // made in Python (jaxsparse_tc/_src/attention.py), so no handler takes it.
 enum class AttentionBackward : int32_t {
-  kAuto = 0,      // the selector's rule (common/select.h)
+  kAuto = 0,      // the selector's rule (plan/select.h)
   kFused = 1,     // the tensor-core backward, wherever its kernels take the operands
   kComposed = 2,  // the per-edge pass and three SpMMs
 };

@@ -10,7 +10,7 @@
 //     backward's P_ij = exp(s_ij - LSE_i) is exactly 0 on such a row;
 //   - otherwise the max-subtracted softmax; an s of -inf gets weight exactly 0.
 // Windows are split across XLA's intra-op threads (cpu/parallel.h); the kernels are in
-// cpu/kernels_impl.inc.
+// cpu/kernels/attention.inc.
 #include "cpu/ffi_common.h"
 #include "cpu/parallel.h"
 #include "cpu/pattern_check.h"

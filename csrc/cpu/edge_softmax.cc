@@ -3,7 +3,7 @@
 //   out = Y * (t - rowsum(Y * t))
 // (linear in t and self-adjoint: the transpose of the JVP is the same map).
 // The executable specification the CUDA handlers are checked against. Windows are split across
-// XLA's intra-op threads (cpu/parallel.h); the kernels are in cpu/kernels_impl.inc.
+// XLA's intra-op threads (cpu/parallel.h); the kernels are in cpu/kernels/edge_softmax.inc.
 #include "cpu/ffi_common.h"
 #include "cpu/parallel.h"
 #include "cpu/pattern_check.h"

@@ -8,15 +8,15 @@
 
 #include "common/ops.h"
 #include "common/ops_python.h"
-#include "common/select.h"
+#include "plan/select.h"
 #include "cpu/pattern_build.h"
 #include "cpu/pattern_check.h"
 #include "cpu/reorder.h"
 // The CUDA launch plans are host code without CUDA headers: kernel_choices runs them here, so
 // that the choice they make can be asked on any machine.
-#include "cuda/attention/plan.h"
-#include "cuda/sddmm/plan.h"
-#include "cuda/spmm/plan.h"
+#include "plan/attention.h"
+#include "plan/sddmm.h"
+#include "plan/spmm.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace nb = nanobind;
@@ -90,7 +90,7 @@ const char* sddmm_kernel_name(jaxsparse_tc::SddmmKernel k) {
   return "?";
 }
 
-// The kernel family each CUDA launch plan picks for a pattern's features (common/select.h) and
+// The kernel family each CUDA launch plan picks for a pattern's features (plan/select.h) and
 // the dense operands, under the KernelOptions codes given (0: auto). Family names are
 // KernelOptions': "windows" is the window family, exact float32's included.
 nb::dict kernel_choices(int64_t rows, int64_t nnz, int64_t windows, int64_t blocks,
@@ -103,9 +103,6 @@ nb::dict kernel_choices(int64_t rows, int64_t nnz, int64_t windows, int64_t bloc
     throw nb::value_error("kernel_choices: counts must be >= 0 (heads >= 1)");
   if (esize != 2 && esize != 4) throw nb::value_error("kernel_choices: esize must be 2 or 4");
   if (exact && esize != 4) throw nb::value_error("kernel_choices: exact needs float32 (esize 4)");
-  if (attention_backward < 0 || attention_backward >= code_count(kAttentionBackwardCodes))
-    throw nb::value_error(
-        "kernel_choices: attention_backward must be an ATTENTION_BACKWARD_CODES value");
   const PatternFeatures f{rows, nnz, windows, blocks, condensed_cols};
   // num_items only sizes the window family's workspace, not the choice.
   const SpmmShape spmm_shape{esize, exact, f, 0, row_items, d, heads};
@@ -118,12 +115,10 @@ nb::dict kernel_choices(int64_t rows, int64_t nnz, int64_t windows, int64_t bloc
   if (auto err = plan_sddmm({esize, exact, f, 0, heads, d}, sddmm_kernel, sddmm_plan);
       err.failure())
     throw nb::value_error(err.message().c_str());
-  // Fused only where its kernels take the operands.
-  const auto backward = static_cast<AttentionBackward>(attention_backward);
-  const bool fused =
-      attention_tc_shape(esize, d, d) &&
-      (backward == AttentionBackward::kFused ||
-       (backward == AttentionBackward::kAuto && attention_backward_prefers_fused(f, d, esize)));
+  AttentionBwdPlan bwd_plan;
+  if (auto err = plan_attention_backward({esize, d, d, f}, attention_backward, bwd_plan);
+      err.failure())
+    throw nb::value_error(("kernel_choices: " + err.message()).c_str());
   const DerivedFeatures x = derived_features(f);
   nb::dict out;
   const auto family = [](bool rows) {
@@ -133,11 +128,33 @@ nb::dict kernel_choices(int64_t rows, int64_t nnz, int64_t windows, int64_t bloc
   out["sddmm"] = family(sddmm_plan.kernel == SddmmKernel::kRows);
   out["spmm_kernel"] = spmm_kernel_name(spmm.kernel);
   out["sddmm_kernel"] = sddmm_kernel_name(sddmm_plan.kernel);
-  out["attention_backward"] = code_name(
-      kAttentionBackwardCodes, fused ? AttentionBackward::kFused : AttentionBackward::kComposed);
+  out["attention_backward"] =
+      code_name(kAttentionBackwardCodes,
+                bwd_plan.fused ? AttentionBackward::kFused : AttentionBackward::kComposed);
   out["nnz_per_block"] = x.nnz_per_block;
   out["cols_per_window"] = x.cols_per_window;
   out["mean_row_length"] = x.mean_row_length;
+  return out;
+}
+
+// Which attention backward runs (plan/attention.h plan_attention_backward) for A's pattern
+// features, the operands' element size and head dims, and the KernelOptions code.
+nb::dict attention_backward_plan(int64_t rows, int64_t nnz, int64_t windows, int64_t blocks,
+                                 int64_t condensed_cols, int esize, int64_t d, int64_t dv,
+                                 int attention_backward) {
+  using namespace jaxsparse_tc;
+  if (rows < 0 || nnz < 0 || windows < 0 || blocks < 0 || condensed_cols < 0 || d < 0 || dv < 0)
+    throw nb::value_error("attention_backward_plan: counts and head dims must be >= 0");
+  if (esize < 1) throw nb::value_error("attention_backward_plan: esize must be >= 1");
+  AttentionBwdPlan plan;
+  if (auto err = plan_attention_backward(
+          {esize, d, dv, {rows, nnz, windows, blocks, condensed_cols}}, attention_backward, plan);
+      err.failure())
+    throw nb::value_error(("attention_backward_plan: " + err.message()).c_str());
+  nb::dict out;
+  out["backward"] = code_name(kAttentionBackwardCodes, plan.fused ? AttentionBackward::kFused
+                                                                  : AttentionBackward::kComposed);
+  out["edge_kernel"] = plan.edge_kernel;
   return out;
 }
 
@@ -249,7 +266,7 @@ NB_MODULE(_cpu, m) {
         "sddmm_kernel \"rows\", \"windows\" or \"exact_f32\"; on an sm_90 or later device if sm90, "
         "with 16-byte aligned operands) and the derived "
         "features (nnz_per_block, cols_per_window, mean_row_length), from one orientation's "
-        "pattern features (common/select.h), the dense width d and element size, exact "
+        "pattern features (plan/select.h), the dense width d and element size, exact "
         "float32, and the KernelOptions codes (KERNEL_CODES, ATTENTION_BACKWARD_CODES; 0: "
         "auto). row_items (the row schedule's length) and heads size the SpMM row kernels' "
         "workspace, which must fit for them to run; the default (no row cut into several CTA "
@@ -286,8 +303,13 @@ NB_MODULE(_cpu, m) {
         nb::arg("dv"),
         "Whether the attention tensor-core kernels (forward and fused backward) take operands of "
         "esize bytes with head dims d and dv: 16-bit, d = dv in ATTENTION_TC_D.");
-  m.def("attention_bwd_row_fits", &jaxsparse_tc::attention_bwd_row_fits, nb::arg("esize"),
-        nb::arg("d"), nb::arg("dv"),
-        "Whether the composed attention backward's CUDA kernel takes rows of d and dv elements "
-        "of esize bytes (else the backward is composed from SDDMMs).");
+  m.def("attention_backward_plan", &attention_backward_plan, nb::arg("rows"), nb::arg("nnz"),
+        nb::arg("windows"), nb::arg("blocks"), nb::arg("condensed_cols"), nb::arg("esize"),
+        nb::arg("d"), nb::arg("dv"), nb::kw_only(), nb::arg("attention_backward") = 0,
+        "Which attention backward runs (plan_attention_backward, plan/attention.h), from A's "
+        "pattern features (as kernel_choices), the operands' element size, the head dims d and "
+        "dv, and the KernelOptions code (ATTENTION_BACKWARD_CODES; 0: auto). A dict: backward "
+        "\"fused\" or \"composed\", and edge_kernel: whether the composed backward's per-edge "
+        "pass is the attention_bwd kernel (else two SDDMMs). Whether the platform has these "
+        "kernels is not part of the answer.");
 }

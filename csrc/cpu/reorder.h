@@ -53,7 +53,8 @@ struct BlockStats {
 BlockStats block_stats(const int64_t* rows, const int64_t* cols, int64_t count, int64_t m,
                        int64_t n, const int64_t* row_new, const int64_t* col_new, int threads);
 
-// Adds reorder() and block_stats() to the CPU extension (called from module.cc).
+// Adds reorder() and block_stats() to the CPU extension (reorder_bindings.cc; called from
+// module.cc).
 void register_reorder(nanobind::module_& m);
 
 }  // namespace jaxsparse_tc

@@ -1,6 +1,6 @@
 // CPU SDDMM: out[h, idx(i, j)] = <X_h[i, :], Y_h[j, :]> at A's nonzeros, in format order,
 // fp32 accumulation (float64, CPU only: double). Windows are split across XLA's intra-op threads
-// (cpu/parallel.h); the kernel is cpu/kernels_impl.inc.
+// (cpu/parallel.h); the kernel is cpu/kernels/sddmm.inc.
 #include "cpu/ffi_common.h"
 #include "cpu/parallel.h"
 #include "cpu/pattern_check.h"

@@ -1,7 +1,7 @@
 // CPU SpMM: out[h, i, :] = sum_j A_h[i, j] X_h[j, :], fp32 accumulation. The executable
 // specification the CUDA kernel is checked against. (float64, CPU only: double accumulation.)
 // Windows are split across XLA's intra-op threads (cpu/parallel.h); the kernel is
-// cpu/kernels_impl.inc.
+// cpu/kernels/spmm.inc.
 #include "cpu/ffi_common.h"
 #include "cpu/parallel.h"
 #include "cpu/pattern_check.h"

@@ -152,7 +152,7 @@ def sparse_attention(A, Q, K, V, *, scale=None, bias=None, options=None):
   return o[0] if no_heads else o
 
 
-# FFI attributes of the kernels: both platforms, then the CUDA launch plans' (attention/plan.h).
+# FFI attributes of the kernels: both platforms, then the CUDA launch plans' (plan/attention.h).
 _ATTRS = {"scale": param("scale", np.float32), "has_bias": param("has_bias")}
 _MERGE = {"merge_split_windows": lambda p: np.int32(p["options"].merge_split_windows)}
 
@@ -210,7 +210,7 @@ def _fwd_batch(args, dims, **params):
 
 
 def _fwd_cuda_workspace(dense, P, avals_out, params):
-  """Bytes of the fused forward's split-window workspace (attention/plan.h)."""
+  """Bytes of the fused forward's split-window workspace (csrc/plan/attention.h)."""
   q, _, v, _ = dense
   h = avals_out[0].shape[0]
   return cuda_extension().attention_workspace_bytes(
@@ -333,8 +333,8 @@ register_ffi_lowering(attention_jvp_p, "attention_jvp", 10, cpu_pattern=lambda P
 # format order. dS is dbias; dQ = scale dS K is an SpMM over A; permuted to A^T's order, P and
 # dS are the values of the SpMMs that give dV and dK. On CUDA one kernel
 # (attention/backward_composed.cu) gathers each K and V row once per nonzero; on CPU, and on CUDA
-# for rows wider than that kernel takes (attention_bwd_row_fits, attention/plan.h), the pair is
-# composed from two SDDMMs (_edge_pass).
+# for rows wider than that kernel takes (plan_attention_backward, csrc/plan/attention.h), the pair
+# is composed from two SDDMMs (_edge_pass).
 
 
 def _bwd_abstract(q, k, v, bias, o, lse, do, *pattern, shape, scale, has_bias):
@@ -396,7 +396,7 @@ register_ffi_lowering(
 # windows, dK and dV over A^T's), for 16-bit operands with d = dv in TENSOR_CORE_D. dbias is
 # [H, nnz] in A's format order with a bias, else [H, 0]. On CPU, and on CUDA for other dtypes and
 # widths, it lowers to the composed backward (_composed_grads).
-# The kernels' head dims (csrc/cuda/attention/plan.h kAttentionTcD, exported by the extension).
+# The kernels' head dims (csrc/plan/attention.h kAttentionTcD, exported by the extension).
 TENSOR_CORE_D: tuple[int, ...] = tuple(cpu_extension().ATTENTION_TC_D)
 
 
@@ -408,16 +408,17 @@ def _grads_kernel_fits(q, v) -> bool:
   )
 
 
-def _grads_on_tensor_cores(q, v, P: PatternOperands, m: int, options) -> bool:
-  """Whether the backward takes attention_grads_p (decided at trace time): where the CUDA
-  extension has its kernels and they take the operands, the selector's choice from A's pattern
-  features (csrc/common/select.h attention_backward_prefers_fused, through the CPU extension);
-  options.attention_backward forces either where both can run."""
-  if not _grads_kernel_fits(q, v) or not has_cuda_kernel("attention_grads"):
-    return False
+def _backward_plan(q, v, P: PatternOperands, m: int, options) -> dict:
+  """Which backward runs (decided at trace time), from the launch plans' own function
+  (csrc/plan/attention.h plan_attention_backward, through the CPU extension): "fused" under
+  the selector's choice from A's pattern features where the tensor-core kernels take the
+  operands, options.attention_backward forcing either where both can run; and whether the
+  composed backward's edge pass is attention_bwd_p's kernel. Whether this platform has the
+  kernels is the caller's check."""
   counts = select.feature_counts(P.a, rows=m, nnz=P.nnz)
-  c = select.choices(counts, q.shape[2], q.dtype.itemsize, options=kernel_options(options))
-  return c["attention_backward"] == "fused"
+  return select.attention_backward_plan(
+    counts, q.dtype.itemsize, q.shape[2], v.shape[2], options=kernel_options(options)
+  )
 
 
 def _grads_abstract(
@@ -460,7 +461,7 @@ def _composed_grads(
 
 def _grads_cuda_workspace(dense, P, avals_out, params):
   """Bytes of the backward's workspace: the row stats and the split windows' slots
-  (attention/plan.h)."""
+  (csrc/plan/attention.h)."""
   h, m, d = avals_out[0].shape
   return cuda_extension().attention_grads_workspace_bytes(
     d,
@@ -512,7 +513,8 @@ def _backward(q, k, v, bias, o, lse, do, pattern, shape, scale, has_bias, groupe
   `grouped`: whether A's and A^T's schedules are grouped.
   """
   params = dict(shape=shape, scale=scale, has_bias=has_bias)
-  if _grads_on_tensor_cores(q, v, PatternOperands.unflat(pattern), shape[0], options):
+  plan = _backward_plan(q, v, PatternOperands.unflat(pattern), shape[0], options)
+  if plan["backward"] == "fused" and has_cuda_kernel("attention_grads"):
     return tuple(
       attention_grads_p.bind(
         q,
@@ -529,9 +531,7 @@ def _backward(q, k, v, bias, o, lse, do, pattern, shape, scale, has_bias, groupe
         options=options,
       )
     )
-  fused = has_cuda_kernel("attention_bwd") and cpu_extension().attention_bwd_row_fits(
-    q.dtype.itemsize, q.shape[2], v.shape[2]
-  )
+  fused = plan["edge_kernel"] and has_cuda_kernel("attention_bwd")
   return _composed_grads(
     q,
     k,

@@ -2,7 +2,7 @@
 
 The choice is made by the CUDA launch plans (docs/DESIGN.md, "Which kernel runs"), whose
 preferences come from one selector function per operator of a pattern's features
-(csrc/common/select.h). The plans are host code, so the CPU extension (always built) runs them
+(csrc/plan/select.h). The plans are host code, so the CPU extension (always built) runs them
 too: `kernel_plan` asks it, and so does the attention backward's dispatch (_src/attention.py).
 """
 
@@ -85,6 +85,22 @@ def choices(
     sddmm_kernel=options.sddmm_code,
     attention_backward=options.attention_backward_code,
     sm90=bool(sm90),
+  )
+
+
+def attention_backward_plan(
+  counts: dict[str, int], esize: int, d: int, dv: int, *, options=DEFAULT_KERNEL_OPTIONS
+) -> dict:
+  """The CPU extension's attention_backward_plan (csrc/plan/attention.h plan_attention_backward):
+  {"backward": "fused" or "composed", "edge_kernel": whether the composed backward's per-edge
+  pass is the attention_bwd kernel}, from A's feature counts, the operands' element size and
+  head dims, under `options` (a KernelOptions)."""
+  return _cpu.attention_backward_plan(
+    **counts,
+    esize=int(esize),
+    d=int(d),
+    dv=int(dv),
+    attention_backward=options.attention_backward_code,
   )
 
 

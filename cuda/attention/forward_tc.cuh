@@ -22,8 +22,8 @@
 //   piece writes its partial to a workspace slot, and the piece that completes the window (a
 //   per-window counter, zeroed before the launch) merges them in one pass, several pieces'
 //   partials per round trip. Windows whose pieces do not fit the workspace cap (or all split
-//   windows, with merge_split_windows = 0: plan.h) are processed whole by their first piece's
-//   warp.
+//   windows, with merge_split_windows = 0: plan/attention.h) are processed whole by their first
+//   piece's warp.
 // Writes O and the row log-sum-exp (fp32) for the backward.
 #pragma once
 #include <cfloat>
@@ -86,7 +86,7 @@ struct PairCols {  // a block pair's bitmaps, K columns g, g+8 and V columns 2t,
 
 // Register caps: 3 CTAs per SM at d = 128 (168 registers), 4 below (128; uncapped, ptxas gave
 // d = 64 168 registers and 12 warps per SM). PF: the next pair's columns load a pair ahead
-// (plan.h says where).
+// (plan/attention.h says where).
 // The kernel takes its operands as __restrict__ parameters rather than an AttnFwdParams: nvcc
 // honours __restrict__ on kernel parameters only (not on the members of a struct parameter, nor on
 // locals copied from them), and without it the schedule, column, value-offset and bias loads

@@ -10,7 +10,7 @@
 // | 1 rows           | always (kResourceExhausted if no fit)   | never                          |
 // | 2 windows        | never                                   | always                         |
 //
-// The selector (common/select.h, spmm_prefers_tensor_cores) decides between the families under
+// The selector (plan/select.h, spmm_prefers_tensor_cores) decides between the families under
 // auto, from the pattern's features.
 //
 // Window family: spmm_async on sm_90 with 16-byte X rows (not exact fp32); spmm_f32_exact for
@@ -22,13 +22,13 @@
 #include <cstdint>
 
 #include "common/format.h"
-#include "common/select.h"
-#include "cuda/common/plan.h"
-#include "cuda/common/row_layout.h"
+#include "plan/select.h"
+#include "plan/common.h"
+#include "plan/row_layout.h"
 
 namespace jaxsparse_tc {
 
-// The SpMM kernels (csrc/cuda/spmm/).
+// The SpMM kernels (cuda/spmm/).
 enum class SpmmKernel {
   kRows,       // spmm_rows (rows.cuh): CUDA cores on the row view, exact in float32
   kAsync,      // spmm_async (windows_async.cuh): tensor cores, a cp.async gather ring (sm_90)
@@ -118,7 +118,7 @@ inline ffi::Error plan_spmm(const SpmmShape& s, int64_t kernel, SpmmPlan& plan) 
   if (choice == KernelChoice::kRows && !rows_fit)
     return ffi::Error(ffi::ErrorCode::kResourceExhausted,
                       "spmm: the row kernels' workspace for very long rows would exceed its cap");
-  // auto: the selector's family (common/select.h), and the row kernels for exact fp32, which
+  // auto: the selector's family (plan/select.h), and the row kernels for exact fp32, which
   // they compute with one FMA per nonzero at many warps per SM, faster than the tf32 tensor-core
   // kernel (docs/DESIGN.md, SpMM table).
   plan.rows = rows_fit && (choice == KernelChoice::kRows ||

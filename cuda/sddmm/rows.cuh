@@ -161,9 +161,10 @@ __device__ __forceinline__ void row_stream(const SddmmParams& p, const RowView& 
 // p.min_share each (cta_min_share; groups left without a share go on to their whole rows), with
 // half the gathers per batch (so the whole-row path, which holds most entries, keeps 64
 // registers without spills); then the whole rows.
-// SMALL (graphs under kSddmmStreamNnz nonzeros, plan.h, whose time is their longest chain): no
-// register cap, CTA items take all U gathers per batch, and a group takes one whole row. Otherwise
-// a group walks p.stream whole rows as one stream (row_stream). VEC: rows are 16-byte aligned.
+// SMALL (graphs under kSddmmStreamNnz nonzeros, plan/sddmm.h, whose time is their longest chain):
+// no register cap, CTA items take all U gathers per batch, and a group takes one whole row.
+// Otherwise a group walks p.stream whole rows as one stream (row_stream). VEC: rows are 16-byte
+// aligned.
 template <class T, class O, int L, int NS, bool SMALL, bool VEC>
 __global__ void __launch_bounds__(kRowThreads, SMALL     ? 1
                                                : NS == 1 ? 4

@@ -1,10 +1,10 @@
 // The attention launch plans (docs/DESIGN.md, "Which kernel runs"): the forward's kernel and the
 // workspaces of the forward and of the fused backward, from the shapes and the attributes
-// `grouped` and `merge_split_windows`. Python's workspace sizes (attention_workspace_bytes,
-// attention_grads_workspace_bytes) and the handlers' launches come from the same functions.
-// Which backward runs (the fused tensor-core one or the composed edge pass and SpMMs) is decided
-// in Python (jaxsparse_tc/_src/attention.py `_backward`), by the selector's
-// attention_backward_prefers_fused (common/select.h) asked through the CPU extension.
+// `grouped` and `merge_split_windows`; and which backward runs (plan_attention_backward). Python's
+// workspace sizes (attention_workspace_bytes, attention_grads_workspace_bytes) and the handlers'
+// launches come from the same functions; Python asks plan_attention_backward at trace time
+// (jaxsparse_tc/_src/attention.py `_backward`, through the CPU extension's
+// attention_backward_plan), and both backward handlers check their operands with it.
 //
 // Forward: attn_fwd_tc for 16-bit operands with d = dv in {32, 64, 128}, attn_fwd_scalar
 // otherwise (and attn_jvp_scalar for the jvp). Split windows (long windows cut into pieces) are
@@ -15,8 +15,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
-#include "cuda/common/row_layout.h"
+#include "common/ops.h"
+#include "plan/common.h"
+#include "plan/row_layout.h"
+#include "plan/select.h"
 
 namespace jaxsparse_tc {
 
@@ -42,6 +46,43 @@ inline bool attention_tc_shape(int esize, int64_t d, int64_t dv) {
 // Wider rows take the backward composed from SDDMMs.
 inline bool attention_bwd_row_fits(int esize, int64_t d, int64_t dv) {
   return std::max(d, dv) * esize <= 32 * 16;
+}
+
+// The backward's plan: the fused tensor-core backward (attention_grads, backward_fused.cu) or the
+// composed one (a per-edge pass, then three SpMMs), and the composed one's edge pass.
+// attention_backward 0 (auto): fused where the tensor-core kernels take the operands
+// (attention_tc_shape) and the selector prefers them (attention_backward_prefers_fused);
+// 1 (fused): wherever those kernels take the operands; 2 (composed): never fused.
+// The composed backward's edge pass is attention_bwd's row kernel (backward_composed.cu) where its
+// rows fit (attention_bwd_row_fits), else two SDDMMs. Whether the platform has these kernels at
+// all (the CPU has neither) is the caller's to know.
+struct AttentionBwdShape {
+  int esize;                // bytes per element of Q, K, V
+  int64_t d, dv;            // head dims of Q and K, of V
+  PatternFeatures pattern;  // A's (read under auto only)
+};
+
+struct AttentionBwdPlan {
+  bool fused;        // the tensor-core backward; else the composed one
+  bool edge_kernel;  // composed: the edge pass is attention_bwd's kernel; else two SDDMMs
+};
+
+// `choice`: the AttentionBackward code (common/ops.h); an unknown one is an InvalidArgument.
+inline ffi::Error plan_attention_backward(const AttentionBwdShape& s, int64_t choice,
+                                          AttentionBwdPlan& plan) {
+  if (choice < 0 || choice >= code_count(kAttentionBackwardCodes))
+    return ffi::Error::InvalidArgument(
+        "attention backward: attention_backward must be 0 (auto), 1 (fused) or 2 (composed); "
+        "got " +
+        std::to_string(choice));
+  const auto backward = static_cast<AttentionBackward>(choice);
+  plan = AttentionBwdPlan{};
+  plan.fused = attention_tc_shape(s.esize, s.d, s.dv) &&
+               (backward == AttentionBackward::kFused ||
+                (backward == AttentionBackward::kAuto &&
+                 attention_backward_prefers_fused(s.pattern, s.d, s.esize)));
+  plan.edge_kernel = !plan.fused && attention_bwd_row_fits(s.esize, s.d, s.dv);
+  return ffi::Error::Success();
 }
 
 // The forward's plan: its kernel, and its workspace: per slot (the schedule's first `cap` items)

@@ -9,16 +9,16 @@
 // (Fusing dQ in as well, which keeps each gathered k_j until ds_ij is known, took 128 registers
 // and ran slower than the composed pass.)
 //
-// Row view and lane layout as the CUDA-core SDDMM (row_view.cuh, row_layout.h): a group of L lanes
-// owns a work item, lane li the 16 bytes of features at li * E of q_i, do_i and every gathered k_j,
-// v_j (so d, dv <= 32 E). Per batch of U entries each lane issues 2U gathers; reduce_many sums the
-// 2U partial dot products over the group and the lane holding entry j fetches its two totals and
-// writes p_ij and ds_ij. Entries are independent, so a CTA item's groups just take equal shares of
-// its entries.
+// Row view and lane layout as the CUDA-core SDDMM (row_view.cuh, plan/row_layout.h): a group of L
+// lanes owns a work item, lane li the 16 bytes of features at li * E of q_i, do_i and every
+// gathered k_j, v_j (so d, dv <= 32 E). Per batch of U entries each lane issues 2U gathers;
+// reduce_many sums the 2U partial dot products over the group and the lane holding entry j fetches
+// its two totals and writes p_ij and ds_ij. Entries are independent, so a CTA item's groups just
+// take equal shares of its entries.
 #include <algorithm>
 #include <cstdint>
 
-#include "cuda/attention/plan.h"
+#include "plan/attention.h"
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/ffi_cuda.cuh"
 #include "cuda/common/row_view.cuh"
@@ -149,7 +149,7 @@ void launch_k(const BwdParams& p, const RowView& rv, cudaStream_t st) {
 
 template <class T, int L>
 void launch_l(const BwdParams& p, const RowView& rv, cudaStream_t st) {
-  const bool u2 = attention_bwd_unroll(p.nnz) == 2;  // entries per batch (plan.h)
+  const bool u2 = attention_bwd_unroll(p.nnz) == 2;  // entries per batch (plan/attention.h)
   if (u2 && p.vec)
     launch_k<T, L, 2, true>(p, rv, st);
   else if (u2)
@@ -188,7 +188,13 @@ ffi::Error attention_bwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer 
   p.dv = vd[2];
   p.nnz = pd[1];
   const int64_t esize = dtype == ffi::DataType::F32 ? 4 : 2;
-  if (!attention_bwd_row_fits(int(esize), p.d, p.dv))
+  // This kernel is the composed backward's edge pass where the plan makes it so.
+  AttentionBwdPlan plan;
+  if (auto err = plan_attention_backward({int(esize), p.d, p.dv, {}},
+                                         int64_t(AttentionBackward::kComposed), plan);
+      err.failure())
+    return err;
+  if (!plan.edge_kernel)
     return ffi::Error::InvalidArgument("attention backward: d, dv past 512 bytes of a row");
   if (pd[0] > 65535) return ffi::Error::InvalidArgument("attention backward: at most 65535 heads");
   if (pd[0] == 0 || p.nnz == 0) return ffi::Error::Success();

@@ -1,4 +1,4 @@
-// Pieces shared by the operators' launch plans (spmm/plan.h, sddmm/plan.h, attention/plan.h). A
+// Pieces shared by the operators' launch plans (plan/spmm.h, plan/sddmm.h, plan/attention.h). A
 // plan is a pure function of the shapes and the FFI attributes (and, where a kernel needs it, the
 // device's architecture): the workspace size Python asks for and the handler's launch come from
 // the same function, so they cannot disagree. docs/DESIGN.md, "Which kernel runs".

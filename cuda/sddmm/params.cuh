@@ -20,7 +20,7 @@ struct SddmmParams : KernelPattern {
   int min_share;   // row kernels: fewest entries of a CTA item one group takes (cta_min_share)
   int stream;      // row kernels on large graphs: whole rows per group's stream
   int stream_max;  // row kernels on large graphs: single CTA items the streams walk
-  bool vec;        // a thread's features load as whole vectors (each kernel's rule: plan.h)
+  bool vec;        // a thread's features load as whole vectors (each kernel's rule: plan/sddmm.h)
 };
 
 }  // namespace sddmm

@@ -19,7 +19,7 @@ __device__ __forceinline__ int64_t hsel(int64_t count, int64_t h) {
 
 // Split-window partials of the tensor-core forward: slots for the schedule's first `cap` items
 // (split items are its prefix): O [cap, heads, 8, dv] fp32, (max, sum) [cap, heads, 8] float2,
-// then [cap, heads] counters (plan.h lays them out). cap = 0: no slots.
+// then [cap, heads] counters (plan/attention.h lays them out). cap = 0: no slots.
 struct SplitWorkspace {
   float* ws;
   float2* ws_ml;

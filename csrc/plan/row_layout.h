@@ -1,8 +1,9 @@
-// Host-side facts of the row kernels' lane layout (row_view.cuh has the device side), read by the
-// launch plans and the launches: a warp is cut into G = 32 / L groups of L lanes; each group owns
-// one work item (a row, or a piece of a long row). Lane li of a group owns the kRowVec<T>
-// consecutive features (16 bytes) starting at (slab * L + li) * kRowVec<T>, so one gathered dense
-// row is one coalesced 16-byte load per lane. L is the smallest power of two in [2, 32] covering d.
+// Host-side facts of the row kernels' lane layout (cuda/common/row_view.cuh has the device side),
+// read by the launch plans and the launches: a warp is cut into G = 32 / L groups of L lanes;
+// each group owns one work item (a row, or a piece of a long row). Lane li of a group owns the
+// kRowVec<T> consecutive features (16 bytes) starting at (slab * L + li) * kRowVec<T>, so one
+// gathered dense row is one coalesced 16-byte load per lane. L is the smallest power of two in
+// [2, 32] covering d.
 #pragma once
 #include <algorithm>
 #include <cstdint>

@@ -3,7 +3,7 @@
 // 64 entries) tensor cores do little useful work and the kernels are bound by gathering dense
 // rows. The CUDA-core kernels walk rows in CSR order instead: few registers, so many warps per SM
 // keep many gathers in flight (DA-SpMM's row-balanced, row-major access with parallel
-// reduction). Their lane layout: row_layout.h.
+// reduction). Their lane layout: plan/row_layout.h.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -15,7 +15,7 @@
 #include "cuda/common/bounds.cuh"
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/ffi_cuda.cuh"
-#include "cuda/common/row_layout.h"
+#include "plan/row_layout.h"
 
 namespace jaxsparse_tc {
 

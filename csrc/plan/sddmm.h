@@ -8,18 +8,18 @@
 // | 2 windows   | never                                     | always: sddmm_f32_exact for      |
 // |               |                                           | exact fp32, sddmm_tc otherwise   |
 //
-// The selector (common/select.h, sddmm_prefers_tensor_cores) decides between the families under
+// The selector (plan/select.h, sddmm_prefers_tensor_cores) decides between the families under
 // auto, from the pattern's features.
 #pragma once
 #include <cstdint>
 
-#include "common/select.h"
-#include "cuda/common/plan.h"
-#include "cuda/common/row_layout.h"
+#include "plan/select.h"
+#include "plan/common.h"
+#include "plan/row_layout.h"
 
 namespace jaxsparse_tc {
 
-// The SDDMM kernels (csrc/cuda/sddmm/).
+// The SDDMM kernels (cuda/sddmm/).
 enum class SddmmKernel {
   kRows,         // sddmm_rows (rows.cuh): CUDA cores on the row view, exact in float32
   kTensorCores,  // sddmm_tc (windows.cuh): tensor cores on the windows
@@ -68,7 +68,7 @@ inline ffi::Error plan_sddmm(const SddmmShape& s, int64_t kernel, SddmmPlan& pla
   if (choice == KernelChoice::kRows && !rows_fit)
     return ffi::Error::InvalidArgument(
         "sddmm: d * itemsize is past the row kernels' width (1024 bytes)");
-  // auto: the selector's family (common/select.h), and the row kernels for exact fp32.
+  // auto: the selector's family (plan/select.h), and the row kernels for exact fp32.
   const bool rows =
       rows_fit && (choice == KernelChoice::kRows ||
                    (choice == KernelChoice::kAuto &&

@@ -1,18 +1,18 @@
 // CUDA SpMM: out[h] = A_h @ X_h on the window/bitmap-block format (docs/FORMAT.md): the handler
 // and its launches. The kernels: rows.cuh (CUDA cores on the pattern's row view: sparse blocks,
 // exact float32), windows_async.cuh and windows_registers.cuh (tensor cores on the windows),
-// exact_f32.cuh (exact float32 on the windows). Which one runs, and the workspace: plan.h.
+// exact_f32.cuh (exact float32 on the windows). Which one runs, and the workspace: plan/spmm.h.
 #include <algorithm>
 #include <cstdint>
 #include <string>
 
 #include "common/format.h"
 #include "cuda/common/ffi_cuda.cuh"
-#include "cuda/common/plan.h"
+#include "plan/common.h"
 #include "cuda/common/row_view.cuh"
 #include "cuda/spmm/exact_f32.cuh"
 #include "cuda/spmm/params.cuh"
-#include "cuda/spmm/plan.h"
+#include "plan/spmm.h"
 #include "cuda/spmm/rows.cuh"
 #include "cuda/spmm/windows_async.cuh"
 #include "cuda/spmm/windows_registers.cuh"
@@ -205,11 +205,11 @@ int64_t spmm_workspace_bytes(int esize, bool exact, int kernel, const PatternFea
   return int64_t(plan.workspace_bytes);
 }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SpmmCuda, spmm::spmm_cuda,
-                              JAXSPARSE_TC_BIND_SPMM(JAXSPARSE_TC_CUDA_CTX,
-                                                     JAXSPARSE_TC_ROW_VIEW_ARGS,
-                                                     .Ret<ffi::AnyBuffer>(),  // workspace (plan.h)
-                                                     .Attr<int32_t>("kernel")),  // KernelChoice
-                              JAXSPARSE_TC_CAPTURABLE);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    SpmmCuda, spmm::spmm_cuda,
+    JAXSPARSE_TC_BIND_SPMM(JAXSPARSE_TC_CUDA_CTX, JAXSPARSE_TC_ROW_VIEW_ARGS,
+                           .Ret<ffi::AnyBuffer>(),     // workspace (plan/spmm.h)
+                           .Attr<int32_t>("kernel")),  // KernelChoice
+    JAXSPARSE_TC_CAPTURABLE);
 
 }  // namespace jaxsparse_tc

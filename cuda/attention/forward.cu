@@ -1,7 +1,7 @@
 // CUDA sparse attention forward and jvp: O = softmax_row(mask_A(scale * Q K^T + bias)) V
 // (docs/FORMAT.md). The handlers and their launches; the kernels: forward_tc.cuh (the fused
 // tensor-core forward), scalar.cuh (CUDA cores: float32, other head sizes, the jvp). Which one
-// runs, and the workspace: plan.h. The backward is not here: tensor-core windows
+// runs, and the workspace: plan/attention.h. The backward is not here: tensor-core windows
 // (backward_fused.cu), or a per-edge kernel (backward_composed.cu) and the SpMMs
 // (jaxsparse_tc/_src/attention.py `_backward` says which).
 #include <algorithm>
@@ -10,11 +10,11 @@
 #include "cuda/arch/dependent_launch.cuh"
 #include "cuda/attention/forward_tc.cuh"
 #include "cuda/attention/params.cuh"
-#include "cuda/attention/plan.h"
+#include "plan/attention.h"
 #include "cuda/attention/scalar.cuh"
 #include "cuda/attention/tile.cuh"
 #include "cuda/common/ffi_cuda.cuh"
-#include "cuda/common/plan.h"
+#include "plan/common.h"
 
 namespace jaxsparse_tc {
 namespace attention {
@@ -146,9 +146,9 @@ int64_t attention_workspace_bytes(int esize, int64_t d, int64_t dv, int64_t head
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     AttentionFwdCuda, attention::attention_fwd_cuda,
     JAXSPARSE_TC_BIND_ATTENTION_FWD(JAXSPARSE_TC_CUDA_CTX, ,
-                                    .Ret<ffi::AnyBuffer>(),    // workspace [bytes] (plan.h)
+                                    .Ret<ffi::AnyBuffer>(),  // workspace [bytes] (plan/attention.h)
                                     .Attr<int32_t>("grouped")  // the schedule is grouped
-                                        .Attr<int32_t>("merge_split_windows")),  // plan.h
+                                        .Attr<int32_t>("merge_split_windows")),  // plan/attention.h
     JAXSPARSE_TC_CAPTURABLE);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AttentionJvpCuda, attention::attention_jvp_cuda,

@@ -7,7 +7,7 @@
 
 #include "common/ops.h"
 #include "common/ops_python.h"
-#include "common/select.h"
+#include "plan/select.h"
 
 namespace nb = nanobind;
 
@@ -15,8 +15,8 @@ namespace jaxsparse_tc {
 JAXSPARSE_TC_OPS(JAXSPARSE_TC_DECLARE_CUDA)
 constexpr OpHandler kCudaHandlers[] = {JAXSPARSE_TC_OPS(JAXSPARSE_TC_HANDLER_CUDA)};
 
-// Workspace result sizes, from the same plans the handlers launch by (spmm/plan.h,
-// attention/plan.h). `kernel`: the SpMM handler's attribute (common/ops.h KernelChoice);
+// Workspace result sizes, from the same plans the handlers launch by (plan/spmm.h,
+// plan/attention.h). `kernel`: the SpMM handler's attribute (common/ops.h KernelChoice);
 // an invalid one sets `error` and returns -1.
 int64_t spmm_workspace_bytes(int esize, bool exact, int kernel, const PatternFeatures& pattern,
                              int64_t num_items, int64_t row_items, int64_t d, int64_t heads,
@@ -48,8 +48,8 @@ NB_MODULE(_cuda, m) {
       nb::arg("esize"), nb::arg("exact"), nb::arg("kernel"), nb::arg("rows"), nb::arg("nnz"),
       nb::arg("windows"), nb::arg("blocks"), nb::arg("condensed_cols"), nb::arg("num_items"),
       nb::arg("row_items"), nb::arg("d"), nb::arg("heads"),
-      "Bytes of the SpMM handler's workspace result: its launch plan's (spmm/plan.h); A's "
-      "pattern features as in common/select.h.");
+      "Bytes of the SpMM handler's workspace result: its launch plan's (plan/spmm.h); A's "
+      "pattern features as in plan/select.h.");
   m.def("attention_workspace_bytes", &jaxsparse_tc::attention_workspace_bytes);
   m.def("attention_grads_workspace_bytes", &jaxsparse_tc::attention_grads_workspace_bytes);
 }

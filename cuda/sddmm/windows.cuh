@@ -8,7 +8,7 @@
 // schedule item (or one of `sub` equal parts of it) and all of d; nothing is combined across
 // warps (every output value belongs to one block), so items can be cut anywhere. A warp walks
 // its blocks serially, two dependent memory round trips per pair, so on small graphs (few items)
-// the longest item is the kernel's time: there the launch cuts each item into parts (plan.h).
+// the longest item is the kernel's time: there the launch cuts each item into parts (plan/sddmm.h).
 #pragma once
 #include <cstdint>
 

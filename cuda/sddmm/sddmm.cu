@@ -1,16 +1,16 @@
 // CUDA SDDMM: out[h, idx(i, j)] = <X_h[i], Y_h[j]> at A's nonzeros, in format order: the handler
 // and its launches. The kernels: rows.cuh (CUDA cores on the pattern's row view: sparse blocks,
 // exact float32), windows.cuh (tensor cores on the windows), exact_f32.cuh (exact float32 on the
-// windows). Which one runs: plan.h.
+// windows). Which one runs: plan/sddmm.h.
 #include <algorithm>
 #include <cstdint>
 
 #include "cuda/common/ffi_cuda.cuh"
-#include "cuda/common/plan.h"
+#include "plan/common.h"
 #include "cuda/common/row_view.cuh"
 #include "cuda/sddmm/exact_f32.cuh"
 #include "cuda/sddmm/params.cuh"
-#include "cuda/sddmm/plan.h"
+#include "plan/sddmm.h"
 #include "cuda/sddmm/rows.cuh"
 #include "cuda/sddmm/windows.cuh"
 

@@ -1,15 +1,15 @@
 // CUDA sparse attention backward on tensor cores (the fused backward; jaxsparse_tc/_src/
 // attention.py `_backward` chooses it): the handler and its launches. The kernels and how they
-// split the work: backward_tc.cuh; the workspace: plan.h.
+// split the work: backward_tc.cuh; the workspace: plan/attention.h.
 #include <algorithm>
 #include <cstdint>
 
 #include "cuda/arch/dependent_launch.cuh"
 #include "cuda/attention/backward_tc.cuh"
-#include "cuda/attention/plan.h"
+#include "plan/attention.h"
 #include "cuda/attention/tile.cuh"
 #include "cuda/common/ffi_cuda.cuh"
-#include "cuda/common/plan.h"
+#include "plan/common.h"
 
 namespace jaxsparse_tc {
 namespace attention {
@@ -76,7 +76,14 @@ ffi::Error attention_grads_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffe
                     int64_t(perm_t.element_count()) != nnz))
     return ffi::Error::InvalidArgument(
         "attention gradients: bias, dbias and perm_t must have the pattern's nnz positions");
-  if (!attention_tc_shape(dtype == ffi::DataType::F32 ? 4 : 2, d, v.dimensions()[2]))
+  // These kernels run wherever the plan, forced to the fused backward, takes it.
+  AttentionBwdPlan bwd_plan;
+  if (auto err =
+          plan_attention_backward({dtype == ffi::DataType::F32 ? 4 : 2, d, v.dimensions()[2], {}},
+                                  int64_t(AttentionBackward::kFused), bwd_plan);
+      err.failure())
+    return err;
+  if (!bwd_plan.fused)
     return ffi::Error::InvalidArgument(
         "attention gradients (tensor cores): 16-bit operands with d = dv in {32, 64, 128}");
   if (heads == 0) return ffi::Error::Success();
@@ -152,10 +159,10 @@ int64_t attention_grads_workspace_bytes(int64_t d, int64_t heads, int64_t m, int
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     AttentionGradsCuda, attention::attention_grads_cuda,
     JAXSPARSE_TC_BIND_ATTENTION_GRADS(JAXSPARSE_TC_CUDA_CTX, ,
-                                      .Ret<ffi::AnyBuffer>(),          // workspace [bytes] (plan.h)
+                                      .Ret<ffi::AnyBuffer>(),          // workspace [bytes] (plan)
                                       .Attr<int32_t>("grouped")        // A's schedule is grouped
                                           .Attr<int32_t>("grouped_t")  // A^T's
-                                          .Attr<int32_t>("merge_split_windows")),  // plan.h
+                                          .Attr<int32_t>("merge_split_windows")),  // plan
     JAXSPARSE_TC_CAPTURABLE);
 
 }  // namespace jaxsparse_tc

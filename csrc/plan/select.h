@@ -1,6 +1,6 @@
 // The kernel selector (docs/DESIGN.md, "Which kernel runs"): one pure host function per choice
 // between kernel families, from cheap features of the pattern and the dense operands' width and
-// element size. The CUDA launch plans (cuda/spmm/plan.h, cuda/sddmm/plan.h) call them; the CPU
+// element size. The CUDA launch plans (plan/spmm.h, plan/sddmm.h) call them; the CPU
 // extension answers with them too (kernel_choices, behind jaxsparse_tc.kernel_plan and the
 // attention backward's dispatch), so a choice can be asked on a machine without a GPU. The plans
 // keep what is a constraint rather than a preference: exact float32, the row kernels' width and
@@ -72,7 +72,7 @@ inline bool spmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int e
 // cores:
 // - from reuse 4, except float32 rows of more than 512 bytes;
 // - on small graphs (< 2^17 nonzeros, whose row kernel gives each lane group one row:
-//   sddmm/plan.h) for rows of up to 64 bytes;
+//   plan/sddmm.h) for rows of up to 64 bytes;
 // - on large 16-bit graphs from reuse 2 for rows of 128 bytes and more, from reuse 2.5 for any
 //   row;
 // - on long rows (>= 12 per row): below 2^20 nonzeros for rows of up to 64 bytes or from reuse

@@ -222,7 +222,7 @@ __device__ __forceinline__ bool warp_window_item(const KernelPattern& a, int64_t
 }
 
 // dQ (and dbias) of one CTA's windows of A. PF: the next pair's columns load a pair ahead
-// (plan.h: large graphs, as the forward).
+// (plan/attention.h: large graphs, as the forward).
 template <class T, int D, bool PF>
 __device__ __forceinline__ void dq_windows(const GradOperands<T>& p, const KernelPattern& a,
                                            const GradSplit& sp, int64_t cta) {
