@@ -1,7 +1,7 @@
 """SparseMatrix: the one tensor-core format (docs/FORMAT.md) as a JAX pytree."""
 
-from jaxsparse_tc._src.sparse_matrix import (
-  SparseMatrix,
-)
+# _rebuild: the function a pickled SparseMatrix names (by this module's path) to rebuild it.
+from jaxsparse_tc._src.serialization import _rebuild  # noqa: F401
+from jaxsparse_tc._src.sparse_matrix import SparseMatrix
 
 __all__ = ["SparseMatrix"]

@@ -39,8 +39,15 @@ def _rebuild(
   )
 
 
+# Pickles name the rebuild function by its public path, as they name SparseMatrix (the
+# implementation's place under _src may move; the public module re-exports it), and hold the
+# patterns as plain tuples for the same reason.
+_rebuild.__module__ = "jaxsparse_tc.sparse_matrix"
+
+
 def _reduce(A: SparseMatrix):
   parts = tuple(getattr(A, name) for name in _ARRAYS)
+  parts = tuple(tuple(p) if isinstance(p, Pattern) else p for p in parts)
   return _rebuild, (*parts, A.shape, A.grouped, A.padded)
 
 

@@ -230,7 +230,7 @@ def load_tu_npz(path, name: str | None = None) -> TUDataset:
   as stored, as edge_index [2, e] per graph (messages flow edge_index[0] -> edge_index[1]).
   `name` defaults to the file's stem. For the TU site's raw text files use load_tu.
   """
-  from jaxsparse_tc.nn.batch import Graph
+  from jaxsparse_tc._src.nn.batch import Graph
 
   path = Path(path)
   z = _open_npz(path, "a TU graph-classification file")

@@ -119,7 +119,7 @@ def load_tu(
   edges removed, sorted; the sets list both directions of their undirected edges. Each graph
   is a jaxsparse_tc.nn.batch.Graph (edge_index with the graph's own node ids, x, y).
   """
-  from jaxsparse_tc.nn.batch import Graph
+  from jaxsparse_tc._src.nn.batch import Graph
 
   if not name or os.sep in name or "/" in name or name in (".", ".."):
     raise ValueError(f"name must be a TU dataset name such as 'PROTEINS'; got {name!r}")
