@@ -13,13 +13,13 @@ import re
 
 import jax
 
-OLDEST = (0, 7, 0)  # the build requirement's jax: the oldest tested
+OLDEST = (0, 5, 3)  # the build requirement's jax: the oldest tested
 BELOW = (0, 12)  # the first minor series not tested
-SUPPORTED = ">=0.7.0,<0.12"
+SUPPORTED = ">=0.5.3,<0.12"
 
 
 def parse(version: str) -> tuple[int, int, int]:
-  """(major, minor, patch) of a jax version string such as "0.7.0" or "0.11.0.dev20260101"."""
+  """(major, minor, patch) of a jax version string such as "0.5.3" or "0.11.0.dev20260101"."""
   match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
   if match is None:
     raise ValueError(f"unrecognised jax version {version!r}")
