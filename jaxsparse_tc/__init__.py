@@ -1,5 +1,10 @@
 """jaxsparse_tc: tensor-core sparse operators as JAX primitives."""
 
+# First: importing it refuses a jax outside the supported range, before other modules use jax.
+from jaxsparse_tc._src import jax_version  # noqa: F401
+
+# isort: split
+
 from jaxsparse_tc import (
   distributed,  # sharded matrices; sharding rules of the primitives
   interop,  # BCOO conversions

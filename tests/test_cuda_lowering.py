@@ -15,9 +15,9 @@ import scipy.sparse as sp
 
 import jaxsparse_tc as jst
 from jaxsparse_tc._src import pattern as pattern_lib
-from jaxsparse_tc._src.extensions import has_cuda
+from jaxsparse_tc._src.extensions import cuda_built
 
-pytestmark = pytest.mark.skipif(not has_cuda(), reason="CUDA extension not built")
+pytestmark = pytest.mark.skipif(not cuda_built(), reason="CUDA extension not built")
 
 
 def _results(fn, *args) -> list[tuple[str, tuple[int, ...]]]:

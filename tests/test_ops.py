@@ -49,13 +49,27 @@ def test_cpu_registrations_cover_the_table():
     assert extensions.has_cpu_kernel(op) == ("cpu" in platforms), op
 
 
-@pytest.mark.skipif(not extensions.has_cuda(), reason="CUDA extension not built")
+@pytest.mark.skipif(not extensions.cuda_built(), reason="CUDA extension not built")
 def test_cuda_registrations_cover_the_table():
   cuda = extensions.cuda_extension()
   assert dict(cuda.OPS) == _cpu.OPS and dict(cuda.OP_PLATFORMS) == _cpu.OP_PLATFORMS
   assert set(cuda.registrations()) == _platform_targets("cuda")
   for op, platforms in _cpu.OP_PLATFORMS.items():
     assert extensions.has_cuda_kernel(op) == ("cuda" in platforms), op
+
+
+def test_has_cuda_means_usable_here(monkeypatch):
+  """jst.has_cuda(): the CUDA extension loaded and jax sees a CUDA device; a built extension
+  without a device (a CPU machine) is not enough."""
+  try:
+    cuda_devices = jax.devices("cuda")
+  except RuntimeError:
+    cuda_devices = []
+  assert jst.has_cuda() == (extensions.cuda_built() and len(cuda_devices) > 0)
+  monkeypatch.setattr(extensions, "_cuda", object())  # as if built
+  assert extensions.cuda_built() and jst.has_cuda() == (len(cuda_devices) > 0)
+  monkeypatch.setattr(extensions, "_cuda", None)
+  assert not extensions.cuda_built() and not jst.has_cuda()
 
 
 def _cpu_targets(fn, *args) -> list[str]:

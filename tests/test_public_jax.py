@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "jaxsparse_tc"
+import jaxsparse_tc
+
+# The imported package's sources: the source tree's, or an installed wheel's.
+PACKAGE = Path(jaxsparse_tc.__file__).resolve().parent
 PRIVATE_HOOK = PACKAGE / "_src" / "jax_private.py"
 
 # `import jax._src...`, `from jax._src import ...`, `from jax import _src`

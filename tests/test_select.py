@@ -18,7 +18,7 @@ from test_gpu_attention import _edge_attention_ref
 
 import jaxsparse_tc as jst
 from jaxsparse_tc import SparseMatrix
-from jaxsparse_tc._src.extensions import has_cuda
+from jaxsparse_tc._src.extensions import cuda_built
 from jaxsparse_tc._src.pattern import SMALL_GRAPH_NNZ
 
 KINDS = ["empty", "tiny", "hub", "block_dense", "rmat"]
@@ -372,7 +372,7 @@ def test_kernel_plan_of_heads_and_reordered_matrices(rng):
 
 
 # -- agreement with the CUDA lowering and the attention dispatch (CUDA extension, no GPU) --------
-needs_cuda_build = pytest.mark.skipif(not has_cuda(), reason="CUDA extension not built")
+needs_cuda_build = pytest.mark.skipif(not cuda_built(), reason="CUDA extension not built")
 
 
 def _spmm_workspace(A, x, precision, options):

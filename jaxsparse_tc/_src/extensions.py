@@ -76,6 +76,17 @@ def cuda_extension():
   return _cuda
 
 
-def has_cuda() -> bool:
-  """True when the CUDA extension was built (whether or not a GPU is present)."""
+def cuda_built() -> bool:
+  """True when the CUDA extension was built and loaded (whether or not a GPU is present)."""
   return _cuda is not None
+
+
+def has_cuda() -> bool:
+  """True when the CUDA kernels can run here: the CUDA extension loaded and jax sees a CUDA
+  device. `cuda_built()` asks only whether the extension was built."""
+  if _cuda is None:
+    return False
+  try:
+    return len(jax.devices("cuda")) > 0
+  except RuntimeError:  # no CUDA backend in this jax (CPU-only jaxlib, or no driver)
+    return False
