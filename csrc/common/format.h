@@ -41,6 +41,12 @@ constexpr int kRowCtaPieces = 16;
 constexpr int kWholeRowSlot = -1;
 constexpr int kCtaRowSlot = -2;
 
+// Most rows, columns and input entries of one format (integrity.py MAX_DIM, MAX_ENTRIES; the
+// extension exports them under those names): its indices and positions are int32 and the kernels
+// step past a row's or a window's end, so 2^16 of headroom stays below 2^31.
+constexpr int64_t kMaxDim = (int64_t(1) << 31) - (int64_t(1) << 16);
+constexpr int64_t kMaxEntries = (int64_t(1) << 31) - (int64_t(1) << 16);
+
 struct PatternView {
   const int32_t* window_col_ptr;    // [W+1]
   const int32_t* window_cols;       // [C]

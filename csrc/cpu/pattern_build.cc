@@ -10,6 +10,14 @@ namespace jaxsparse_tc {
 
 BuiltPattern build_pattern(const int64_t* rows, const int64_t* cols, int64_t count, int64_t m,
                            int64_t n, const ScheduleOptions& options) {
+  // The format's rows, columns and positions are int32: refuse what would wrap (the Python
+  // builders check first, with the argument's name).
+  if (count > kMaxEntries || m > kMaxDim || n > kMaxDim || count < 0 || m < 0 || n < 0)
+    throw std::invalid_argument("build_pattern: at most " + std::to_string(kMaxEntries) +
+                                " entries and " + std::to_string(kMaxDim) +
+                                " rows and columns are supported (int32 indices); got " +
+                                std::to_string(count) + " entries of a " + std::to_string(m) +
+                                " x " + std::to_string(n) + " matrix");
   const int64_t W = (m + kWindowRows - 1) / kWindowRows;
   // Two stable counting sorts give entries ordered by (window, column, input order): the
   // format's order up to the row inside a column, which each column group settles below.

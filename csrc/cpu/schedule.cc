@@ -32,6 +32,16 @@ void append_by_class(const std::vector<int64_t>& ids, const std::vector<int8_t>&
 
 }  // namespace
 
+// Schedule fields are int32 (the kernels read them so): pointers past that are refused, not
+// wrapped (int64 pointer arrays reach here from Python).
+static int32_t schedule_field(int64_t value, const char* what) {
+  if (value < INT32_MIN || value > INT32_MAX)
+    throw std::invalid_argument(std::string(what) + ": a schedule field of " +
+                                std::to_string(value) + " does not fit int32 (at most " +
+                                std::to_string(INT32_MAX) + ")");
+  return int32_t(value);
+}
+
 template <class T>
 std::vector<int32_t> window_schedule(const T* window_block_ptr, const T* window_col_ptr,
                                      int64_t windows, int64_t size, bool grouped) {
@@ -93,14 +103,15 @@ std::vector<int32_t> window_schedule(const T* window_block_ptr, const T* window_
     const int64_t first = item;
     for (int64_t p = 0; p < pieces; ++p, ++item, it += kScheduleFields) {
       const int64_t begin = b0 + p * piece;
-      it[0] = int32_t(w);
-      it[1] = int32_t(begin);
-      it[2] = int32_t(std::min(begin + piece, b1));
-      it[3] = int32_t(pieces > 1 ? piece : 0);
-      it[4] = int32_t(c0 + kBlockCols * (begin - b0));
-      it[5] = int32_t(c1);
-      it[6] = int32_t(first);
-      it[7] = int32_t(pieces);
+      constexpr const char* what = "window_schedule";
+      it[0] = schedule_field(w, what);
+      it[1] = schedule_field(begin, what);
+      it[2] = schedule_field(std::min(begin + piece, b1), what);
+      it[3] = schedule_field(pieces > 1 ? piece : 0, what);
+      it[4] = schedule_field(c0 + kBlockCols * (begin - b0), what);
+      it[5] = schedule_field(c1, what);
+      it[6] = schedule_field(first, what);
+      it[7] = schedule_field(pieces, what);
     }
   }
   return out;
@@ -151,9 +162,9 @@ std::vector<int32_t> row_schedule(const T* row_ptr, int64_t rows, int64_t piece,
     const int32_t slot = pieces > 1 ? next_slot++ : c > piece ? kCtaRowSlot : kWholeRowSlot;
     for (int64_t p = 0; p < pieces; ++p, it += 4) {
       const int64_t begin = int64_t(ptr[r]) + p * cap;
-      it[0] = int32_t(r);
-      it[1] = int32_t(begin);
-      it[2] = int32_t(std::min(begin + cap, int64_t(ptr[r + 1])));
+      it[0] = schedule_field(r, "row_schedule");
+      it[1] = schedule_field(begin, "row_schedule");
+      it[2] = schedule_field(std::min(begin + cap, int64_t(ptr[r + 1])), "row_schedule");
       it[3] = slot;
     }
   }
@@ -272,6 +283,8 @@ void register_schedule(nb::module_& m) {
   m.attr("LOCALITY_REUSE") = kLocalityReuse;
   m.attr("LONG_ROW_FACTOR") = kLongRowFactor;
   m.attr("ROW_ORDERS") = nb::make_tuple("length", "locality");
+  m.attr("MAX_DIM") = kMaxDim;
+  m.attr("MAX_ENTRIES") = kMaxEntries;
   // int32 pointers (a pattern's own) without a copy, others converted to int64.
   def_pointer_functions<int32_t>(m);
   def_pointer_functions<int64_t>(m);

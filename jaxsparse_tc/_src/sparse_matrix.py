@@ -35,10 +35,14 @@ def _check_shape(shape, rows: np.ndarray, cols: np.ndarray) -> tuple[int, int]:
   return m, n
 
 
-def _check_indices(rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int]) -> None:
+def _check_indices(
+  rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int], *, limit_entries: bool = True
+) -> None:
+  """Index ranges, and (limit_entries) at most _MAX_ENTRIES entries: a sharded graph's builder
+  checks each shard's entries instead."""
   if rows.size != cols.size:
     raise ValueError(f"rows and cols differ in length: {rows.size} and {cols.size}")
-  if rows.size > _MAX_ENTRIES:
+  if limit_entries and rows.size > _MAX_ENTRIES:
     raise ValueError(f"at most {_MAX_ENTRIES} entries are supported; got {rows.size}")
   for name, idx, bound in (("row", rows, shape[0]), ("column", cols, shape[1])):
     if idx.size == 0:

@@ -28,10 +28,10 @@ from jaxsparse_tc._src.distributed.layout import (
 )
 from jaxsparse_tc._src.distributed.mesh import check_host_mesh, make_mesh
 from jaxsparse_tc._src.distributed.partition import (
-  check_bounds,
-  partition_rows,
-  rows_per_shard,
+  check_padded_nodes,
+  plan_rows,
   shard_entries,
+  value_offsets,
 )
 from jaxsparse_tc._src.distributed.sharded_matrix import ShardedMatrix
 from jaxsparse_tc._src.options import FormatOptions
@@ -145,16 +145,15 @@ def shard_coo(
   check_host_mesh(mesh, "shard_coo")
   P = int(mesh.shape[axis])
   n = int(num_nodes)
+  integrity.check_dims(n, n, "num_nodes gives the shape")
   rows, cols = integrity.index_array("rows", rows), integrity.index_array("cols", cols)
-  sm._check_indices(rows, cols, (n, n))
+  # The whole graph may hold more entries than one format: plan_rows checks each shard's.
+  sm._check_indices(rows, cols, (n, n), limit_entries=False)
   v = sm._input_values(values, rows.size)
-  if bounds is None:
-    bounds = partition_rows(np.bincount(rows, minlength=n), P, row_weight=row_weight)
-  b = check_bounds(bounds, n, P)
-  counts = np.diff(b)
-  M = rows_per_shard(counts)
-  col_owner, shard_sel = shard_entries(rows, cols, counts)
+  b, _, M = plan_rows(np.bincount(rows, minlength=n), P, bounds, row_weight=row_weight)
+  col_owner, shard_sel = shard_entries(rows, cols, np.diff(b))
   plan = plan_exchange(cols, shard_sel, b, M, exchange, halo_threshold)
+  check_padded_nodes(P, M, plan.ext_cols)
   specs = _part_specs(plan, rows, cols, col_owner, shard_sel, overlap)
   parts = [
     (_build_part(kind, entries, M, ncols, fill, split_blocks, col_window), entries)
@@ -250,18 +249,18 @@ def _shard_values(parts, v, num_entries: int, P: int):
   one after the other; duplicates summed), the flat position of each input entry, and
   nnz_total (padded values per shard, all parts)."""
   heads = v.shape[:-1]
-  nnz_total = sum(pl.nnz for (pl, _, _), _ in parts)
+  part_nnz = [pl.nnz for (pl, _, _), _ in parts]
+  nnz_total = sum(part_nnz)
+  starts = value_offsets(P, part_nnz)  # int64: P * nnz_total may pass 2^31
   value_blocks = []
   input_positions = np.empty(num_entries, np.int64)
-  offset = 0
-  for (pl, pa, to_formats), entries in parts:
+  for i, ((pl, pa, to_formats), entries) in enumerate(parts):
     vals = np.zeros(heads + (P, pl.nnz), v.dtype)
     for p, ((_, _, sel), to_format) in enumerate(zip(entries, to_formats)):
       nnz_p = int(pa.nnz[p])
       vals[..., p, :nnz_p] = sm._sum_into(v[..., sel], to_format, nnz_p)
-      input_positions[sel] = p * nnz_total + offset + to_format
+      input_positions[sel] = starts[p, i] + to_format.astype(np.int64)
     value_blocks.append(vals)
-    offset += pl.nnz
   vals = value_blocks[0] if len(value_blocks) == 1 else np.concatenate(value_blocks, axis=-1)
   return vals.reshape(heads + (P * nnz_total,)), input_positions, nnz_total
 

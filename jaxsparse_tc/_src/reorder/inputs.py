@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from jaxsparse_tc._src.integrity import index_array
+from jaxsparse_tc._src.integrity import check_dims, index_array
 from jaxsparse_tc._src.sparse_matrix import SparseMatrix
 
 # The C++ reordering splits its work over at most two threads (csrc/cpu/reorder.cc).
@@ -70,6 +70,8 @@ def coo(A, num_nodes):
     raise ValueError(
       f"reordering permutes the nodes of a graph: the matrix must be square; got shape {shape}"
     )
+  # The orderings hold node ids as int32 (csrc/cpu/reorder.cc), as the format does.
+  check_dims(*shape, "reorder: the graph's shape")
   if rows.size:
     lo = min(int(rows.min()), int(cols.min()))
     hi = max(int(rows.max()), int(cols.max()))
