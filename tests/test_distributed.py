@@ -349,6 +349,43 @@ def case_no_halo_shard():
     _close(f"{want} dx", SA.unshard_rows(g1), g0)
 
 
+def case_total_past_entry_limit():
+  """With the format's entry limit lowered below the graph's entries: one SparseMatrix is
+  refused, the sharded graph (each shard under the limit) is built and its SpMM equals a float64
+  reference; bounds giving one shard more than the limit are refused, naming the shard."""
+  import jaxsparse_tc as jst
+  from jaxsparse_tc import distributed as dist
+  from jaxsparse_tc._src import integrity
+  from jaxsparse_tc._src import sparse_matrix as sm
+
+  if DEVICES == 1:
+    return
+  rng = np.random.default_rng(5)
+  g = _graph(40 * DEVICES, 0.1, seed=4).tocoo()
+  limit = g.nnz // DEVICES + g.nnz // (4 * DEVICES)  # under the total, over each shard's share
+  saved = sm._MAX_ENTRIES, integrity.MAX_ENTRIES
+  sm._MAX_ENTRIES = integrity.MAX_ENTRIES = limit
+  try:
+    try:
+      jst.SparseMatrix.from_scipy(g)
+      raise AssertionError(f"a matrix of {g.nnz} entries passed the limit {limit}")
+    except ValueError as e:
+      assert f"at most {limit} entries" in str(e), e
+    mesh = dist.make_mesh(DEVICES)
+    SA = dist.shard_scipy(g, mesh, bounds=list(range(0, g.shape[0] + 1, 40)))
+    x = rng.standard_normal((g.shape[0], 8)).astype(np.float32)
+    want = g.astype(np.float64) @ x.astype(np.float64)
+    _close("spmm", SA.unshard_rows(jst.spmm(SA, SA.shard_rows(x), precision=HIGHEST)), want)
+    try:
+      dist.shard_scipy(g, mesh, bounds=[0] * DEVICES + [g.shape[0]])
+      raise AssertionError("a shard over the entry limit was accepted")
+    except ValueError as e:
+      assert f"shard {DEVICES - 1} of {DEVICES} holds {g.nnz} entries" in str(e), e
+      assert f"per-shard limit of {limit}" in str(e), e
+  finally:
+    sm._MAX_ENTRIES, integrity.MAX_ENTRIES = saved
+
+
 def case_auto_exchange_and_bytes():
   """auto picks halo for a local (banded) graph and allgather for a random one; exchange_bytes
   counts rows received."""
