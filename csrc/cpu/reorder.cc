@@ -13,6 +13,7 @@
 #include <exception>
 #include <numeric>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 namespace jaxsparse_tc {
@@ -295,6 +296,13 @@ struct Dendrogram {
 // communities by a union-find with path halving).
 Dendrogram aggregate(const Graph& g, const std::vector<uint64_t>& key) {
   const int64_t n = g.n;
+  // An edge weight between two communities counts distinct edges (at most half the symmetric
+  // adjacency's entries): uint32 holds it below 2^32 of them.
+  if (g.adj.size() / 2 > UINT32_MAX)
+    throw std::invalid_argument(
+        "reorder: the community orderings (affinity, rabbit) take at most " +
+        std::to_string(UINT32_MAX) + " distinct edges (uint32 weights); got " +
+        std::to_string(g.adj.size() / 2) + ": use method=\"rcm\" or \"degree\"");
   const std::vector<int32_t> visit = by_degree(g, key);
   const double inv_two_m = 1.0 / double(std::max<size_t>(g.adj.size(), 1));
   struct State {
