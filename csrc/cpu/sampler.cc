@@ -60,9 +60,9 @@ class ThreadSpawner {
 template <typename Fn>
 void parallel_range(int threads, int64_t total, int64_t grain, const Fn& fn) {
   const int64_t chunks =
-      std::clamp<int64_t>(total / std::max<int64_t>(grain, 1), 1, kChunksPerThread * threads);
+      std::clamp<int64_t>(total / std::max<int64_t>(grain, 1), 1, cpu::kChunksPerThread * threads);
   ThreadSpawner pool;
-  parallel_chunks(pool, threads, chunks, [&](int64_t c) {
+  cpu::parallel_chunks(pool, threads, chunks, [&](int64_t c) {
     const int64_t b = total * c / chunks, e = total * (c + 1) / chunks;
     if (b < e) fn(b, e);
   });
