@@ -51,7 +51,12 @@ def test_layers_follow_the_graph(rng, mode):
   fanouts = [-1, -1] if mode == "full" else [4, 3, 2]
   seeds = rng.choice(n, 10, replace=False)
   layers = sample_neighbors(
-    indptr, indices, seeds, fanouts, seed=int(rng.integers(2**32)), replace=opts["replace"],
+    indptr,
+    indices,
+    seeds,
+    fanouts,
+    seed=int(rng.integers(2**32)),
+    replace=opts["replace"],
     weights=weights,
   )
   assert len(layers) == len(fanouts)
@@ -159,6 +164,20 @@ def test_uniform_draws_match_brute_force(seed):
   assert ok, stat
 
 
+def test_large_fanout_is_uniform_without_repeats():
+  k, d, f = 400, 100, 70  # past the small-fanout path's linear search
+  indptr, indices, _ = star_graph(k, [1.0] * d)
+  (layer,) = sample_neighbors(indptr, indices, np.arange(k), [f], seed=23)
+  np.testing.assert_array_equal(np.bincount(layer.rows, minlength=k), np.full(k, f))
+  pairs = layer.rows.astype(np.int64) * d + layer.edge_ids % d
+  assert np.unique(pairs).size == pairs.size
+  # Inclusion counts are less spread than multinomial ones: the test is conservative.
+  ok, stat = chi_square_ok(
+    np.bincount(layer.edge_ids - d * layer.rows, minlength=d), np.full(d, 1 / d)
+  )
+  assert ok, stat
+
+
 @pytest.mark.parametrize("seed", [5, 17])
 def test_weighted_draws_favour_heavy_edges(seed):
   k, f = 3000, 2
@@ -182,7 +201,7 @@ def test_weighted_draws_favour_heavy_edges(seed):
   assert ok, stat
 
 
-# -- padded batches ---------------------------------------------------------------------------------
+# -- padded batches ------------------------------------------------------------------------------
 
 
 def sage_forward(params, h, blocks):
@@ -216,11 +235,13 @@ def make_params(rng, dims):
   ]
 
 
-@pytest.mark.parametrize("replace", [False, True])
-def test_padding_is_inert(rng, replace):
+@pytest.mark.parametrize(
+  "fanouts, replace", [([4, 3], False), ([4, 3], True), ([-1, 2], False), ([1, 0], False)]
+)
+def test_padding_is_inert(rng, fanouts, replace):
   n, d = 120, 5
   ei = random_graph(rng, n, max_degree=9)
-  sampler = NeighborSampler.from_edge_index(ei, n, [4, 3], batch_size=16, replace=replace)
+  sampler = NeighborSampler.from_edge_index(ei, n, fanouts, batch_size=16, replace=replace)
   x = rng.normal(size=(n, d)).astype(np.float32)
   params = make_params(rng, [d, 6, 3])
   seeds = rng.choice(n, 11, replace=False)  # fewer than batch_size: padded seed rows
@@ -274,7 +295,7 @@ def test_one_trace_for_every_batch(rng, capsys):
     return value, jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
 
   seen, losses = [], []
-  for epoch in range(2):
+  for _ in range(2):
     for batch in loader:
       value, params = step(params, batch)
       losses.append(float(value))
@@ -317,8 +338,12 @@ def test_bad_inputs_name_the_argument(rng):
   n = 30
   indptr, indices, _ = csr_from_edge_index(random_graph(rng, n), n)
   call = lambda **kw: sample_neighbors(
-    kw.pop("indptr", indptr), indices, kw.pop("seeds", [0, 1]), kw.pop("fanouts", [2]),
-    seed=kw.pop("seed", 0), **kw
+    kw.pop("indptr", indptr),
+    indices,
+    kw.pop("seeds", [0, 1]),
+    kw.pop("fanouts", [2]),
+    seed=kw.pop("seed", 0),
+    **kw,
   )
   with pytest.raises(ValueError, match=r"fanouts\[1\].*got -2"):
     call(fanouts=[2, -2])
