@@ -236,7 +236,8 @@ def make_params(rng, dims):
 
 
 @pytest.mark.parametrize(
-  "fanouts, replace", [([4, 3], False), ([4, 3], True), ([-1, 2], False), ([1, 0], False)]
+  "fanouts, replace",
+  [([4, 3], False), ([4, 3], True), ([-1, 2], False), ([1, 0], False), ([40, 1], False)],
 )
 def test_padding_is_inert(rng, fanouts, replace):
   n, d = 120, 5
@@ -250,6 +251,8 @@ def test_padding_is_inert(rng, fanouts, replace):
     np.testing.assert_array_equal(ei[0, layer.edge_ids], layer.sources[layer.cols])
     np.testing.assert_array_equal(ei[1, layer.edge_ids], layer.targets[layer.rows])
   batch = sampler.pad(layers)
+  if fanouts == [40, 1]:  # the inner layer's output is padded up to the outer one's sources
+    assert batch.blocks[0].num_dst > batch.blocks[0].num_src
   h0 = jnp.asarray(x)[batch.input_nodes]
   out = jax.jit(sage_forward)(params, h0, batch.blocks)
   assert out.shape == (16, 3)
