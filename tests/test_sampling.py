@@ -273,6 +273,26 @@ def test_padding_is_inert(rng, fanouts, replace):
   assert np.all(np.any(g[:11] != 0, axis=1))  # the seeds' own rows get gradient
 
 
+def test_edge_values_follow_the_edge_slots(rng):
+  """Per-edge values (edge weights of the input graph) reach the block's matrix through
+  edge_ids and values_from_input; padding slots carry zero."""
+  n, d = 90, 3
+  ei = random_graph(rng, n, max_degree=8)
+  w = rng.uniform(0.5, 2.0, ei.shape[1]).astype(np.float32)
+  sampler = NeighborSampler.from_edge_index(ei, n, [3], batch_size=10, replace=True)
+  (layer,) = sampler.sample(rng.choice(n, 7, replace=False), seed=int(rng.integers(2**32)))
+  (block,) = sampler.pad([layer]).blocks
+  vals = jnp.where(block.edge_mask, jnp.asarray(w)[block.edge_ids], 0)
+  A = block.A.with_values(block.A.values_from_input(vals))
+  h = rng.normal(size=(block.num_src, d)).astype(np.float32)
+  out = np.asarray(jst.spmm(A, jnp.asarray(h)))
+  T, S = layer.targets.shape[0], layer.sources.shape[0]
+  dense = np.zeros((T, S))
+  np.add.at(dense, (layer.rows, layer.cols), w[layer.edge_ids])
+  np.testing.assert_allclose(out[:T], dense @ h[:S].astype(np.float64), rtol=1e-5, atol=1e-5)
+  assert np.all(out[T:] == 0)
+
+
 def test_one_trace_for_every_batch(rng, capsys):
   n, d = 150, 4
   ei = random_graph(rng, n, max_degree=10)
