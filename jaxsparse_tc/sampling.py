@@ -6,7 +6,6 @@ the layers' bipartite blocks feed a GNN from the outermost layer in. The sampler
 CPU extension (multithreaded; the draws of node v in layer l come from a random stream hashed
 from (seed, l, v), so a seed gives the same sample whatever the thread count).
 
-    indptr, indices, order = csr_from_edge_index(edge_index, num_nodes)
     sampler = NeighborSampler.from_edge_index(edge_index, num_nodes, [10, 5], batch_size=512)
     for batch in NeighborLoader(sampler, train_nodes, seed=0, progress=True):
       loss, grads = step(params, batch)           # one trace for all batches
