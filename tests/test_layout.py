@@ -24,6 +24,7 @@ THIN = [
   "sparse_matrix.py",
   "interop.py",
   "reorder.py",
+  "sampling.py",
   "nn/batch.py",
   "nn/equinox.py",
   "nn/flax.py",

@@ -3,7 +3,10 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <thread>
 #include <vector>
 
 #include "common/ops.h"
@@ -12,6 +15,7 @@
 #include "cpu/pattern_build.h"
 #include "cpu/pattern_check.h"
 #include "cpu/reorder.h"
+#include "cpu/sampler.h"
 // The CUDA launch plans are host code without CUDA headers: kernel_choices runs them here, so
 // that the choice they make can be asked on any machine.
 #include "plan/attention.h"
@@ -64,6 +68,45 @@ nb::dict build_pattern(IndexArray rows, IndexArray cols, int64_t m, int64_t n,
   out["row_schedule"] = to_numpy(std::move(p.row_schedule), {R, 4});
   out["input_to_format"] = to_numpy(std::move(p.input_to_format), {size_t(count)});
   out["grouped"] = p.grouped;
+  return out;
+}
+
+using DoubleArray = nb::ndarray<const double, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Int32Array = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// Neighbour sampling (cpu/sampler.h): a list of dicts per layer, numpy arrays sources (int64),
+// rows, cols (int32, local indices) and edge_ids (int64 CSR positions).
+nb::list sample_neighbors(IndexArray indptr, Int32Array indices, IndexArray targets,
+                          std::vector<int64_t> fanouts, uint64_t seed, bool replace,
+                          std::optional<DoubleArray> weights, int threads) {
+  const int64_t n = int64_t(indptr.shape(0)) - 1, nnz = int64_t(indices.shape(0));
+  if (n < 0) throw nb::value_error("sample_neighbors: indptr must have n + 1 >= 1 entries");
+  if (indptr.data()[0] != 0 || indptr.data()[n] != nnz)
+    throw nb::value_error("sample_neighbors: indptr must start at 0 and end at len(indices)");
+  if (weights && int64_t(weights->shape(0)) != nnz)
+    throw nb::value_error("sample_neighbors: weights must have one entry per index");
+  for (int64_t f : fanouts)
+    if (f < -1) throw nb::value_error("sample_neighbors: fanouts must be >= 0 or -1");
+  jaxsparse_tc::SampleOptions options;
+  options.replace = replace;
+  options.weights = weights ? weights->data() : nullptr;
+  options.threads = threads > 0 ? threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<jaxsparse_tc::SampledLayer> layers;
+  {
+    nb::gil_scoped_release release;
+    layers = jaxsparse_tc::sample_neighbors(indptr.data(), indices.data(), n, targets.data(),
+                                            int64_t(targets.shape(0)), fanouts, seed, options);
+  }
+  nb::list out;
+  for (auto& layer : layers) {
+    const size_t S = layer.sources.size(), E = layer.rows.size();
+    nb::dict d;
+    d["sources"] = to_numpy(std::move(layer.sources), {S});
+    d["rows"] = to_numpy(std::move(layer.rows), {E});
+    d["cols"] = to_numpy(std::move(layer.cols), {E});
+    d["edge_ids"] = to_numpy(std::move(layer.edge_ids), {E});
+    out.append(d);
+  }
   return out;
 }
 
@@ -255,6 +298,16 @@ NB_MODULE(_cpu, m) {
         "One orientation of the format from validated int64 COO indices (docs/FORMAT.md): a "
         "dict of Pattern's ten arrays, input_to_format and grouped (whether the schedule is). "
         "grouped, split_blocks, row_order: FormatOptions' (None: the builder's rule).");
+  m.def("sample_neighbors", &sample_neighbors, nb::arg("indptr"), nb::arg("indices"),
+        nb::arg("targets"), nb::arg("fanouts"), nb::kw_only(), nb::arg("seed"),
+        nb::arg("replace") = false, nb::arg("weights") = nb::none(), nb::arg("threads") = 0,
+        "Samples len(fanouts) layers of in-neighbours from the CSR graph (indptr int64 [n + 1], "
+        "indices int32 [nnz]; rows = targets) outwards from the distinct targets (int64). Per "
+        "layer a dict: sources (int64, distinct, the layer's targets first), rows and cols "
+        "(int32 local indices of each sampled edge's target and source) and edge_ids (int64 "
+        "CSR positions). fanout -1 takes every neighbour; weights (float64 [nnz], >= 0) draw "
+        "proportionally. Deterministic for a seed whatever threads (0: all cores); releases "
+        "the GIL. The caller validates indices and weights (cpu/sampler.h).");
   m.def("kernel_choices", &kernel_choices, nb::arg("rows"), nb::arg("nnz"), nb::arg("windows"),
         nb::arg("blocks"), nb::arg("condensed_cols"), nb::arg("d"), nb::arg("esize"),
         nb::arg("exact"), nb::kw_only(), nb::arg("row_items") = 0, nb::arg("heads") = 1,

@@ -50,8 +50,10 @@ struct FanOut {
 }  // namespace detail
 
 // Runs fn(c) for every chunk c in [0, chunks), on the caller and up to threads - 1 pool tasks.
-template <typename Fn>
-void parallel_chunks(ffi::ThreadPool& pool, int64_t threads, int64_t chunks, const Fn& fn) {
+// Pool: anything with Schedule(task) (ffi::ThreadPool in the handlers; host code outside XLA
+// passes its own).
+template <typename Pool, typename Fn>
+void parallel_chunks(Pool& pool, int64_t threads, int64_t chunks, const Fn& fn) {
   if (chunks <= 1 || threads <= 1) {
     for (int64_t c = 0; c < chunks; ++c) fn(c);
     return;

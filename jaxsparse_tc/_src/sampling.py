@@ -1,0 +1,523 @@
+"""The implementation of jaxsparse_tc.sampling, whose docstring documents it."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import operator
+import sys
+import time
+from typing import Iterator, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsparse_tc._src import extensions
+from jaxsparse_tc._src.nn.batch import Budget, padded_matrix
+
+_MAX_INDEX = 2**31 - 1  # local indices and CSR columns are int32
+
+
+class SampledLayer(NamedTuple):
+  """One sampled layer (hop) on the host, unpadded.
+
+  targets: int64 [T] global ids of the layer's targets (the seeds for the first layer, else
+    the previous layer's sources). sources: int64 [S] distinct global ids, `targets` first
+    (`sources[:T] == targets`). rows, cols: int32 [E] each sampled edge's target and source as
+    local indices (into targets and sources). edge_ids: int64 [E] each edge's id (its CSR
+    position, or its column of edge_index for a sampler built from one).
+  """
+
+  targets: np.ndarray
+  sources: np.ndarray
+  rows: np.ndarray
+  cols: np.ndarray
+  edge_ids: np.ndarray
+
+
+def _int(where: str, name: str, v, lo: int) -> int:
+  if isinstance(v, (bool, np.bool_)):
+    raise ValueError(f"{where}: {name} must be an integer >= {lo}; got {v!r}")
+  try:
+    i = operator.index(v)
+  except TypeError:
+    raise ValueError(
+      f"{where}: {name} must be an integer >= {lo}; got {v!r} ({type(v).__name__})"
+    ) from None
+  if i < lo:
+    raise ValueError(f"{where}: {name} must be an integer >= {lo}; got {i}")
+  return i
+
+
+def _fanouts(where: str, fanouts) -> tuple[int, ...]:
+  if not isinstance(fanouts, (list, tuple, range, np.ndarray)):
+    raise ValueError(
+      f"{where}: fanouts must be a sequence of integers (one per layer); got {fanouts!r}"
+    )
+  out = []
+  for i, f in enumerate(fanouts):
+    if isinstance(f, (bool, np.bool_)) or not isinstance(f, (int, np.integer)) or f < -1:
+      raise ValueError(
+        f"{where}: fanouts[{i}] must be an integer >= 0, or -1 (every neighbour); got {f!r}"
+      )
+    out.append(int(f))
+  if not out:
+    raise ValueError(f"{where}: fanouts must name at least one layer; got {fanouts!r}")
+  return tuple(out)
+
+
+def _csr(where: str, indptr, indices, weights):
+  """indptr (int64), indices (int32) and weights (float64 or None), checked."""
+  ip = np.asarray(indptr)
+  ix = np.asarray(indices)
+  if ip.ndim != 1 or ip.shape[0] < 1 or ip.dtype.kind not in "iu":
+    raise ValueError(
+      f"{where}: indptr must be an integer array [num_nodes + 1]; got {ip.dtype} {ip.shape}"
+    )
+  if ix.ndim != 1 or (ix.size and ix.dtype.kind not in "iu"):
+    raise ValueError(f"{where}: indices must be an integer array [nnz]; got {ix.dtype} {ix.shape}")
+  n, nnz = ip.shape[0] - 1, ix.shape[0]
+  if n > _MAX_INDEX:
+    raise ValueError(f"{where}: at most {_MAX_INDEX} nodes are supported; got {n}")
+  if ip[0] != 0 or ip[-1] != nnz or (n and np.any(np.diff(ip) < 0)):
+    raise ValueError(
+      f"{where}: indptr must be nondecreasing from 0 to len(indices)={nnz}; got "
+      f"indptr[0]={ip[0]}, indptr[-1]={ip[-1]}"
+    )
+  if nnz and (ix.min() < 0 or ix.max() >= n):
+    raise ValueError(
+      f"{where}: indices hold node ids in [{ix.min()}, {ix.max()}], outside [0, num_nodes={n})"
+    )
+  w = None
+  if weights is not None:
+    w = np.asarray(weights)
+    if w.dtype.kind not in "biuf":
+      raise ValueError(f"{where}: weights must hold numbers; got dtype {w.dtype}")
+    if w.shape != (nnz,):
+      raise ValueError(
+        f"{where}: weights must have shape [nnz={nnz}] (one per edge); got shape {w.shape}"
+      )
+    w = np.ascontiguousarray(w, np.float64)
+    if nnz and not (np.all(np.isfinite(w)) and w.min() >= 0):
+      raise ValueError(f"{where}: weights must be finite and >= 0; got min {w.min()}")
+  return (
+    np.ascontiguousarray(ip, np.int64),
+    np.ascontiguousarray(ix, np.int32),
+    w,
+  )
+
+
+def _seeds(where: str, seeds, num_nodes: int) -> np.ndarray:
+  s = np.asarray(seeds)
+  if s.ndim != 1 or (s.size and s.dtype.kind not in "iu"):
+    raise ValueError(
+      f"{where}: seeds must be a 1-D integer array of node ids; got {s.dtype} {s.shape}"
+    )
+  if s.size == 0:
+    raise ValueError(f"{where}: seeds must hold at least one node id; got an empty array")
+  if s.min() < 0 or s.max() >= num_nodes:
+    raise ValueError(
+      f"{where}: seeds hold node ids in [{s.min()}, {s.max()}], outside [0, num_nodes={num_nodes})"
+    )
+  s = s.astype(np.int64)
+  if np.unique(s).size != s.size:
+    raise ValueError(
+      f"{where}: seeds must be distinct node ids; got {s.size - np.unique(s).size} repeats"
+    )
+  return s
+
+
+def _sample(indptr, indices, weights, seeds, fanouts, seed, replace, threads) -> list[SampledLayer]:
+  raw = extensions.cpu_extension().sample_neighbors(
+    indptr,
+    indices,
+    seeds,
+    list(fanouts),
+    seed=seed,
+    replace=replace,
+    weights=weights,
+    threads=threads,
+  )
+  out, targets = [], seeds
+  for d in raw:
+    out.append(SampledLayer(targets, d["sources"], d["rows"], d["cols"], d["edge_ids"]))
+    targets = d["sources"]
+  return out
+
+
+def sample_neighbors(
+  indptr,
+  indices,
+  seeds,
+  fanouts: Sequence[int],
+  *,
+  seed: int,
+  replace: bool = False,
+  weights=None,
+  threads: int = 0,
+) -> list[SampledLayer]:
+  """Samples `len(fanouts)` layers of in-neighbours outwards from `seeds` (unpadded).
+
+  indptr [num_nodes + 1], indices [nnz]: the graph in CSR with rows = targets (PyG's direction:
+  row v lists the sources u of the edges u -> v, `csr_from_edge_index`). seeds: distinct node
+  ids. fanouts[l]: neighbours each target of layer l draws; -1 takes all of them. Without
+  `replace` a target with at most fanout neighbours takes all of them; with `replace` it makes
+  fanout draws (a repeated edge appears repeatedly). weights [nnz] (>= 0): draws proportional
+  to them (without replacement: successive draws, Efraimidis-Spirakis), zero-weight edges never.
+  seed: an integer >= 0; the result depends on it only, not on `threads` (0: every core).
+  Returns a SampledLayer per layer, the seeds' layer first.
+  """
+  where = "sample_neighbors"
+  fanouts = _fanouts(where, fanouts)
+  seed = _int(where, "seed", seed, 0)
+  threads = _int(where, "threads", threads, 0)
+  ip, ix, w = _csr(where, indptr, indices, weights)
+  s = _seeds(where, seeds, ip.shape[0] - 1)
+  return _sample(ip, ix, w, s, fanouts, seed % 2**64, bool(replace), threads)
+
+
+def csr_from_edge_index(edge_index, num_nodes: int):
+  """The CSR (rows = targets) of edge_index [2, E] (a message flows edge_index[0] ->
+  edge_index[1]): (indptr int64 [num_nodes + 1], indices int32 [E], edge_order int64 [E]),
+  edge_order[k] the column of edge_index at CSR position k (sources ascending inside a row
+  only as edge_index lists them: the sort by target is stable)."""
+  n = _int("csr_from_edge_index", "num_nodes", num_nodes, 0)
+  ei = np.asarray(edge_index)
+  if ei.ndim != 2 or ei.shape[0] != 2 or (ei.size and ei.dtype.kind not in "iu"):
+    raise ValueError(
+      f"csr_from_edge_index: edge_index must be an integer array [2, E]; got {ei.dtype} {ei.shape}"
+    )
+  if ei.size and (ei.min() < 0 or ei.max() >= n):
+    raise ValueError(
+      f"csr_from_edge_index: edge_index holds node ids in [{ei.min()}, {ei.max()}], outside "
+      f"[0, num_nodes={n})"
+    )
+  ei = ei.astype(np.int64)
+  order = np.argsort(ei[1], kind="stable")
+  indptr = np.zeros(n + 1, np.int64)
+  np.cumsum(np.bincount(ei[1], minlength=n), out=indptr[1:])
+  return indptr, ei[0, order].astype(np.int32), order.astype(np.int64)
+
+
+# -- fixed-shape blocks ----------------------------------------------------------------------------
+
+
+@jax.tree_util.register_pytree_node_class
+class Block:
+  """One padded bipartite layer (a pytree), DGL's block with fixed shapes.
+
+  A: SparseMatrix [num_src, num_src] (square: the padding mechanism of nn.batch.padded_matrix),
+    rows = target local index, columns = source local index; value 1 per sampled edge (a
+    repeated draw sums), 0 on the padding's dummy entries, which lie in padding rows and
+    columns only. Input order = the edge slots: `A.values_from_input(v)` takes [num_edges].
+  edge_ids: int32 [num_edges] the edge of each slot (0 on padding; see SampledLayer).
+  edge_mask: bool [num_edges]. src_mask: bool [num_src]. dst_mask: bool [num_dst].
+  num_dst (static): rows of the layer's output, the next block's num_src (the seed batch size
+    for the last block); `dst(h)` cuts or zero-pads [num_src, ...] rows to it.
+  """
+
+  def __init__(self, A, edge_ids, edge_mask, src_mask, dst_mask, num_dst: int):
+    self.A = A
+    self.edge_ids = edge_ids
+    self.edge_mask = edge_mask
+    self.src_mask = src_mask
+    self.dst_mask = dst_mask
+    self.num_dst = num_dst
+
+  def tree_flatten(self):
+    return (self.A, self.edge_ids, self.edge_mask, self.src_mask, self.dst_mask), self.num_dst
+
+  @classmethod
+  def tree_unflatten(cls, num_dst, children):
+    return cls(*children, num_dst)
+
+  @property
+  def num_src(self) -> int:
+    return self.src_mask.shape[0]
+
+  @property
+  def num_edges(self) -> int:
+    return self.edge_mask.shape[0]
+
+  def dst(self, h):
+    """The target rows of h [num_src, ...] (targets are the sources' prefix), as
+    [num_dst, ...]: cut, or padded with zero rows when num_dst > num_src."""
+    h = jnp.asarray(h)
+    k = h.shape[0]
+    if k >= self.num_dst:
+      return h[: self.num_dst]
+    return jnp.pad(h, [(0, self.num_dst - k)] + [(0, 0)] * (h.ndim - 1))
+
+  def __repr__(self) -> str:
+    return (
+      f"Block(num_src={self.num_src}, num_dst={self.num_dst}, num_edges={self.num_edges}, "
+      f"nnz={self.A.nnz})"
+    )
+
+
+@jax.tree_util.register_pytree_node_class
+class SampledBatch:
+  """A padded mini-batch (a pytree): every array has the same shape in every batch of a sampler.
+
+  blocks: tuple of Block, input side first (DGL's order): blocks[0] consumes
+    `x[input_nodes]`, blocks[-1] produces the seeds' rows.
+  input_nodes: int32 [blocks[0].num_src] global ids of the outermost sources (0 on padding).
+  input_mask: bool, True on real input nodes.
+  seeds: int32 [batch_size] the batch's seed ids (0 on padding); seed_mask: bool, True on real
+    seeds (mask the loss with it).
+  """
+
+  def __init__(self, blocks, input_nodes, input_mask, seeds, seed_mask):
+    self.blocks = tuple(blocks)
+    self.input_nodes = input_nodes
+    self.input_mask = input_mask
+    self.seeds = seeds
+    self.seed_mask = seed_mask
+
+  def tree_flatten(self):
+    return (self.blocks, self.input_nodes, self.input_mask, self.seeds, self.seed_mask), None
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    del aux
+    return cls(*children)
+
+  def __repr__(self) -> str:
+    return f"SampledBatch(batch_size={self.seed_mask.shape[0]}, blocks={list(self.blocks)})"
+
+
+class NeighborSampler:
+  """Samples padded mini-batches of fixed shapes from one graph (PyG's NeighborLoader sampling,
+  DGL's sample_neighbors + blocks), so that one compiled program serves every batch.
+
+  indptr, indices, weights: the graph in CSR, rows = targets (see sample_neighbors;
+  `from_edge_index` builds it from edge_index). fanouts: per layer, the seeds' layer first.
+  batch_size: most seeds per batch. max_sources: None, or a cap per layer on the distinct
+  sources (default and most: targets x (1 + fanout), and the node count); a batch exceeding
+  a cap raises ValueError. threads: sampling threads (0: every core).
+
+  Budgets (`budgets`, one nn.batch.Budget per layer): targets T_1 = batch_size and
+  T_{l+1} = S_l; sources S_l <= T_l (1 + f_l); edges E_l <= T_l f_l, f_l the fanout (for -1
+  the largest in-degree). Every block is padded with padded_matrix to its budget.
+  """
+
+  def __init__(
+    self,
+    indptr,
+    indices,
+    fanouts: Sequence[int],
+    *,
+    batch_size: int,
+    weights=None,
+    replace: bool = False,
+    max_sources: Sequence[int | None] | None = None,
+    threads: int = 0,
+    edge_order=None,
+  ):
+    where = "NeighborSampler"
+    self.fanouts = _fanouts(where, fanouts)
+    self.batch_size = _int(where, "batch_size", batch_size, 1)
+    self.threads = _int(where, "threads", threads, 0)
+    self.replace = bool(replace)
+    self.indptr, self.indices, self.weights = _csr(where, indptr, indices, weights)
+    self.num_nodes = self.indptr.shape[0] - 1
+    self._edge_order = None if edge_order is None else np.asarray(edge_order, np.int64)
+    L = len(self.fanouts)
+    if max_sources is None:
+      caps = [None] * L
+    else:
+      caps = list(max_sources)
+      if len(caps) != L:
+        raise ValueError(
+          f"{where}: max_sources must have one entry per layer ({L}); got {len(caps)}"
+        )
+      caps = [
+        None if c is None else _int(where, f"max_sources[{i}]", c, 1) for i, c in enumerate(caps)
+      ]
+    degree = np.diff(self.indptr)
+    max_degree = int(degree.max()) if degree.size else 0
+    nnz = int(self.indices.shape[0])
+    budgets, t = [], self.batch_size
+    self.max_sources = []
+    for f, cap in zip(self.fanouts, caps):
+      f_eff = max_degree if f < 0 else f
+      e = t * f_eff if self.replace and f >= 0 else min(t * f_eff, nnz)
+      s = min(t + e, max(self.num_nodes, 1))
+      if cap is not None:
+        if cap < t:
+          raise ValueError(
+            f"{where}: max_sources must be >= the layer's targets ({t}, the sources include "
+            f"them); got {cap}"
+          )
+        s = min(s, cap)
+      self.max_sources.append(s)
+      budgets.append(Budget(nodes=max(s, 1), edges=max(e, 1), graphs=1))
+      t = s
+    self.budgets = tuple(budgets)
+    # The rows each layer's output needs: the next layer's (towards the seeds) source slots.
+    self._num_dst = tuple([self.batch_size] + [b.num_nodes for b in self.budgets[:-1]])
+
+  @classmethod
+  def from_edge_index(cls, edge_index, num_nodes: int, fanouts, *, edge_weight=None, **kwargs):
+    """A sampler of the graph edge_index [2, E] (PyG's direction); edge_ids are columns of
+    edge_index and edge_weight [E] (or None) weighs the draws."""
+    indptr, indices, order = csr_from_edge_index(edge_index, num_nodes)
+    w = None
+    if edge_weight is not None:
+      w = np.asarray(edge_weight)
+      if w.shape != (order.shape[0],):
+        raise ValueError(
+          f"NeighborSampler.from_edge_index: edge_weight must have shape [E={order.shape[0]}]; "
+          f"got shape {w.shape}"
+        )
+      w = w[order]
+    return cls(indptr, indices, fanouts, weights=w, edge_order=order, **kwargs)
+
+  def sample(self, seeds, seed: int) -> list[SampledLayer]:
+    """The unpadded layers of one batch of seeds (at most batch_size), sampled with `seed`."""
+    s = _seeds("NeighborSampler.sample", seeds, self.num_nodes)
+    if s.size > self.batch_size:
+      raise ValueError(
+        f"NeighborSampler.sample: seeds must hold at most batch_size={self.batch_size} ids; "
+        f"got {s.size}"
+      )
+    seed = _int("NeighborSampler.sample", "seed", seed, 0) % 2**64
+    layers = _sample(
+      self.indptr, self.indices, self.weights, s, self.fanouts, seed, self.replace, self.threads
+    )
+    if self._edge_order is not None:
+      layers = [x._replace(edge_ids=self._edge_order[x.edge_ids]) for x in layers]
+    return layers
+
+  def pad(self, layers: Sequence[SampledLayer]) -> SampledBatch:
+    """The fixed-shape batch of `sample`'s layers, on the device."""
+    if len(layers) != len(self.fanouts):
+      raise ValueError(
+        f"NeighborSampler.pad: layers must hold {len(self.fanouts)} layers; got {len(layers)}"
+      )
+    blocks = []
+    for i, (layer, budget) in enumerate(zip(layers, self.budgets)):
+      S, E = layer.sources.shape[0], layer.rows.shape[0]
+      if S > self.max_sources[i]:
+        raise ValueError(
+          f"NeighborSampler: layer {i} sampled {S} distinct sources, over max_sources[{i}]="
+          f"{self.max_sources[i]}: raise the cap"
+        )
+      ei = np.stack([layer.cols, layer.rows]).astype(np.int64)
+      A, _ = padded_matrix(ei, S, budget)
+      n_src, n_edges, n_dst = budget.num_nodes, budget.edges, self._num_dst[i]
+      edge_ids = np.zeros(n_edges, np.int32)
+      edge_ids[:E] = layer.edge_ids
+      host = (
+        edge_ids,
+        np.arange(n_edges) < E,
+        np.arange(n_src) < S,
+        np.arange(n_dst) < layer.targets.shape[0],
+      )
+      blocks.append(Block(A, *jax.device_put(host), n_dst))
+    outer = layers[-1].sources
+    inputs = np.zeros(self.budgets[-1].num_nodes, np.int32)
+    inputs[: outer.shape[0]] = outer
+    seeds = np.zeros(self.batch_size, np.int32)
+    k = layers[0].targets.shape[0]
+    seeds[:k] = layers[0].targets
+    dev = jax.device_put(
+      (inputs, np.arange(inputs.shape[0]) < outer.shape[0], seeds, np.arange(self.batch_size) < k)
+    )
+    return SampledBatch(blocks[::-1], *dev)
+
+  def batch(self, seeds, seed: int) -> SampledBatch:
+    """`pad(sample(seeds, seed))`."""
+    return self.pad(self.sample(seeds, seed))
+
+
+def _batch_seed(seed: int, epoch: int, index: int) -> int:
+  lo, hi = np.random.SeedSequence([seed, epoch, index]).generate_state(2, np.uint32)
+  return int(lo) | (int(hi) << 32)
+
+
+class NeighborLoader:
+  """Iterates a sampler's padded batches over shuffled seeds (PyG's NeighborLoader).
+
+  seeds: the node ids to train on (distinct). Each iteration (epoch) shuffles them (when
+  `shuffle`) from `seed` and the epoch count, cuts them into batches of the sampler's
+  batch_size, and samples each with a seed derived from (seed, epoch, batch index): the batches
+  depend on `seed` only. Sampling runs on a host thread `prefetch` batches ahead of the
+  consumer (0: inline). progress: a progress line on stderr.
+  """
+
+  def __init__(
+    self,
+    sampler: NeighborSampler,
+    seeds,
+    *,
+    shuffle: bool = True,
+    seed: int = 0,
+    drop_last: bool = False,
+    prefetch: int = 2,
+    progress: bool = False,
+  ):
+    if not isinstance(sampler, NeighborSampler):
+      raise TypeError(
+        f"NeighborLoader: sampler must be a NeighborSampler; got {type(sampler).__name__}"
+      )
+    self.sampler = sampler
+    self.seeds = _seeds("NeighborLoader", seeds, sampler.num_nodes)
+    self.shuffle = bool(shuffle)
+    self.seed = _int("NeighborLoader", "seed", seed, 0)
+    self.drop_last = bool(drop_last)
+    self.prefetch = _int("NeighborLoader", "prefetch", prefetch, 0)
+    self.progress = bool(progress)
+    self.epoch = 0
+
+  def seed_batches(self, epoch: int | None = None) -> list[np.ndarray]:
+    """The seed ids of each batch of an epoch (the order NeighborLoader iterates)."""
+    epoch = self.epoch if epoch is None else epoch
+    order = self.seeds
+    if self.shuffle:
+      order = np.random.default_rng([self.seed, epoch]).permutation(order)
+    b = self.sampler.batch_size
+    out = [order[i : i + b] for i in range(0, order.shape[0], b)]
+    if self.drop_last and out and out[-1].shape[0] < b:
+      out.pop()
+    return out
+
+  def __len__(self) -> int:
+    return len(self.seed_batches())
+
+  def __iter__(self) -> Iterator[SampledBatch]:
+    epoch = self.epoch
+    batches = self.seed_batches(epoch)
+    self.epoch += 1
+    make = lambda i: self.sampler.batch(batches[i], _batch_seed(self.seed, epoch, i))
+    start = time.perf_counter()
+    for i, batch in enumerate(self._batches(make, len(batches))):
+      yield batch
+      if self.progress:
+        rate = (i + 1) / max(time.perf_counter() - start, 1e-9)
+        end = "\n" if i + 1 == len(batches) else ""
+        print(
+          f"\rNeighborLoader epoch {epoch}: {i + 1}/{len(batches)} batches, {rate:.1f} batches/s",
+          end=end,
+          file=sys.stderr,
+          flush=True,
+        )
+
+  def _batches(self, make, count: int) -> Iterator[SampledBatch]:
+    if self.prefetch == 0:
+      for i in range(count):
+        yield make(i)
+      return
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+      pending = [pool.submit(make, i) for i in range(min(self.prefetch, count))]
+      for i in range(count):
+        if i + self.prefetch < count:
+          pending.append(pool.submit(make, i + self.prefetch))
+        yield pending[i].result()
+        pending[i] = None
+
+
+# Pickles and reprs name the classes by their public module.
+for _cls in (SampledLayer, Block, SampledBatch, NeighborSampler, NeighborLoader):
+  _cls.__module__ = "jaxsparse_tc.sampling"
+del _cls
