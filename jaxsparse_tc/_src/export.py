@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 
-import jax
+from jax import export as jax_export  # a submodule jax does not import itself before 0.6
 
 from jaxsparse_tc._src import extensions
 from jaxsparse_tc._src import sparse_matrix as _sparse_matrix
@@ -29,7 +29,7 @@ from jaxsparse_tc._src.sparse_matrix import SparseMatrix
 _Origin = _sparse_matrix._Origin
 
 
-def export_disabled_checks() -> list[jax.export.DisabledSafetyCheck]:
+def export_disabled_checks() -> list[jax_export.DisabledSafetyCheck]:
   """The `disabled_checks` that let `jax.export.export` serialize jaxsparse_tc's operators:
   one `DisabledSafetyCheck.custom_call` per versioned FFI target of the op table (every
   operator, CPU and CUDA alike).
@@ -41,7 +41,7 @@ def export_disabled_checks() -> list[jax.export.DisabledSafetyCheck]:
   first (it registers the FFI handlers and the matrices' pytree types); the same target
   versions must be present there, or compilation fails naming the missing target.
   """
-  return [jax.export.DisabledSafetyCheck.custom_call(t) for t in sorted(extensions.OPS.values())]
+  return [jax_export.DisabledSafetyCheck.custom_call(t) for t in sorted(extensions.OPS.values())]
 
 
 def _matrix_auxdata_to_bytes(aux) -> bytes:
@@ -63,9 +63,9 @@ def _matrix_auxdata_from_bytes(data: bytes):
   return (int(m), int(n)), (bool(g), bool(g_t)), bool(padded), _Origin(None)
 
 
-jax.export.register_namedtuple_serialization(Pattern, serialized_name="jaxsparse_tc.Pattern")
+jax_export.register_namedtuple_serialization(Pattern, serialized_name="jaxsparse_tc.Pattern")
 for _cls in (SparseMatrix, ReorderedMatrix):
-  jax.export.register_pytree_node_serialization(
+  jax_export.register_pytree_node_serialization(
     _cls,
     serialized_name=f"jaxsparse_tc.{_cls.__name__}",
     serialize_auxdata=_matrix_auxdata_to_bytes,
