@@ -21,23 +21,17 @@
 FileNotFoundError names each file to place and the folder. Nothing is read from anywhere else.
 """
 
-from jaxsparse_tc._src.datasets import (
-  PLANETOID_URL,
-  TU_URL,
-  EdgeList,
-  GraphDataset,
-  TUDataset,
-  default_root,
+from jaxsparse_tc._src.datasets.download import default_root
+from jaxsparse_tc._src.datasets.npz import (
   find_dataset_file,
   load_cora,
   load_edge_list,
   load_npz,
-  load_planetoid,
-  load_tu,
   load_tu_npz,
-  planetoid_files,
-  tu_files,
 )
+from jaxsparse_tc._src.datasets.planetoid import PLANETOID_URL, load_planetoid, planetoid_files
+from jaxsparse_tc._src.datasets.tu import TU_URL, load_tu, tu_files
+from jaxsparse_tc._src.datasets.types import EdgeList, GraphDataset, TUDataset
 
 __all__ = [
   "EdgeList",
