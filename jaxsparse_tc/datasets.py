@@ -15,8 +15,8 @@
   [, `values`] (-> EdgeList). `load_tu_npz(path)`: a TU set stored as one disjoint union
   (`row`, `col`, `graph_ptr`, `graph_label`, `node_tag`).
 
-`root` defaults to `default_root()`: `$XDG_CACHE_HOME/jaxsparse_tc/datasets`, else
-`~/.cache/jaxsparse_tc/datasets`. Files not there are downloaded (urllib; `url=` another base,
+`root` defaults to `default_root()`, `~/.cache/jaxsparse_tc/datasets` (no environment variable
+moves it; pass `root=`). Files not there are downloaded (urllib; `url=` another base,
 `download=False` never) into a temporary file renamed into place; when that fails the
 FileNotFoundError names each file to place and the folder. Nothing is read from anywhere else.
 """

@@ -311,19 +311,16 @@ def test_download_false_fetches_nothing(tmp_path, rng):
 # -- the default root ------------------------------------------------------------------------------
 
 
-def test_default_root_follows_xdg(tmp_path, monkeypatch, rng):
-  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-  assert datasets.default_root() == tmp_path / "xdg" / "jaxsparse_tc" / "datasets"
-  monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")  # not absolute: ignored (XDG rule)
+def test_default_root_is_the_user_cache(tmp_path, monkeypatch, rng):
   monkeypatch.setenv("HOME", str(tmp_path / "home"))
   assert datasets.default_root() == tmp_path / "home" / ".cache" / "jaxsparse_tc" / "datasets"
-  monkeypatch.delenv("XDG_CACHE_HOME")
+  # no environment variable moves it (an explicit root= does)
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
   assert datasets.default_root() == tmp_path / "home" / ".cache" / "jaxsparse_tc" / "datasets"
   # no root: the cache folder, nowhere else (a ./shared/data beside the caller is not read)
-  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
   monkeypatch.chdir(tmp_path)
   write_tu(tmp_path / "shared" / "data" / "TOY" / "raw", "TOY", rng)
-  with pytest.raises(FileNotFoundError, match=str(tmp_path / "xdg" / "jaxsparse_tc")):
+  with pytest.raises(FileNotFoundError, match=str(tmp_path / "home" / ".cache" / "jaxsparse_tc")):
     datasets.load_tu("TOY", download=False)
   want = write_tu(datasets.default_root() / "TOY" / "raw", "TOY", rng)
   check_tu(datasets.load_tu("TOY", download=False), want, want["one_hot"])

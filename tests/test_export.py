@@ -8,7 +8,6 @@ exported for CUDA too where the CUDA extension was built.
 from __future__ import annotations
 
 import importlib.util
-import os
 import pickle
 import re
 import subprocess
@@ -41,10 +40,22 @@ def _export(fn, *args) -> jax.export.Exported:
   )(*args)
 
 
-def _child_env() -> dict:
-  """This checkout first on the path; no preallocation of the GPU the test process holds."""
-  path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-  return dict(os.environ, PYTHONPATH=path, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+def _run_child(script: str, cwd, timeout: int) -> subprocess.CompletedProcess:
+  """Runs `script` in a new Python process that imports this checkout's jaxsparse_tc (its folder
+  first on sys.path) and does not preallocate the GPU the test process holds (XLA's allocator
+  takes that setting only from its variable, set in the child before jax starts)."""
+  prelude = (
+    "import os, sys\n"
+    "os.environ['XLA_PYTHON_CLIENT_PREALLOCATE'] = 'false'\n"
+    f"sys.path.insert(0, {str(ROOT)!r})\n"
+  )
+  return subprocess.run(
+    [sys.executable, "-c", prelude + script],
+    cwd=cwd,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
 
 
 def _run_fresh(tmp_path, cases: dict, import_library: bool = True) -> subprocess.CompletedProcess:
@@ -71,15 +82,7 @@ def _run_fresh(tmp_path, cases: dict, import_library: bool = True) -> subprocess
       pickle.dump(results, f)
     """
   )
-  env = _child_env()
-  return subprocess.run(
-    [sys.executable, "-c", script],
-    cwd=tmp_path,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=600,
-  )
+  return _run_child(script, tmp_path, timeout=600)
 
 
 def _dense(rows, cols, vals, shape) -> np.ndarray:
@@ -343,15 +346,7 @@ def test_flax_registration_waits_for_flax(tmp_path):
     """
   )
   pytest.importorskip("flax")
-  env = _child_env()
-  proc = subprocess.run(
-    [sys.executable, "-c", script],
-    cwd=tmp_path,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
+  proc = _run_child(script, tmp_path, timeout=300)
   assert proc.returncode == 0, proc.stderr[-4000:]
 
 

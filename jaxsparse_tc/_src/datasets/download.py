@@ -13,12 +13,9 @@ _TIMEOUT_S = 60
 
 
 def default_root() -> Path:
-  """The folder datasets are kept in when no `root` is given:
-  `$XDG_CACHE_HOME/jaxsparse_tc/datasets`, or `~/.cache/jaxsparse_tc/datasets` where
-  XDG_CACHE_HOME is unset or not an absolute path (the XDG base-directory rule)."""
-  xdg = os.environ.get("XDG_CACHE_HOME", "")
-  base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
-  return base / "jaxsparse_tc" / "datasets"
+  """The folder datasets are kept in when no `root` is given: `~/.cache/jaxsparse_tc/datasets`.
+  No environment variable moves it; pass `root=` for another place."""
+  return Path.home() / ".cache" / "jaxsparse_tc" / "datasets"
 
 
 def resolve_root(root) -> Path:
