@@ -72,6 +72,29 @@ def index_array(name: str, a) -> np.ndarray:
   return np.ascontiguousarray(a, dtype=np.int64)
 
 
+def edge_index_array(where: str, edge_index, num_nodes: int) -> np.ndarray:
+  """edge_index [2, E] as an integer numpy array whose ids lie in [0, num_nodes); ValueError
+  prefixed by `where` for another shape, a non-integer dtype (an empty float array passes: it
+  has no ids to misread) or an id out of range."""
+  ei = np.asarray(edge_index)
+  if ei.ndim != 2 or ei.shape[0] != 2:
+    raise ValueError(f"{where}: edge_index must have shape [2, E]; got shape {ei.shape}")
+  if ei.size == 0 and ei.dtype.kind in "biuf":
+    ei = ei.astype(np.int64)  # np.zeros((2, 0)) is float
+  if ei.dtype.kind not in "iu":
+    raise ValueError(
+      f"{where}: edge_index must have an integer dtype (node ids); got dtype {ei.dtype} "
+      "(cast integral ids explicitly, e.g. edge_index.astype(np.int64))"
+    )
+  if ei.size:
+    lo, hi = int(ei.min()), int(ei.max())
+    if lo < 0 or hi >= num_nodes:
+      raise ValueError(
+        f"{where}: edge_index holds node ids in [{lo}, {hi}], outside [0, num_nodes={num_nodes})"
+      )
+  return ei
+
+
 def check_dims(m: int, n: int, what: str = "shape") -> None:
   for name, size in (("rows", m), ("columns", n)):
     if size > MAX_DIM:

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsparse_tc._src import extensions
+from jaxsparse_tc._src import extensions, integrity
 from jaxsparse_tc._src.nn.batch import Budget, padded_matrix
 
 _MAX_INDEX = 2**31 - 1  # local indices and CSR columns are int32
@@ -182,17 +182,7 @@ def csr_from_edge_index(edge_index, num_nodes: int):
   edge_order[k] the column of edge_index at CSR position k (sources ascending inside a row
   only as edge_index lists them: the sort by target is stable)."""
   n = _int("csr_from_edge_index", "num_nodes", num_nodes, 0)
-  ei = np.asarray(edge_index)
-  if ei.ndim != 2 or ei.shape[0] != 2 or (ei.size and ei.dtype.kind not in "iu"):
-    raise ValueError(
-      f"csr_from_edge_index: edge_index must be an integer array [2, E]; got {ei.dtype} {ei.shape}"
-    )
-  if ei.size and (ei.min() < 0 or ei.max() >= n):
-    raise ValueError(
-      f"csr_from_edge_index: edge_index holds node ids in [{ei.min()}, {ei.max()}], outside "
-      f"[0, num_nodes={n})"
-    )
-  ei = ei.astype(np.int64)
+  ei = integrity.edge_index_array("csr_from_edge_index", edge_index, n).astype(np.int64)
   order = np.argsort(ei[1], kind="stable")
   indptr = np.zeros(n + 1, np.int64)
   np.cumsum(np.bincount(ei[1], minlength=n), out=indptr[1:])

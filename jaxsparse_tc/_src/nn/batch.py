@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsparse_tc._src import padding
+from jaxsparse_tc._src import integrity, padding
 from jaxsparse_tc._src import pattern as pattern_lib
 from jaxsparse_tc._src.options import FormatOptions
 from jaxsparse_tc._src.pattern import Pattern
@@ -75,22 +75,7 @@ def _checked_fields(where: str, edge_index, num_nodes, x, edge_attr, y) -> tuple
     ) from None
   if n < 0:
     raise ValueError(f"{where}: num_nodes must be a non-negative integer; got {n}")
-  ei = np.asarray(edge_index)
-  if ei.ndim != 2 or ei.shape[0] != 2:
-    raise ValueError(f"{where}: edge_index must have shape [2, E]; got shape {ei.shape}")
-  if ei.size == 0 and ei.dtype.kind in "biuf":
-    ei = ei.astype(np.int64)  # no ids to misread (np.zeros((2, 0)) is float)
-  if ei.dtype.kind not in "iu":
-    raise ValueError(
-      f"{where}: edge_index must have an integer dtype (node ids); got dtype {ei.dtype} "
-      "(cast integral ids explicitly, e.g. edge_index.astype(np.int64))"
-    )
-  if ei.size:
-    lo, hi = int(ei.min()), int(ei.max())
-    if lo < 0 or hi >= n:
-      raise ValueError(
-        f"{where}: edge_index holds node ids in [{lo}, {hi}], outside [0, num_nodes={n})"
-      )
+  ei = integrity.edge_index_array(where, edge_index, n)
   e = ei.shape[1]
   if x is not None:
     a = _numeric(where, "x", x)
@@ -421,17 +406,7 @@ def padded_matrix(
   budget.nnz nonzeros, format arrays at their budget lengths) and the edge slots' index
   [2, budget.edges] (padding slots point at dummy entries).
   """
-  ei = np.asarray(edge_index)
-  if ei.ndim != 2 or ei.shape[0] != 2 or (ei.size and ei.dtype.kind not in "iu"):
-    raise ValueError(
-      f"padded_matrix: edge_index must be an integer array [2, E]; got {ei.dtype} {ei.shape}"
-    )
-  if ei.size and (ei.min() < 0 or ei.max() >= num_real_nodes):
-    raise ValueError(
-      f"padded_matrix: edge_index holds node ids in [{ei.min()}, {ei.max()}], outside "
-      f"[0, num_real_nodes={num_real_nodes})"
-    )
-  ei = ei.astype(np.int64)
+  ei = integrity.edge_index_array("padded_matrix", edge_index, num_real_nodes).astype(np.int64)
   e = ei.shape[1]
   n_slots, nnz = budget.num_nodes, budget.nnz
   if num_real_nodes > budget.nodes or e > budget.edges:
