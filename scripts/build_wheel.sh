@@ -6,6 +6,8 @@
 #                                               # sm_100, sm_120 and PTX for compute_120
 #   bash scripts/build_wheel.sh --cuda --arch 90-real   # one architecture (a quick check)
 #   --out DIR: where the repaired wheel goes (default dist/)
+#   --python PY: the interpreter the wheel is for (default python3); e.g. a python3.12 to build
+#                the cp312 wheel from a machine whose python3 is another version
 #
 # The build is isolated (pip wheel): it uses pyproject.toml's pinned build requirements, so the
 # kernels are compiled against the oldest supported jax's FFI headers. The CUDA runtime is linked
@@ -16,6 +18,7 @@ cd "$(dirname "$0")/.."
 cuda=OFF
 arch="80-real;90-real;100-real;120"
 out=dist
+python=python3
 while [ $# -gt 0 ]; do
   case "$1" in
     --cuda) cuda=ON ;;
@@ -23,7 +26,9 @@ while [ $# -gt 0 ]; do
     --arch=*) arch="${1#--arch=}" ;;
     --out) out="$2"; shift ;;
     --out=*) out="${1#--out=}" ;;
-    *) echo "usage: $0 [--cuda] [--arch CMAKE_CUDA_ARCHITECTURES] [--out DIR]" >&2; exit 2 ;;
+    --python) python="$2"; shift ;;
+    --python=*) python="${1#--python=}" ;;
+    *) echo "usage: $0 [--cuda] [--arch CMAKE_CUDA_ARCHITECTURES] [--out DIR] [--python PY]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -36,11 +41,12 @@ if [ "$cuda" = ON ]; then
              -Ccmake.define.CMAKE_CUDA_RUNTIME_LIBRARY=Static)
 fi
 # A build folder per flavour, apart from the editable install's.
-settings+=(-Cbuild-dir="build/wheel-$flavour")
+tag=$("$python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+settings+=(-Cbuild-dir="build/wheel-$flavour-$tag")
 
 raw=$(mktemp -d)
 trap 'rm -rf "$raw"' EXIT
-python3 -m pip wheel . --no-deps -w "$raw" "${settings[@]}"
+"$python" -m pip wheel . --no-deps -w "$raw" "${settings[@]}"
 wheel=$(ls "$raw"/jaxsparse_tc-*.whl)
 
 # The extensions must not need the CUDA runtime library (it is linked in).

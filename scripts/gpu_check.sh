@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # One call on a GPU machine with no network: build in place, run the tests (GPU ones included),
 # optionally the memory checker, then the benchmark suite; a short table last. Usage:
-#   bash scripts/gpu_check.sh [--tests-only | --bench-only] [--quick] [--sanitize]
+#   bash scripts/gpu_check.sh [--tests-only | --bench-only] [--quick] [--sanitize[=K]]
 #                             [--tests="PYTEST_ARGS"] [--bench="BENCH_CHAINED_ARGS"]
 #                             [--profile="spmm:DTYPE:D[:KERNEL:GRAPH:ORDER] attn:GRAPH:D attnbwd:GRAPH:D"]
 #   --tests="tests/test_gpu_spmm_sddmm.py --maxfail=20" runs those tests instead of all (-x);
 #   --bench="--graphs cora,rmat17-d16 --ops spmm" passes arguments to benchmarks/bench_chained.py;
-#   --profile runs ncu on one kernel per entry and prints its key counters.
+#   --profile runs ncu on one kernel per entry and prints its key counters;
+#   --sanitize runs scripts/sanitize_case's parts under compute-sanitizer; --sanitize=K runs the
+#   non-corrupt parts in one process and the corrupt cases in K processes side by side.
 # Results: $OUT (default ./out) holds the build and test logs, the suite's JSON and its plot.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -20,6 +22,7 @@ for a in "$@"; do
     --bench-only) tests=0 ;;
     --quick) quick="--quick" ;;
     --sanitize) sanitize=1 ;;
+    --sanitize=*) sanitize="${a#--sanitize=}" ;;
     --tests=*) pytest_args="${a#--tests=}" ;;
     --bench=*) bench_args="${a#--bench=}" ;;
     --profile=*) profile="${a#--profile=}" ;;
@@ -39,13 +42,32 @@ python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>
 python3 -c "import jaxsparse_tc as j; assert j.has_cuda(), 'CUDA extension missing'; print('cuda extension ok')"
 
 status=0
+# XLA's command buffers (CUDA graphs) are off under the memory checker: it does not follow
+# kernels launched from a graph.
+sanitizer=(env XLA_FLAGS="--xla_gpu_enable_command_buffer= ${XLA_FLAGS:-}"
+           compute-sanitizer --tool memcheck --error-exitcode 3)
+if [ "$sanitize" = 1 ]; then
+  timeout ${SANITIZE_TIMEOUT:-300} "${sanitizer[@]}" \
+    python3 -m scripts.sanitize_case 2>&1 | tee "$OUT/sanitizer.log" | tail -15
+elif [ "$sanitize" -gt 1 ] 2>/dev/null; then
+  timeout ${SANITIZE_TIMEOUT:-300} "${sanitizer[@]}" python3 -m scripts.sanitize_case \
+    main streams grads > "$OUT/sanitizer_main.log" 2>&1 &
+  for i in $(seq 0 $((sanitize - 1))); do
+    timeout ${SANITIZE_TIMEOUT:-300} "${sanitizer[@]}" python3 -m scripts.sanitize_case \
+      corrupt --shard "$i/$sanitize" > "$OUT/sanitizer_corrupt_$i.log" 2>&1 &
+  done
+  wait_sanitizer=1
+fi
 if [ $tests = 1 ]; then
   python3 -m pytest -q -p no:cacheprovider $pytest_args 2>&1 | tee "$OUT/tests.log" | tail -30
   status=${PIPESTATUS[0]}
 fi
-if [ $sanitize = 1 ]; then
-  timeout ${SANITIZE_TIMEOUT:-300} compute-sanitizer --tool memcheck --error-exitcode 3 \
-    python3 -m scripts.sanitize_case 2>&1 | tee "$OUT/sanitizer.log" | tail -15
+if [ "${wait_sanitizer:-0}" = 1 ]; then
+  wait
+  for f in "$OUT"/sanitizer_main.log "$OUT"/sanitizer_corrupt_*.log; do
+    echo "$(basename "$f"): $(grep -c '^corrupt:' "$f") graph/dtype slices done;" \
+      "$(grep -E 'ERROR SUMMARY|sanitize_case:|sanitize case ok' "$f" | tr '\n' ' ')"
+  done
 fi
 stall=smsp__average_warps_issue_stalled
 NCU_METRICS="smsp__inst_executed.sum,lts__t_sectors_srcunit_tex_op_read.sum,dram__bytes_read.sum,\

@@ -458,24 +458,22 @@ def run_corrupt_cases(
   return len(picked)
 
 
-def corrupt(rng, compile_only: bool = False, stride: int = 1) -> int:
-  """Every case on every graph and dtype (the large graph: fp16 and float32), or with stride
-  k every k-th case, the starting case moving by one per (graph, dtype) so that together they
-  cover k different slices (a memory-checker run of all cases takes longer than one device
-  call); returns how many ran (or, with compile_only, were compiled without running)."""
+def corrupt(rng, compile_only: bool = False, shard: tuple[int, int] = (0, 1)) -> int:
+  """Every case on every graph and dtype (the large graph: fp16 and float32), or with shard
+  (i, k) the cases whose index is i mod k, so that k processes with i = 0..k-1 run them all
+  side by side (one process under the memory checker takes longer than one device call);
+  returns how many ran (or, with compile_only, were compiled without running)."""
   cases = corruptions()
+  i, k = shard
   count = 0
-  slice_ = 0
   for name, A in corrupt_graphs(rng):
     for dtype, d in CORRUPT_DTYPES:
       if A.nnz >= 1 << 18 and dtype == jnp.bfloat16:
         continue  # the large graph's own paths are fp16's
       ops = corrupt_operands(rng, A, dtype, d)
-      picked = range(slice_ % stride, len(cases), stride)
-      slice_ += 1
-      ran = run_corrupt_cases(A, dtype, ops, cases, compile_only, picked)
+      ran = run_corrupt_cases(A, dtype, ops, cases, compile_only, range(i, len(cases), k))
       count += ran
-      print(f"corrupt: {name:8s} {np.dtype(dtype).name:9s} {ran} cases")
+      print(f"corrupt: {name:8s} {np.dtype(dtype).name:9s} {ran} cases", flush=True)
   return count
 
 
@@ -503,14 +501,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     help="corrupt: lower and compile its programs without running them (any machine)",
   )
   parser.add_argument(
-    "--stride",
-    type=int,
-    default=1,
-    help="corrupt: run every STRIDE-th case (a different slice per graph and dtype)",
+    "--shard",
+    default="0/1",
+    metavar="I/K",
+    help="corrupt: run the cases whose index is I mod K (K processes cover them all)",
   )
   args = parser.parse_args(argv)
-  if args.stride < 1:
-    parser.error(f"--stride must be >= 1, got {args.stride}")
+  try:
+    i, k = (int(x) for x in args.shard.split("/"))
+  except ValueError:
+    parser.error(f"--shard must be I/K with integers, got {args.shard!r}")
+  if not 0 <= i < k:
+    parser.error(f"--shard I/K needs 0 <= I < K, got {args.shard}")
+  args.shard = (i, k)
   unknown = [p for p in args.parts if p not in PARTS]
   if unknown:
     parser.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
@@ -524,7 +527,7 @@ def main(argv: list[str]) -> None:
   for part in args.parts:
     rng = np.random.default_rng(0)
     if part == "corrupt":
-      n = corrupt(rng, args.compile_only, args.stride)
+      n = corrupt(rng, args.compile_only, args.shard)
       last = f"sanitize_case: {n} corrupt cases {'compiled' if args.compile_only else 'ran'}"
     else:
       PARTS[part](rng)
