@@ -13,12 +13,13 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ROOT, random_coo
+from conftest import random_coo
 
 import jaxsparse_tc as jst
 from jaxsparse_tc._src import extensions
@@ -41,13 +42,13 @@ def _export(fn, *args) -> jax.export.Exported:
 
 
 def _run_child(script: str, cwd, timeout: int) -> subprocess.CompletedProcess:
-  """Runs `script` in a new Python process that imports this checkout's jaxsparse_tc (its folder
-  first on sys.path) and does not preallocate the GPU the test process holds (XLA's allocator
+  """Runs `script` in a new Python process that imports the jaxsparse_tc this process imported
+  (its folder first on sys.path: a checkout or an installed wheel) and does not preallocate the GPU the test process holds (XLA's allocator
   takes that setting only from its variable, set in the child before jax starts)."""
   prelude = (
     "import os, sys\n"
     "os.environ['XLA_PYTHON_CLIENT_PREALLOCATE'] = 'false'\n"
-    f"sys.path.insert(0, {str(ROOT)!r})\n"
+    f"sys.path.insert(0, {str(Path(jst.__file__).resolve().parent.parent)!r})\n"
   )
   return subprocess.run(
     [sys.executable, "-c", prelude + script],
