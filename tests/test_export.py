@@ -43,8 +43,9 @@ def _export(fn, *args) -> jax.export.Exported:
 
 def _run_child(script: str, cwd, timeout: int) -> subprocess.CompletedProcess:
   """Runs `script` in a new Python process that imports the jaxsparse_tc this process imported
-  (its folder first on sys.path: a checkout or an installed wheel) and does not preallocate the GPU the test process holds (XLA's allocator
-  takes that setting only from its variable, set in the child before jax starts)."""
+  (its folder first on sys.path: a checkout or an installed wheel) and does not preallocate the
+  GPU the test process holds (XLA's allocator takes that setting only from its variable, set in
+  the child before jax starts)."""
   prelude = (
     "import os, sys\n"
     "os.environ['XLA_PYTHON_CLIENT_PREALLOCATE'] = 'false'\n"

@@ -93,7 +93,12 @@ def test_sanitize_case_arguments():
   assert sc.parse_args(["streams", "grads"]).parts == ["streams", "grads"]
   assert sc.parse_args(["corrupt", "--shard", "3/7"]).shard == (3, 7)
   assert sc.parse_args(["corrupt"]).shard == (0, 1)
-  for bad in (["nonsense"], ["corrupt", "--shard", "7/7"], ["corrupt", "--shard", "1/0"],
-              ["corrupt", "--shard", "x"], ["corrupt", "--shard", "-1/2"]):
+  for bad in (
+    ["nonsense"],
+    ["corrupt", "--shard", "7/7"],
+    ["corrupt", "--shard", "1/0"],
+    ["corrupt", "--shard", "x"],
+    ["corrupt", "--shard", "-1/2"],
+  ):
     with pytest.raises(SystemExit):
       sc.parse_args(bad)

@@ -26,6 +26,18 @@
           .Ret<::xla::ffi::AnyBuffer>() /* out [H, m, d] */    \
       RETS.Attr<int32_t>("precision") ATTRS
 
+// spmm_extremum: out[h, i, k] = max (is_min: min) over A's entries (i, j) of A_h[i, j] X_h[j, k],
+// 0 in a row without entries; arg[h, i, k] the format position of the entry that gave it (the
+// first on a tie; -1 in a row without entries), which the gradients gather through.
+#define JAXSPARSE_TC_BIND_SPMM_EXTREMUM(CTX, ARGS, RETS, ATTRS) \
+  ::xla::ffi::Ffi::Bind()                                       \
+      CTX.Arg<::xla::ffi::AnyBuffer>()  /* values [Hv, nnz] */  \
+          .Arg<::xla::ffi::AnyBuffer>() /* x [Hx, n, d] */      \
+      JAXSPARSE_TC_PATTERN_ARGS ARGS                            \
+          .Ret<::xla::ffi::AnyBuffer>() /* out [H, m, d] */     \
+          .Ret<::jaxsparse_tc::I32>()   /* arg [H, m, d] */     \
+      RETS.Attr<int32_t>("is_min") ATTRS
+
 // sddmm: out[h, idx(i, j)] = <X_h[i], Y_h[j]> at A's nonzeros. out: x's dtype, or float32 for
 // 16-bit x.
 #define JAXSPARSE_TC_BIND_SDDMM(CTX, ARGS, RETS, ATTRS)    \

@@ -24,6 +24,7 @@ namespace jaxsparse_tc {
 //            CPU through a composed rule: register_ffi_lowering's cpu_rule)
 #define JAXSPARSE_TC_OPS(X)                    \
   X(spmm, Spmm, 1, 1, 1)                       \
+  X(spmm_extremum, SpmmExtremum, 1, 1, 0)      \
   X(sddmm, Sddmm, 1, 1, 1)                     \
   X(edge_softmax, EdgeSoftmax, 1, 1, 1)        \
   X(edge_softmax_bwd, EdgeSoftmaxBwd, 1, 1, 1) \

@@ -27,6 +27,15 @@ struct SpmmArgs {  // out[h] = A_h X_h
   int64_t heads, m;
 };
 
+struct SpmmExtremumArgs {  // out[h] = max (or min) over A_h's entries of A_h[i, j] X_h[j]
+  PatternView p;
+  Operand values, x;  // [Hv, nnz], [Hx, n, d]
+  void* out;          // [H, m, d]
+  int32_t* arg;       // [H, m, d]: the format position each out entry came from, or -1
+  int64_t heads, m;
+  bool is_min;
+};
+
 struct SddmmArgs {  // out[h, idx(i, j)] = <X_h[i], Y_h[j]>
   PatternView p;
   Operand x, y;  // [Hx, m, d], [Hy, n, d]
@@ -60,6 +69,7 @@ using WindowKernel = void (*)(const Args&, int64_t w_begin, int64_t w_end);
 
 struct KernelTable {
   WindowKernel<SpmmArgs> spmm[kNumDtypes];
+  WindowKernel<SpmmExtremumArgs> spmm_extremum[kNumDtypes];
   WindowKernel<SddmmArgs> sddmm[kNumDtypes];
   // The softmax and attention kernels have no float64 version (nullptr).
   WindowKernel<SoftmaxArgs> edge_softmax[kNumDtypes];

@@ -386,7 +386,7 @@ register_ffi_lowering(
   cpu_pattern=lambda P: (),
   cuda_pattern=lambda P: P.row_view_a,
   attrs=_ATTRS,
-  cpu_rule=mlir.lower_fun(_edge_pass, multiple_results=True),
+  composed_rule=mlir.lower_fun(_edge_pass, multiple_results=True),
 )
 
 
@@ -494,7 +494,7 @@ register_ffi_lowering(
   attrs=_ATTRS,
   cuda_attrs={"grouped": param("grouped"), "grouped_t": param("grouped_t"), **_MERGE},
   cuda_workspace=_grads_cuda_workspace,
-  cpu_rule=mlir.lower_fun(_composed_grads, multiple_results=True),
+  composed_rule=mlir.lower_fun(_composed_grads, multiple_results=True),
   cuda_supports=lambda avals, _: _grads_kernel_fits(avals[0], avals[2]),
 )
 

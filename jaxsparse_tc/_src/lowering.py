@@ -49,7 +49,7 @@ def register_ffi_lowering(
   attrs=None,
   cuda_attrs=None,
   cuda_workspace=None,
-  cpu_rule=None,
+  composed_rule=None,
   cuda_supports=None,
   features=(),
 ):
@@ -66,15 +66,16 @@ def register_ffi_lowering(
   dropped here. (Not the FFI scratch allocator: its memory is freed when the handler returns,
   while a CUDA graph captured from the handler keeps the address.)
 
-  `cpu_rule`: a lowering rule for CPU in place of an FFI target (an operator whose CPU
-  reference is composed from other primitives). `cuda_supports(avals_in, params) -> bool`: where
-  it says no, the CUDA lowering is `cpu_rule` too (a kernel for some dtypes and shapes only, the
-  composed reference elsewhere). An operator the table gives no CPU handler needs a `cpu_rule`.
+  `composed_rule`: the lowering on a platform the op table gives no handler for the operator
+  (its reference composed from other primitives). `cuda_supports(avals_in, params) -> bool`:
+  where it says no, the CUDA lowering is `composed_rule` too (a kernel for some dtypes and
+  shapes only, the composed reference elsewhere). An operator without a CPU handler needs a
+  `composed_rule`; one without a CUDA handler runs it on GPUs where one is given.
   """
   target = extensions.target(op)
-  if cpu_rule is None and not extensions.has_cpu_kernel(op):
+  if composed_rule is None and not extensions.has_cpu_kernel(op):
     raise ValueError(
-      f"{prim.name}: operator {op!r} has no CPU handler (csrc/common/ops.h); give a cpu_rule"
+      f"{prim.name}: operator {op!r} has no CPU handler (csrc/common/ops.h); give a composed_rule"
     )
   attrs = dict(attrs or {})
   cuda_attrs = {**attrs, **(cuda_attrs or {})}
@@ -99,7 +100,7 @@ def register_ffi_lowering(
 
   def cuda_rule(ctx, *operands, **params):
     if cuda_supports is not None and not cuda_supports(ctx.avals_in, params):
-      return cpu_rule(ctx, *operands, **params)
+      return composed_rule(ctx, *operands, **params)
     if any(getattr(a, "dtype", None) == np.float64 for a in ctx.avals_in):
       raise NotImplementedError(
         f"{prim.name}: float64 runs on the CPU kernels only; cast to float32 on GPU"
@@ -107,7 +108,9 @@ def register_ffi_lowering(
     return lower(ctx, operands, params, cuda_pattern, cuda_attrs, cuda_workspace)
 
   prim.def_impl(eager_impl(prim))
-  rules = {"cpu": cpu_rule or rule}
+  rules = {"cpu": rule if extensions.has_cpu_kernel(op) else composed_rule}
   if extensions.has_cuda_kernel(op):
     rules["cuda"] = cuda_rule
+  elif composed_rule is not None:
+    rules["cuda"] = composed_rule
   register_partitioned_lowering(prim, num_dense, tuple(features), rules)

@@ -26,3 +26,5 @@ attention_fwd_p = _primitive("jaxsparse_tc_attention_fwd", multiple_results=True
 attention_jvp_p = _primitive("jaxsparse_tc_attention_jvp")
 attention_bwd_p = _primitive("jaxsparse_tc_attention_bwd", multiple_results=True)
 attention_grads_p = _primitive("jaxsparse_tc_attention_grads", multiple_results=True)
+# (values [Hv, nnz], x [Hx, n, d]) -> (out [H, m, d], arg int32 [H, m, d]); spmm_extremum.py
+spmm_extremum_p = _primitive("jaxsparse_tc_spmm_extremum", multiple_results=True)

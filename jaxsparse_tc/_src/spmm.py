@@ -14,13 +14,20 @@ from jaxsparse_tc._src.operator import operator
 from jaxsparse_tc._src.options import kernel_options
 from jaxsparse_tc._src.pattern import NUM_PATTERN_OPERANDS, PatternOperands
 from jaxsparse_tc._src.primitives import sddmm_p, spmm_p
+from jaxsparse_tc._src.spmm_extremum import REDUCTIONS, spmm_extremum
 
 __all__ = ["spmm", "spmm_p"]
 
 
 @operator
-def spmm(A, x, *, precision=None, options=None):
+def spmm(A, x, *, reduce="sum", precision=None, options=None):
   """A @ X: A a SparseMatrix [m, n] (values [nnz] or [H, nnz]), X [n, d] or [H, n, d].
+
+  reduce: "sum" (the matrix product), or "max" / "min": out[i, k] is the largest (smallest)
+  A[i, j] X[j, k] over row i's entries, 0 in a row without entries, NaN where a product is NaN;
+  its gradient flows through the entry that gave each output (the first in the format's order
+  on a tie). Max aggregation over neighbours (GraphSAGE's, PyG's `aggr="max"`) is this with A's
+  values set to 1. `precision` and `options` concern "sum" (max and min are exact).
 
   Returns [m, d], or [H, m, d] when A or X has a head axis. Dtypes promote as in jnp.matmul:
   the product is computed in `jnp.result_type(A.dtype, X.dtype)`, both operands are cast to it
@@ -34,6 +41,8 @@ def spmm(A, x, *, precision=None, options=None):
   precision=None follows `jax.default_matmul_precision` (read at trace time, as jnp.matmul).
   `options`: a KernelOptions forcing the GPU kernel family (None: the launch plan's choice).
   """
+  if reduce not in REDUCTIONS:
+    raise ValueError(f"spmm: reduce must be one of {REDUCTIONS}; got {reduce!r}")
   pattern = A.pattern_operands()  # checks the pattern arrays' structure first
   x = jnp.asarray(x)
   m, n = A.shape
@@ -43,12 +52,16 @@ def spmm(A, x, *, precision=None, options=None):
   hv = values.shape[0] if values.ndim == 2 else 1
   hx = x.shape[0] if x.ndim == 3 else 1
   checks.heads_match("spmm", A, x, hv, hx)
-  out = spmm_p.bind(
-    *vma.match(values.reshape(hv, A.nnz), x.reshape((hx,) + x.shape[-2:]), *pattern),
-    shape=A.shape,
-    precision=precision_lib.canonicalize(precision),
-    options=kernel_options(options),
-  )
+  operands = vma.match(values.reshape(hv, A.nnz), x.reshape((hx,) + x.shape[-2:]), *pattern)
+  if reduce == "sum":
+    out = spmm_p.bind(
+      *operands,
+      shape=A.shape,
+      precision=precision_lib.canonicalize(precision),
+      options=kernel_options(options),
+    )
+  else:
+    out = spmm_extremum(*operands[:2], operands[2:], shape=A.shape, reduce=reduce)
   return out if values.ndim == 2 or x.ndim == 3 else out[0]
 
 

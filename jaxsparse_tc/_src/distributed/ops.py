@@ -261,9 +261,15 @@ def exchange(SA: ShardedMatrix, x):
   return _run(SA, body, (), (x,), node_spec(x.ndim, SA.axis_name))
 
 
-def spmm(SA: ShardedMatrix, x, *, precision=None, options=None):
+def spmm(SA: ShardedMatrix, x, *, reduce="sum", precision=None, options=None):
   """SA @ X over the shards: X [P*M, d] or [H, P*M, d] (padded layout) -> the same layout. X may
-  also be `exchange(SA, X)` ([P*n_ext, d]): then nothing is exchanged."""
+  also be `exchange(SA, X)` ([P*n_ext, d]): then nothing is exchanged. reduce: "sum" only (a
+  shard's parts are summed; max / min would need each part's winners)."""
+  if reduce != "sum":
+    raise NotImplementedError(
+      f"spmm of a ShardedMatrix: reduce={reduce!r} is not supported (only 'sum'); gather the "
+      "matrix to one device or aggregate with jax.ops.segment_max over its edges"
+    )
   x = jnp.asarray(x)
   exchanged = _check_dense("spmm", "X", SA, x, exchanged_ok=True)
   dtype = checks.promoted_dtype("spmm", SA, x)  # as the single-device spmm

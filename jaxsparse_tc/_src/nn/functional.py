@@ -366,22 +366,17 @@ def agnn_conv(A: SparseMatrix, x, beta):
 
 def _aggregate(A: SparseMatrix, x, aggr: str):
   """Neighbourhood aggregation at targets in x's dtype: "add"/"sum" (A's values weight),
-  "mean" (divided by the row's value sum: the in-degree for a 0/1 matrix), "max" (over the
-  pattern, 0 for a row without entries)."""
+  "mean" (divided by the row's value sum: the in-degree for a 0/1 matrix), "max" / "min" (over
+  the pattern, A's values ignored; 0 for a row without entries: the max/min SpMM kernel)."""
   if aggr in ("add", "sum"):
     return spmm(_in_dtype(A, x.dtype), x)
   if aggr == "mean":
     A = _in_dtype(A, x.dtype)
     deg = jax.ops.segment_sum(A.values, A.rows, num_segments=A.shape[0])
     return spmm(A, x) / jnp.where(deg == 0, 1, deg)[:, None]
-  if aggr == "max":
-    msg = x[A.cols]
-    out = jax.ops.segment_max(msg, A.rows, num_segments=A.shape[0])
-    has = (
-      jax.ops.segment_sum(jnp.ones(A.rows.shape, jnp.int32), A.rows, num_segments=A.shape[0]) > 0
-    )
-    return jnp.where(has[:, None], out, 0)
-  raise ValueError(f"aggr must be 'add', 'sum', 'mean' or 'max'; got {aggr!r}")
+  if aggr in ("max", "min"):
+    return spmm(A.with_values(jnp.ones((A.nnz,), x.dtype)), x, reduce=aggr)
+  raise ValueError(f"aggr must be 'add', 'sum', 'mean', 'max' or 'min'; got {aggr!r}")
 
 
 def sage_conv(
