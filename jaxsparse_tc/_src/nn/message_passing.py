@@ -64,7 +64,7 @@ def message_passing(
   Kernels (the rest is gathers and `jax.ops.segment_*` over the edges):
   - message=None, or a message returning x_j itself: "sum" and "mean" are one `spmm` of A (its
     values for None, ones for x_j) with x_src, and no per-edge array is made; "max"/"min" the
-    same semiring product with max/min;
+    max/min product of A and x_src (A[i, j] * x_j over i's entries);
   - "softmax": the logits always go through `edge_softmax`; messages None or x_j itself
     make the weighted sum one `spmm` of the coefficients with x_src.
 
