@@ -125,7 +125,7 @@ def test_custom_message(rng, aggregate, bipartite):
     )
   )
   out = run(x, g.edge_attr)
-  f64 = lambda w: np.asarray(w, np.float64)  # noqa: E731
+  f64 = lambda w: np.asarray(w, np.float64)
   msg = np.tanh(x_src[g.src] @ f64(w_src) + x_dst[g.tgt] @ f64(w_dst)) * (g.attr @ f64(w_e))
   ref = _reference(g, msg, aggregate) + x_dst @ f64(w_up)
   assert out.shape == (m, 7)
@@ -137,7 +137,7 @@ def test_copy_source_message(rng, aggregate):
   """A message returning x_j itself: unweighted (A's values are not used), on the kernels."""
   g = Graph(rng, 40, 40)
   x = rng.standard_normal((40, 5)).astype(np.float32)
-  f = lambda x: message_passing(g.A, x, message=lambda xj, xi, e: xj, aggregate=aggregate)  # noqa: E731
+  f = lambda x: message_passing(g.A, x, message=lambda xj, xi, e: xj, aggregate=aggregate)
   assert rel_err(jax.jit(f)(x), _reference(g, x[g.src].astype(np.float64), aggregate)) < 1e-5
   if aggregate in ("sum", "mean"):
     names = _primitives(jax.make_jaxpr(f)(x))
@@ -233,15 +233,16 @@ def test_duplicates_are_one_edge(rng):
   A = jst.SparseMatrix.from_edge_index(np.stack([src, dst]), n)
   attr = rng.standard_normal((6, 2)).astype(np.float32)
   x = rng.standard_normal((n, 2)).astype(np.float32)
-  e_msg = lambda xj, xi, e: e  # noqa: E731
+  e_msg = lambda xj, xi, e: e
   for aggregate, ref0, ref4 in (
     ("sum", attr[0] + attr[1] + attr[2], attr[3:].sum(0)),
     ("mean", (attr[0] + attr[1] + attr[2]) / 2, attr[3:].sum(0)),
     ("max", np.maximum(attr[0] + attr[1], attr[2]), attr[3:].sum(0)),
   ):
-    out = np.asarray(
-      message_passing(A, x, message=e_msg, aggregate=aggregate, edge_attr=attr), np.float64
+    run = jax.jit(
+      lambda ea: message_passing(A, x, message=e_msg, aggregate=aggregate, edge_attr=ea)
     )
+    out = np.asarray(run(attr), np.float64)
     assert rel_err(out[0], ref0) < 1e-6 and rel_err(out[4], ref4) < 1e-6
     assert np.all(np.delete(out, [0, 4], axis=0) == 0)
   mean = np.asarray(message_passing(A, x, aggregate="mean"))  # the merged value is 2: 2 x_1
@@ -250,11 +251,39 @@ def test_duplicates_are_one_edge(rng):
   assert rel_err(add[0], 2 * x[1] + x[2]) < 1e-6 and rel_err(add[4], 3 * x[3]) < 1e-6
 
 
+def test_padded_batch(rng):
+  """A padded batch of graphs (nn.batch): its real nodes get what each graph alone gets, edge
+  features in the batch's edge-slot order; the dummy entries stay among the padding nodes."""
+  from jaxsparse_tc.nn.batch import Budget, Graph, batch_graphs, unbatch_nodes
+
+  graphs = []
+  for n in (13, 21):
+    ei = rng.integers(0, n, (2, 3 * n))
+    ei = np.concatenate([ei, ei[:, :4]], axis=1)  # duplicates
+    graphs.append(
+      Graph(ei, n, x=rng.standard_normal((n, 4)), edge_attr=rng.random((ei.shape[1], 4)))
+    )
+  batch = batch_graphs(graphs, Budget.for_dataset(graphs, batch_size=2))
+  cases = [
+    dict(message=lambda xj, xi, e: jnp.tanh(xj - xi) * e, aggregate="max"),
+    dict(message=lambda xj, xi, e: (jnp.sum(xi * e, -1), xj * e), aggregate="softmax"),
+    dict(aggregate="mean"),
+  ]
+  alone = [jst.SparseMatrix.from_edge_index(g.edge_index, g.num_nodes) for g in graphs]
+  for kwargs in cases:
+    run = jax.jit(lambda A, x, ea: message_passing(A, x, edge_attr=ea, **kwargs))
+    ea = None if "message" not in kwargs else batch.edge_attr
+    out = unbatch_nodes(run(batch.A, batch.x, ea), batch)
+    for g, A, got in zip(graphs, alone, out):
+      ea = None if "message" not in kwargs else jnp.asarray(g.edge_attr, jnp.float32)
+      assert rel_err(got, run(A, jnp.asarray(g.x, jnp.float32), ea)) < 1e-6, kwargs
+
+
 # -- fast paths -------------------------------------------------------------------------------
 def test_fast_paths_in_jaxpr(rng):
   g = Graph(rng, 40, 40)
   x = jnp.asarray(rng.standard_normal((40, 4)), jnp.float32)
-  logits = lambda xj, xi: jnp.sum(xj * xi, -1)  # noqa: E731
+  logits = lambda xj, xi: jnp.sum(xj * xi, -1)
 
   def names(**kwargs):
     return _primitives(jax.make_jaxpr(lambda x: message_passing(g.A, x, **kwargs))(x))
@@ -305,7 +334,7 @@ def test_grads_float64(rng, x64, aggregate):
     return message_passing(g.A.with_values(v), x, aggregate=aggregate)
 
   def custom(x, w, ea):
-    msg = lambda xj, xi, e: jnp.tanh(xj @ w) * e + xi  # noqa: E731
+    msg = lambda xj, xi, e: jnp.tanh(xj @ w) * e + xi
     return message_passing(g.A, x, message=msg, aggregate=aggregate, edge_attr=ea)
 
   check_grads(jax.jit(default), (values, x), order=1, modes=("rev",), eps=1e-6)
@@ -322,7 +351,7 @@ def test_softmax_grads(rng, x64, kind):
   ct = jnp.asarray(rng.standard_normal((30, 2, 4)))
 
   def run(x, w):
-    msg = lambda xj, xi, e: (jnp.tanh(xj + xi) @ w, xj if kind == "spmm" else jnp.cos(xj))  # noqa: E731
+    msg = lambda xj, xi, e: (jnp.tanh(xj + xi) @ w, xj if kind == "spmm" else jnp.cos(xj))
     return jnp.sum(message_passing(g.A, x, message=msg, aggregate="softmax") * ct)
 
   def reference(x, w):
@@ -351,7 +380,7 @@ def test_vmap_over_features(rng):
     dict(message=lambda xj, xi, e: (jnp.sum(xj * xi, -1), jnp.sin(xj)), aggregate="softmax"),
   ]
   for kwargs in cases:
-    f = lambda x: message_passing(g.A, x, **kwargs)  # noqa: B023, E731
+    f = lambda x: message_passing(g.A, x, **kwargs)
     batched = jax.jit(jax.vmap(f))(xs)
     each = jnp.stack([jax.jit(f)(x) for x in xs])
     assert rel_err(batched, each) < 1e-6, kwargs
@@ -362,7 +391,7 @@ def test_errors(rng):
   g = Graph(rng, 20, 20)
   x = jnp.asarray(rng.standard_normal((20, 3)), jnp.float32)
   nnz = g.A.nnz
-  score = lambda xj, xi: jnp.sum(xj * xi, -1)  # noqa: E731
+  score = lambda xj, xi: jnp.sum(xj * xi, -1)
   with pytest.raises(ValueError, match="aggregate must be one of"):
     message_passing(g.A, x, aggregate="median")
   with pytest.raises(TypeError, match="message must be a function"):

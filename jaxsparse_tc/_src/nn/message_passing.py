@@ -59,7 +59,8 @@ def message_passing(
 
   Duplicate entries: A's builder merges entries at one position (their values add up), so a
   duplicated edge is one edge here: it sends one message, its edge features add up, and it
-  counts once in "mean", "max", "min" and "softmax".
+  counts once in "mean", "max", "min" and "softmax". A padded batch's matrix (`nn.batch`) works
+  as it is, with `batch.edge_attr`: its dummy entries lie among the padding nodes.
 
   Kernels (the rest is gathers and `jax.ops.segment_*` over the edges):
   - message=None, or a message returning x_j itself: "sum" and "mean" are one `spmm` of A (its
