@@ -17,6 +17,9 @@ SAGE, GIN) cast them to the dtype of the features they propagate (`SparseMatrix.
 refuses concrete values past that dtype's range), so a float16 model runs the 16-bit kernels
 with a float32 `gcn_norm` matrix, as PyG computes its normalisation in the features' dtype.
 The attention layers build their coefficients from the features and use only A's pattern.
+
+`message_passing(A, x, message=..., aggregate=..., update=..., edge_attr=...)` builds custom
+layers from per-edge message functions, on the same kernels where the pattern allows.
 """
 
 from jaxsparse_tc._src.nn.functional import (
@@ -33,6 +36,7 @@ from jaxsparse_tc._src.nn.functional import (
   sage_conv,
   transformer_conv,
 )
+from jaxsparse_tc._src.nn.message_passing import message_passing
 
 __all__ = [
   "gcn_conv",
@@ -47,4 +51,5 @@ __all__ = [
   "heads_from_pyg",
   "check_inputs",
   "Dropout",
+  "message_passing",
 ]
