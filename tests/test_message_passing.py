@@ -291,6 +291,10 @@ def test_fast_paths_in_jaxpr(rng):
   for aggregate in ("sum", "mean"):
     found = names(aggregate=aggregate)
     assert SPMM in found and not _has_scatter(found) and "gather" not in found
+  for aggregate in ("max", "min"):
+    for message in (None, lambda xj, xi, e: xj):
+      found = names(message=message, aggregate=aggregate)
+      assert "jaxsparse_tc_spmm_extremum" in found and not _has_scatter(found)
   for messages in (lambda xj: None, lambda xj: xj):
     found = names(message=lambda xj, xi, e: (logits(xj, xi), messages(xj)), aggregate="softmax")
     assert {SPMM, EDGE_SOFTMAX} <= found and not _has_scatter(found)

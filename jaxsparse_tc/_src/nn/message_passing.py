@@ -163,10 +163,8 @@ def _kernel_aggregate(A: SparseMatrix, x: jax.Array, aggregate: str, *, weighted
 
 def _extremum(A: SparseMatrix, x: jax.Array, reduce: str) -> jax.Array:
   """out[i] = max (or min) over A's stored entries (i, j) of A[i, j] * x[j]; 0 for a row
-  without entries."""
-  # To call spmm(A, x, reduce=reduce), the max/min semiring product, once it is in: one kernel
-  # and no per-edge array.
-  return _segment_extremum(A, A.values.astype(x.dtype)[:, None] * x[A.cols], reduce)
+  without entries: the max/min SpMM, one kernel and no per-edge array."""
+  return spmm(_in_dtype(A, x.dtype), x, reduce=reduce)
 
 
 def _segment_extremum(A: SparseMatrix, msg: jax.Array, reduce: str) -> jax.Array:
