@@ -384,6 +384,59 @@ def test_two_processes_train_as_one(rng, x64):
   assert err < 2e-5, f"SAGE: 2x2 {two[0]['sage']} vs 1x4 {one['sage']}"
 
 
+# In-process (one process, one device): the single-process behaviour and the refusals.
+def _coo(rng, n=60, e=300):
+  rows, cols = rng.integers(0, n, e), rng.integers(0, n, e)
+  return rows, cols, rng.standard_normal(e).astype(np.float32)
+
+
+def test_shard_coo_local_in_one_process_is_shard_coo(rng):
+  import jax
+
+  from jaxsparse_tc import distributed as dist
+
+  mesh = dist.make_mesh(1)
+  n = 60
+  rows, cols, vals = _coo(rng, n)
+  assert dist.local_row_range(n, mesh) == (0, n)
+  want = dist.shard_coo(rows, cols, vals, num_nodes=n, mesh=mesh)
+  got = dist.shard_coo_local(rows, cols, vals, num_nodes=n, mesh=mesh)
+  assert got.layout == want.layout
+  for u, v in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+  x = rng.standard_normal((n, 3)).astype(np.float32)
+  assert got.local_shards == range(1) and got.local_row_range == (0, n)
+  np.testing.assert_array_equal(np.asarray(got.shard_local_rows(x)), np.asarray(got.shard_rows(x)))
+  dense = np.zeros((n, n))
+  np.add.at(dense, (rows, cols), vals.astype(np.float64))
+  np.testing.assert_allclose(got.to_scipy().toarray(), dense, rtol=1e-6, atol=1e-6)
+
+
+def test_shard_coo_local_refusals(rng):
+  import pytest
+
+  from jaxsparse_tc import distributed as dist
+
+  mesh = dist.make_mesh(1)
+  n = 60
+  rows, cols, vals = _coo(rng, n)
+  with pytest.raises(ValueError, match=r"holds rows 0 \.\. 29"):
+    dist.shard_coo_local(rows, cols, vals, num_nodes=n, mesh=mesh, row_range=(0, 30))
+  with pytest.raises(ValueError, match="row_range must be"):
+    dist.shard_coo_local(rows, cols, vals, num_nodes=n, mesh=mesh, row_range=(10, 70))
+  keep = rows < 30
+  with pytest.raises(ValueError, match="must tile the 60 rows"):
+    dist.shard_coo_local(rows[keep], cols[keep], num_nodes=n, mesh=mesh, row_range=(0, 30))
+  SA = dist.shard_coo_local(rows, cols, vals, num_nodes=n, mesh=mesh)
+  with pytest.raises(ValueError, match="this process's 60 rows"):
+    SA.shard_local_rows(np.zeros((59, 2), np.float32))
+  batch = {"a": np.zeros((3, 2), np.float32)}
+  with pytest.raises(ValueError, match="takes 1 batches"):
+    dist.stack_batches([batch, batch], mesh)
+  stacked = dist.stack_batches([batch], mesh)
+  assert stacked["a"].shape == (1, 3, 2)
+
+
 def _main(argv) -> int:
   ap = argparse.ArgumentParser(description="one process of a multi-process run")
   ap.add_argument("--worker", action="store_true", required=True)

@@ -212,7 +212,11 @@ class ShardedMatrix(sm.SparseMatrix):
   def _input_positions(self):
     pos = self.layout.input_positions
     if pos is None:
-      raise ValueError("this ShardedMatrix has no input map (built by another route)")
+      raise ValueError(
+        "this ShardedMatrix has no input map (built by another route, or by shard_coo_local "
+        "over several processes: each holds only its own entries; pass the values to the "
+        "builder)"
+      )
     if pos.dtype == np.int64 and not jax.config.jax_enable_x64:
       raise ValueError(
         f"the sharded layout holds {self.nnz} values, past int32 positions: "
