@@ -261,7 +261,10 @@ def _launch(num_processes: int, devices: int, seed: int, workdir: str):
   env = dict(os.environ)
   # XLA's CPU client needs 2 threads per device of a mesh (distributed.check_host_mesh).
   env["PJRT_NPROC"] = str(2 * devices)
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  # The workers import the jaxsparse_tc this process imported (a checkout or an installed wheel).
+  import jaxsparse_tc
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(jaxsparse_tc.__file__)))
   env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
   procs = []
   for i in range(num_processes):
