@@ -205,8 +205,7 @@ def worker(a) -> dict:
 
   # -- data-parallel sampled GraphSAGE --------------------------------------------------------
   sampler, x_all, labels_all, train_nodes = sampler_and_graph(a.seed)
-  here = jax.process_index()
-  shards = [k for k, dev in enumerate(mesh.devices.flat) if dev.process_index == here]
+  shards = dist.local_shards(mesh)
 
   def device_batch(step, k):
     seeds, sample_seed = sub_batch_seeds(a.seed, step, k, train_nodes)
@@ -411,7 +410,8 @@ def test_shard_coo_local_in_one_process_is_shard_coo(rng):
   for u, v in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
     np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
   x = rng.standard_normal((n, 3)).astype(np.float32)
-  assert got.local_shards == range(1) and got.local_row_range == (0, n)
+  assert got.local_shards == dist.local_shards(mesh) == range(1)
+  assert got.local_row_range == (0, n)
   np.testing.assert_array_equal(np.asarray(got.shard_local_rows(x)), np.asarray(got.shard_rows(x)))
   dense = np.zeros((n, n))
   np.add.at(dense, (rows, cols), vals.astype(np.float64))

@@ -45,7 +45,11 @@ from jaxsparse_tc._src.distributed.halo import DEFAULT_HALO_THRESHOLD as DEFAULT
 from jaxsparse_tc._src.distributed.halo import EXCHANGES
 from jaxsparse_tc._src.distributed.layout import PartArrays, PartLayout, ShardArrays, ShardLayout
 from jaxsparse_tc._src.distributed.mesh import DEFAULT_AXIS, check_host_mesh, make_mesh
-from jaxsparse_tc._src.distributed.multihost import local_row_range, stack_batches
+from jaxsparse_tc._src.distributed.multihost import (
+  local_row_range,
+  local_shards,
+  stack_batches,
+)
 from jaxsparse_tc._src.distributed.partition import ROW_ALIGN as ROW_ALIGN
 from jaxsparse_tc._src.distributed.partition import ROW_ALIGN_FROM as ROW_ALIGN_FROM
 from jaxsparse_tc._src.distributed.partition import partition_rows
@@ -63,6 +67,7 @@ __all__ = [
   "shard_coo",
   "shard_coo_local",
   "local_row_range",
+  "local_shards",
   "stack_batches",
   "shard_matrix",
   "shard_scipy",

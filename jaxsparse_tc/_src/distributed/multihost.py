@@ -56,9 +56,17 @@ def whole_scope(num_shards: int) -> BuildScope:
   return BuildScope(range(num_shards), num_shards)
 
 
-def local_shards(mesh: Mesh, axis: str) -> range:
-  """The positions along the mesh axis `axis` that hold a device of this process: consecutive
-  (each process's rows are one contiguous range), at least one."""
+def local_shards(mesh: Mesh | None = None, axis: str | None = None) -> range:
+  """The positions along the mesh axis `axis` (default: the first of `mesh`, default
+  `make_mesh()`) that hold a device of this process: consecutive (each process's rows are one
+  contiguous range), at least one; all of them in a single-process run."""
+  if mesh is None:
+    from jaxsparse_tc._src.distributed.mesh import make_mesh
+
+    mesh = make_mesh()
+  axis = mesh.axis_names[0] if axis is None else axis
+  if axis not in mesh.axis_names:
+    raise ValueError(f"axis {axis!r} is not an axis of the mesh {mesh.axis_names}")
   devs = np.moveaxis(np.asarray(mesh.devices), mesh.axis_names.index(axis), 0)
   devs = devs.reshape(devs.shape[0], -1)
   here = jax.process_index()
