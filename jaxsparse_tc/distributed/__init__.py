@@ -44,11 +44,15 @@ from jaxsparse_tc.distributed.matrix import (
   ShardedMatrix,
   ShardLayout,
   check_host_mesh,
+  local_row_range,
+  local_shards,
   make_mesh,
   partition_rows,
   shard_coo,
+  shard_coo_local,
   shard_matrix,
   shard_scipy,
+  stack_batches,
 )
 
 bind_operators(ops)  # jst.spmm etc. on a ShardedMatrix dispatch to these
@@ -63,6 +67,10 @@ __all__ = [
   "check_host_mesh",
   "partition_rows",
   "shard_coo",
+  "shard_coo_local",
+  "local_row_range",
+  "local_shards",
+  "stack_batches",
   "shard_matrix",
   "shard_scipy",
   "spmm",

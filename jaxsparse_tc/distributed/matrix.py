@@ -35,11 +35,21 @@ are its parts' values one after the other. Row-wise operators (edge softmax, att
 row's entries in one pattern, so they take single-part matrices only.
 """
 
-from jaxsparse_tc._src.distributed.build import shard_coo, shard_matrix, shard_scipy
+from jaxsparse_tc._src.distributed.build import (
+  shard_coo,
+  shard_coo_local,
+  shard_matrix,
+  shard_scipy,
+)
 from jaxsparse_tc._src.distributed.halo import DEFAULT_HALO_THRESHOLD as DEFAULT_HALO_THRESHOLD
 from jaxsparse_tc._src.distributed.halo import EXCHANGES
 from jaxsparse_tc._src.distributed.layout import PartArrays, PartLayout, ShardArrays, ShardLayout
 from jaxsparse_tc._src.distributed.mesh import DEFAULT_AXIS, check_host_mesh, make_mesh
+from jaxsparse_tc._src.distributed.multihost import (
+  local_row_range,
+  local_shards,
+  stack_batches,
+)
 from jaxsparse_tc._src.distributed.partition import ROW_ALIGN as ROW_ALIGN
 from jaxsparse_tc._src.distributed.partition import ROW_ALIGN_FROM as ROW_ALIGN_FROM
 from jaxsparse_tc._src.distributed.partition import partition_rows
@@ -55,6 +65,10 @@ __all__ = [
   "check_host_mesh",
   "partition_rows",
   "shard_coo",
+  "shard_coo_local",
+  "local_row_range",
+  "local_shards",
+  "stack_batches",
   "shard_matrix",
   "shard_scipy",
   "DEFAULT_AXIS",

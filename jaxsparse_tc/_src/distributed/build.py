@@ -8,11 +8,12 @@ import concurrent.futures
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, PartitionSpec
 
 from jaxsparse_tc._src import integrity, padding
 from jaxsparse_tc._src import pattern as pattern_lib
 from jaxsparse_tc._src import sparse_matrix as sm
+from jaxsparse_tc._src.distributed import multihost
 from jaxsparse_tc._src.distributed.halo import (
   DEFAULT_HALO_THRESHOLD,
   EXCHANGES,
@@ -27,10 +28,16 @@ from jaxsparse_tc._src.distributed.layout import (
   edge_spec,
 )
 from jaxsparse_tc._src.distributed.mesh import check_host_mesh, make_mesh
+from jaxsparse_tc._src.distributed.multihost import local_row_range, process_scope, whole_scope
 from jaxsparse_tc._src.distributed.partition import (
+  check_bounds,
   check_padded_nodes,
+  check_shard_entries,
+  partition_rows,
   plan_rows,
+  rows_per_shard,
   shard_entries,
+  shard_nnz,
   value_offsets,
 )
 from jaxsparse_tc._src.distributed.sharded_matrix import ShardedMatrix
@@ -44,26 +51,37 @@ def _build_local(rows: np.ndarray, cols: np.ndarray, m: int, n: int, format_opti
   return sm.build_orientations(rows, cols, m, n, format_options)[:5]
 
 
-def _build_part(kind, shard_entries, M, n_cols, fill_col, split_blocks, empty_col_window=None):
-  """One part of every shard: shard_entries[p] = (local rows, part columns, entry selection).
-  fill_col(p): a column of shard p's part that no entry uses; empty_col_window(p): a window of 8
-  such columns (default M // 8 - 1, the columns of shard 0's spare rows).
-  Returns (PartLayout, stacked padded numpy PartArrays fields, per-shard input_to_format)."""
+def _build_part(
+  kind, shard_entries, M, n_cols, fill_col, split_blocks, empty_col_window=None, scope=None
+):
+  """One part of every shard of `scope` (default: all): shard_entries[i] = (local rows, part
+  columns, entry selection) of shard scope.shards[i]. fill_col(p): a column of shard p's part
+  that no entry uses; empty_col_window(p): a window of 8 such columns (default M // 8 - 1, the
+  columns of shard 0's spare rows). The padded sizes and schedules are agreed over the scope's
+  processes. Returns (PartLayout, stacked padded numpy PartArrays fields of the scope's shards,
+  per-shard input_to_format)."""
+  scope = whole_scope(len(shard_entries)) if scope is None else scope
   fmt = None if split_blocks is None else FormatOptions(split_blocks=split_blocks)
   # The builder releases the GIL (and builds each shard's two orientations on two threads).
   with concurrent.futures.ThreadPoolExecutor(max(1, min(len(shard_entries), 8))) as pool:
     built = list(pool.map(lambda e: _build_local(e[0], e[1], M, n_cols, fmt), shard_entries))
-  nnz_pad = max(1, max(bt[0].rows.shape[0] for bt in built))
-  grouped_a = split_blocks is None and all(
-    pattern_lib.grouped_schedule_fits(bt[0].window_block_ptr, nnz_pad) for bt in built
-  )
-  grouped_t = split_blocks is None and all(
-    pattern_lib.grouped_schedule_fits(bt[1].window_block_ptr, nnz_pad) for bt in built
+  nnz_pad = int(scope.agree_max([max(1, max(bt[0].rows.shape[0] for bt in built))])[0])
+  grouped_a, grouped_t = (
+    bool(g)
+    for g in scope.agree_all(
+      [
+        split_blocks is None
+        and all(pattern_lib.grouped_schedule_fits(bt[k].window_block_ptr, nnz_pad) for bt in built)
+        for k in (0, 1)
+      ]
+    )
   )
   pats_a = [padding.reschedule(bt[0], M, nnz_pad, grouped_a, split_blocks) for bt in built]
   pats_t = [padding.reschedule(bt[1], n_cols, nnz_pad, grouped_t, split_blocks) for bt in built]
-  size_a = padding.max_sizes([padding.pattern_sizes(p) for p in pats_a])._replace(nnz=nnz_pad)
-  size_t = padding.max_sizes([padding.pattern_sizes(p) for p in pats_t])._replace(nnz=nnz_pad)
+  sizes = scope.agree_max(
+    [padding.max_sizes([padding.pattern_sizes(p) for p in pats]) for pats in (pats_a, pats_t)]
+  )
+  size_a, size_t = (padding.PadSizes(*map(int, row))._replace(nnz=nnz_pad) for row in sizes)
   # Padding entries sit at the shard's spare row (the last row of its spare window, empty in A)
   # and an unused column fill_col(p) (M - 1 in a local column space, p * M + M - 1 in the
   # allgather space, the last slot of the shard's own chunk in the halo's received space), which
@@ -73,14 +91,15 @@ def _build_part(kind, shard_entries, M, n_cols, fill_col, split_blocks, empty_co
     empty_col_window = lambda p: empty_window  # noqa: E731
 
   def stacked(pats, sizes, pad_args):
-    """The shards' patterns padded to `sizes`, written straight into [P, ...] arrays: shard 0
+    """The shards' patterns padded to `sizes`, written straight into [P, ...] arrays: the first
     padded on its own gives the shapes, the others are padded in place."""
-    first = padding.pad_pattern(pats[0], sizes, **pad_args(0))
+    first = padding.pad_pattern(pats[0], sizes, **pad_args(scope.shards[0]))
     out = Pattern(*(np.empty((len(pats),) + f.shape, f.dtype) for f in first))
     for field, f in zip(out, first):
       field[0] = f
-    for p in range(1, len(pats)):
-      padding.pad_pattern(pats[p], sizes, **pad_args(p), out=Pattern(*(f[p] for f in out)))
+    for i in range(1, len(pats)):
+      pad = pad_args(scope.shards[i])
+      padding.pad_pattern(pats[i], sizes, **pad, out=Pattern(*(f[i] for f in out)))
     return out
 
   def permutations(which):
@@ -134,6 +153,96 @@ def shard_coo(
   remote part (SpMM overlaps the exchange; edge softmax and attention refuse it).
   split_blocks: the window schedule's piece size (None: the builder's rule for the padded nnz).
   """
+  mesh, axis = _mesh_axis(mesh, axis_name, exchange, halo_threshold, "shard_coo")
+  P = int(mesh.shape[axis])
+  n, rows, cols, v = _entries(rows, cols, values, num_nodes)
+  b, _, M = plan_rows(np.bincount(rows, minlength=n), P, bounds, row_weight=row_weight)
+  scope = whole_scope(P)
+  return _build(
+    rows, cols, v, n, mesh, axis, b, M, scope, exchange, halo_threshold, overlap, split_blocks
+  )
+
+
+def shard_coo_local(
+  rows,
+  cols,
+  values=None,
+  *,
+  num_nodes: int,
+  mesh: Mesh | None = None,
+  axis_name: str | None = None,
+  row_range=None,
+  bounds=None,
+  exchange: str = "auto",
+  halo_threshold: float = DEFAULT_HALO_THRESHOLD,
+  overlap: bool = False,
+  split_blocks: int | None = None,
+  row_weight: float = 1.0,
+) -> ShardedMatrix:
+  """This process's part of a ShardedMatrix over the processes of a multi-process run
+  (`jax.distributed.initialize`; docs/DISTRIBUTED.md): every process calls it, with the entries
+  of its own rows only, and gets the same global ShardedMatrix, whose arrays hold on each
+  process only the shards of its own devices (no process holds the whole graph). With one
+  process it builds what `shard_coo` builds.
+
+  rows, cols: global ids (rows within this process's row range, cols any node); values: as
+  shard_coo's. The mesh (default `make_mesh()`: every device of every process) must give each
+  process consecutive shards of the axis. The rows each process holds:
+  - bounds (the global row blocks [P + 1], the same in every process): its shards' blocks;
+  - else row_range = (start, stop) (default `local_row_range`: the rows cut evenly by count):
+    the processes' ranges must tile 0 .. num_nodes in process order; each process's shards
+    split its range balanced by nonzeros (`partition_rows`).
+  The layout's global sizes (padded rows, nonzeros, halo, exchange) are agreed across the
+  processes, and each shard's halo send lists reach it through an all_to_all on the mesh.
+  The other options are shard_coo's. `values_from_input` is available only where one process
+  holds every shard (it maps the input order of all entries).
+  """
+  mesh, axis = _mesh_axis(mesh, axis_name, exchange, halo_threshold, "shard_coo_local")
+  scope = process_scope(mesh, axis)
+  P, shards = scope.num_shards, scope.shards
+  n, rows, cols, v = _entries(rows, cols, values, num_nodes)
+  if bounds is not None:
+    b = check_bounds(bounds, n, P)
+    start, stop = local_row_range(n, mesh, axis, bounds=b)
+  else:
+    if row_range is None:
+      start, stop = local_row_range(n, mesh, axis)
+    else:
+      start, stop = (int(r) for r in row_range)
+      if not 0 <= start <= stop <= n:
+        raise ValueError(
+          f"row_range must be (start, stop) with 0 <= start <= stop <= num_nodes={n}; got "
+          f"{tuple(row_range)}"
+        )
+  if rows.size and (rows.min() < start or rows.max() >= stop):
+    raise ValueError(
+      f"shard_coo_local: this process (index {jax.process_index()}) holds rows {start} .. "
+      f"{stop - 1}; got entries of rows {int(rows.min())} .. {int(rows.max())}"
+    )
+  row_nnz = np.bincount(rows - start, minlength=stop - start)
+  if bounds is None:
+    mine = partition_rows(row_nnz, len(shards), row_weight=row_weight) + start
+    # Every process's block starts and stops, -1 where another process tells them.
+    ends = np.full((2, P), -1, np.int64)
+    ends[0, shards.start : shards.stop] = mine[:-1]
+    ends[1, shards.start : shards.stop] = mine[1:]
+    ends = scope.agree_max(ends)
+    if ends.min() < 0 or ends[0, 0] != 0 or ends[1, -1] != n or np.any(ends[1, :-1] != ends[0, 1:]):
+      raise ValueError(
+        f"shard_coo_local: the processes' row ranges must tile the {n} rows in process (shard) "
+        f"order; their shards' row blocks start at {ends[0].tolist()} and stop at "
+        f"{ends[1].tolist()}"
+      )
+    b = np.concatenate([ends[0], [n]])
+  check_shard_entries(shard_nnz(row_nnz, b[shards.start : shards.stop + 1] - start))
+  M = rows_per_shard(np.diff(b))
+  check_padded_nodes(P, M)
+  return _build(
+    rows, cols, v, n, mesh, axis, b, M, scope, exchange, halo_threshold, overlap, split_blocks
+  )
+
+
+def _mesh_axis(mesh, axis_name, exchange, halo_threshold, op):
   if exchange not in EXCHANGES:
     raise ValueError(f"exchange must be one of {EXCHANGES}; got {exchange!r}")
   mesh = make_mesh() if mesh is None else mesh
@@ -142,28 +251,49 @@ def shard_coo(
     raise ValueError(f"axis {axis!r} is not an axis of the mesh {mesh.axis_names}")
   if not halo_threshold >= 0:
     raise ValueError(f"halo_threshold must be >= 0; got {halo_threshold}")
-  check_host_mesh(mesh, "shard_coo")
-  P = int(mesh.shape[axis])
+  check_host_mesh(mesh, op)
+  return mesh, axis
+
+
+def _entries(rows, cols, values, num_nodes):
+  """(n, rows, cols, values) checked: COO entries of an n x n matrix."""
   n = int(num_nodes)
   integrity.check_dims(n, n, "num_nodes gives the shape")
   rows, cols = integrity.index_array("rows", rows), integrity.index_array("cols", cols)
   # The whole graph may hold more entries than one format: plan_rows checks each shard's.
   sm._check_indices(rows, cols, (n, n), limit_entries=False)
-  v = sm._input_values(values, rows.size)
-  b, _, M = plan_rows(np.bincount(rows, minlength=n), P, bounds, row_weight=row_weight)
+  return n, rows, cols, sm._input_values(values, rows.size)
+
+
+def _build(
+  rows, cols, v, n, mesh, axis, b, M, scope, exchange, halo_threshold, overlap, split_blocks
+) -> ShardedMatrix:
+  """The ShardedMatrix of the row blocks b (M padded rows each), built for the shards of
+  `scope` from their entries (rows, cols global ids; values v [..., E])."""
+  P, shards = scope.num_shards, scope.shards
   col_owner, shard_sel = shard_entries(rows, cols, np.diff(b))
-  plan = plan_exchange(cols, shard_sel, b, M, exchange, halo_threshold)
+  shard_sel = [shard_sel[p] for p in shards]
+  plan = plan_exchange(cols, shard_sel, b, M, exchange, halo_threshold, shards, scope.agree_max)
   check_padded_nodes(P, M, plan.ext_cols)
-  specs = _part_specs(plan, rows, cols, col_owner, shard_sel, overlap)
+  specs = _part_specs(plan, rows, cols, col_owner, shard_sel, overlap, shards)
   parts = [
-    (_build_part(kind, entries, M, ncols, fill, split_blocks, col_window), entries)
+    (_build_part(kind, entries, M, ncols, fill, split_blocks, col_window, scope), entries)
     for kind, entries, ncols, fill, col_window in specs
   ]
-  vals, input_positions, nnz_total = _shard_values(parts, v, rows.size, P)
+  vals, input_positions, nnz_total = _shard_values(parts, v, rows.size, P, shards)
   send = ext_to_global = send_layout = send_arrays = None
   if plan.mode == "halo":
-    send, ext_to_global, select = plan.send_lists()
     halo = plan.halo_rows
+    transpose = None
+    if not scope.whole:
+
+      def transpose(recv_rows, counts):
+        every = np.zeros((P, P), np.int64)
+        every[shards.start : shards.stop] = counts
+        send = multihost.transpose_send_lists(recv_rows, mesh, axis, scope, halo)
+        return send, scope.agree_max(every)
+
+    send, ext_to_global, _, select = plan.send_lists(shards, transpose)
     send_layout, send_arrays, _ = _build_part(
       "send",
       select,
@@ -172,7 +302,12 @@ def shard_coo(
       lambda q: q * halo + halo - 1,
       None,
       lambda q: (q * halo + halo) // 8 - 1,
+      scope,
     )
+  if not scope.whole:
+    input_positions = None  # the other processes' entries are not here
+  elif P * nnz_total < 2**31:
+    input_positions = input_positions.astype(np.int32)
   layout = ShardLayout(
     mesh=mesh,
     axis_name=axis,
@@ -186,12 +321,10 @@ def shard_coo(
     parts=tuple(pl for (pl, _, _), _ in parts),
     max_real_halo=int(plan.max_halo),
     send_part=send_layout,
-    input_positions=(
-      input_positions.astype(np.int32) if P * nnz_total < 2**31 else input_positions
-    ),
+    input_positions=input_positions,
   )
-  sharded = NamedSharding(mesh, PartitionSpec(axis))
-  put = lambda a: None if a is None else jax.device_put(a, sharded)  # noqa: E731
+  spec = PartitionSpec(axis)
+  put = lambda a: None if a is None else multihost.global_array(a, mesh, spec, 0, scope)  # noqa: E731
   put_part = lambda pa: PartArrays(  # noqa: E731
     a=Pattern(*map(put, pa.a)),
     t=Pattern(*map(put, pa.t)),
@@ -205,13 +338,14 @@ def shard_coo(
     ext_to_global=put(ext_to_global),
     send_select=None if send_arrays is None else put_part(send_arrays),
   )
-  values_dev = jax.device_put(vals, NamedSharding(mesh, edge_spec(vals.ndim, axis)))
+  values_dev = multihost.global_array(vals, mesh, edge_spec(vals.ndim, axis), vals.ndim - 1, scope)
   return ShardedMatrix(values_dev, arrays, layout)
 
 
-def _part_specs(plan: ExchangePlan, rows, cols, col_owner, shard_sel, overlap: bool) -> list:
-  """The parts of every shard's local matrix: (kind, per shard (local rows, part columns, entry
-  selection), columns, fill column of shard p, empty column window of shard p or None).
+def _part_specs(plan: ExchangePlan, rows, cols, col_owner, shard_sel, overlap: bool, shards):
+  """The parts of the local matrices of `shards` (shard_sel[i]: shards[i]'s entries): (kind,
+  per shard (local rows, part columns, entry selection), columns, fill column of shard p, empty
+  column window of shard p or None).
   One part "all" in the ext space; with overlap (and an exchange), "own" (the shard's own
   columns, local) and "remote" (the received rows' columns)."""
   b, M, P, mode = plan.bounds, plan.rows_per_shard, plan.num_shards, plan.mode
@@ -221,7 +355,7 @@ def _part_specs(plan: ExchangePlan, rows, cols, col_owner, shard_sel, overlap: b
   fill_local = lambda p: spare  # noqa: E731
   if overlap and mode != "none":
     own, remote = [], []
-    for p, sel in enumerate(shard_sel):
+    for p, sel in zip(shards, shard_sel):
       mine = col_owner[sel] == p
       s_own, s_rem = sel[mine], sel[~mine]
       own.append((rows[s_own] - b[p], cols[s_own] - b[p], s_own))
@@ -239,15 +373,16 @@ def _part_specs(plan: ExchangePlan, rows, cols, col_owner, shard_sel, overlap: b
     return [("own", own, M, fill_local, None), (*remote_spec, remote_window)]
   entries = [
     (rows[sel] - b[p], plan.ext_columns(p, cols[sel], col_owner[sel]).astype(np.int64), sel)
-    for p, sel in enumerate(shard_sel)
+    for p, sel in zip(shards, shard_sel)
   ]
   return [("all", entries, n_ext, fill_ext, None)]
 
 
-def _shard_values(parts, v, num_entries: int, P: int):
-  """The values in the sharded layout ([..., P * nnz_total]: per shard its parts' padded values
-  one after the other; duplicates summed), the flat position of each input entry, and
-  nnz_total (padded values per shard, all parts)."""
+def _shard_values(parts, v, num_entries: int, P: int, shards):
+  """The values of `shards` in the sharded layout ([..., len(shards) * nnz_total]: per shard
+  its parts' padded values one after the other; duplicates summed), the flat position of each
+  input entry in the layout of all P shards, and nnz_total (padded values per shard, all
+  parts)."""
   heads = v.shape[:-1]
   part_nnz = [pl.nnz for (pl, _, _), _ in parts]
   nnz_total = sum(part_nnz)
@@ -255,14 +390,14 @@ def _shard_values(parts, v, num_entries: int, P: int):
   value_blocks = []
   input_positions = np.empty(num_entries, np.int64)
   for i, ((pl, pa, to_formats), entries) in enumerate(parts):
-    vals = np.zeros(heads + (P, pl.nnz), v.dtype)
-    for p, ((_, _, sel), to_format) in enumerate(zip(entries, to_formats)):
-      nnz_p = int(pa.nnz[p])
-      vals[..., p, :nnz_p] = sm._sum_into(v[..., sel], to_format, nnz_p)
+    vals = np.zeros(heads + (len(shards), pl.nnz), v.dtype)
+    for j, (p, (_, _, sel), to_format) in enumerate(zip(shards, entries, to_formats)):
+      nnz_p = int(pa.nnz[j])
+      vals[..., j, :nnz_p] = sm._sum_into(v[..., sel], to_format, nnz_p)
       input_positions[sel] = starts[p, i] + to_format.astype(np.int64)
     value_blocks.append(vals)
   vals = value_blocks[0] if len(value_blocks) == 1 else np.concatenate(value_blocks, axis=-1)
-  return vals.reshape(heads + (P * nnz_total,)), input_positions, nnz_total
+  return vals.reshape(heads + (len(shards) * nnz_total,)), input_positions, nnz_total
 
 
 def shard_matrix(A, mesh: Mesh | None = None, **kwargs) -> ShardedMatrix:

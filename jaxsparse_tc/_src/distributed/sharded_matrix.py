@@ -212,7 +212,11 @@ class ShardedMatrix(sm.SparseMatrix):
   def _input_positions(self):
     pos = self.layout.input_positions
     if pos is None:
-      raise ValueError("this ShardedMatrix has no input map (built by another route)")
+      raise ValueError(
+        "this ShardedMatrix has no input map (built by another route, or by shard_coo_local "
+        "over several processes: each holds only its own entries; pass the values to the "
+        "builder)"
+      )
     if pos.dtype == np.int64 and not jax.config.jax_enable_x64:
       raise ValueError(
         f"the sharded layout holds {self.nnz} values, past int32 positions: "
@@ -323,6 +327,50 @@ class ShardedMatrix(sm.SparseMatrix):
     if isinstance(out, jax.core.Tracer):
       return jax.lax.with_sharding_constraint(out, sharding)
     return jax.device_put(out, sharding)
+
+  @property
+  def local_shards(self) -> range:
+    """The shards (positions along the mesh axis) with a device of this process: all of them
+    in a single-process run."""
+    from jaxsparse_tc._src.distributed.multihost import local_shards
+
+    return local_shards(self.mesh, self.axis_name)
+
+  @property
+  def local_row_range(self) -> tuple[int, int]:
+    """(start, stop): the global rows of this process's shards (shard_coo_local's rows)."""
+    shards = self.local_shards
+    return self.layout.bounds[shards.start], self.layout.bounds[shards.stop]
+
+  def shard_local_rows(self, x, fill=0):
+    """shard_rows for several processes: this process's rows only (`x` [stop - start, ...] or
+    [H, stop - start, d], the rows of `local_row_range` in order) to the global padded layout
+    [P*M, ...] / [H, P*M, d], of which this process holds its shards' rows. Every process calls
+    it with its own rows."""
+    from jaxsparse_tc._src.distributed.multihost import BuildScope, global_array
+
+    lay = self.layout
+    shards = self.local_shards
+    start, stop = self.local_row_range
+    ndim = np.ndim(x)
+    ax = node_axis(ndim)
+    if ndim == 0 or np.shape(x)[ax] != stop - start:
+      raise checks.OperandError(
+        f"shard_local_rows: x must hold this process's {stop - start} rows (global rows "
+        f"{start} .. {stop - 1}, local_row_range) in order, shape [{stop - start}, ...] or "
+        f"[H, {stop - start}, d]; got shape {np.shape(x)}"
+      )
+    x = np.asarray(x)
+    M = lay.rows_per_shard
+    src, valid = self._row_source()
+    src, valid = src[shards.start * M : shards.stop * M], valid[shards.start * M : shards.stop * M]
+    shape = [1] * ndim
+    shape[ax] = src.size
+    local = np.where(
+      valid.reshape(shape), np.take(x, np.where(valid, src - start, 0), axis=ax), fill
+    ).astype(x.dtype)
+    scope = BuildScope(shards, lay.num_shards, jax.process_count() > 1)
+    return global_array(local, self.mesh, node_spec(ndim, self.axis_name), ax, scope)
 
   def unshard_rows(self, y):
     """The inverse of shard_rows: [P*M, ...] / [H, P*M, d] to global order [n, ...]."""
