@@ -70,6 +70,7 @@ def _run_fresh(tmp_path, cases: dict, import_library: bool = True) -> subprocess
     f"""
     import pickle, sys
     import jax, numpy as np
+    from jax import export  # before jax 0.6 not an attribute until imported
     if {import_library}:
       import jaxsparse_tc
     assert ("jaxsparse_tc" in sys.modules) == {import_library}
@@ -77,7 +78,7 @@ def _run_fresh(tmp_path, cases: dict, import_library: bool = True) -> subprocess
       cases = pickle.load(f)
     results = {{}}
     for name, (blob, args) in cases.items():
-      exported = jax.export.deserialize(bytearray(blob))
+      exported = export.deserialize(bytearray(blob))
       if args is not None:
         results[name] = jax.tree.map(np.asarray, exported.call(*args))
     with open("results.pkl", "wb") as f:
