@@ -398,3 +398,48 @@ def test_bad_inputs_name_the_argument(rng):
     NeighborLoader(sampler, [0, 99])
   with pytest.raises(ValueError, match="prefetch"):
     NeighborLoader(sampler, [0, 1], prefetch=-1)
+
+
+@pytest.mark.parametrize("case", ["uniform", "replace", "multigraph", "edge_order"])
+def test_blocks_equal_padded_matrix(rng, case):
+  """pad builds each block's format in one native call: the same arrays, array by array, as
+  nn.batch.padded_matrix builds from the layer's edge_index (repeated draws summed, dummy
+  entries in padding rows and columns)."""
+  from jaxsparse_tc._src.nn.batch import padded_matrix
+
+  n = 160
+  ei = random_graph(rng, n, max_degree=14)
+  if case == "multigraph":  # repeated (u, v) pairs: distinct CSR positions, one matrix entry
+    ei = np.concatenate([ei, ei[:, rng.choice(ei.shape[1], 40, replace=False)]], axis=1)
+  sampler = NeighborSampler.from_edge_index(ei, n, [6, 4], batch_size=24, replace=case == "replace")
+  layers = sampler.sample(rng.choice(n, 19, replace=False), seed=int(rng.integers(2**32)))
+  if case == "edge_order":  # edges in no particular order (not grouped by target)
+    perms = [rng.permutation(x.rows.shape[0]) for x in layers]
+    layers = [
+      x._replace(rows=x.rows[p], cols=x.cols[p], edge_ids=x.edge_ids[p])
+      for x, p in zip(layers, perms)
+    ]
+  if case in ("replace", "multigraph"):
+    keys = [x.rows.astype(np.int64) * n + x.cols for x in layers]
+    assert any(np.unique(k).size < k.size for k in keys), "no repeated entry to sum"
+  batch = sampler.pad(layers)
+  for layer, budget, block in zip(layers, sampler.budgets, batch.blocks[::-1]):
+    ref, _ = padded_matrix(np.stack([layer.cols, layer.rows]), layer.sources.shape[0], budget)
+    got_leaves, got_aux = jax.tree_util.tree_flatten(block.A)
+    ref_leaves, ref_aux = jax.tree_util.tree_flatten(ref)
+    assert got_aux == ref_aux
+    assert len(got_leaves) == len(ref_leaves)
+    for g, r in zip(got_leaves, ref_leaves):
+      assert g.dtype == r.dtype and g.shape == r.shape
+      np.testing.assert_array_equal(np.asarray(g), np.asarray(r))
+
+
+def test_pad_rejects_bad_layers(rng):
+  n = 60
+  sampler = NeighborSampler.from_edge_index(random_graph(rng, n), n, [3], batch_size=8)
+  (layer,) = sampler.sample(rng.choice(n, 5, replace=False), seed=1)
+  S = layer.sources.shape[0]
+  with pytest.raises(ValueError, match=r"layers\[0\].cols"):
+    sampler.pad([layer._replace(cols=layer.cols + S)])
+  with pytest.raises(ValueError, match=r"layers\[0\].rows"):
+    sampler.pad([layer._replace(rows=layer.rows.astype(np.float32))])

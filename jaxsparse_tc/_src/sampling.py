@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import operator
+import os
 import sys
 import time
 from typing import Iterator, NamedTuple, Sequence
@@ -13,7 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsparse_tc._src import extensions, integrity
-from jaxsparse_tc._src.nn.batch import Budget, padded_matrix
+from jaxsparse_tc._src.nn.batch import Budget
+from jaxsparse_tc._src.pattern import Pattern
+from jaxsparse_tc._src.sparse_matrix import SparseMatrix
 
 _MAX_INDEX = 2**31 - 1  # local indices and CSR columns are int32
 
@@ -125,6 +128,21 @@ def _seeds(where: str, seeds, num_nodes: int) -> np.ndarray:
       f"{where}: seeds must be distinct node ids; got {s.size - np.unique(s).size} repeats"
     )
   return s
+
+
+def _local_index(name: str, a, count: int) -> np.ndarray:
+  """A sampled layer's local indices as int32, checked to lie in [0, count)."""
+  a = np.asarray(a)
+  if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+    raise ValueError(
+      f"NeighborSampler.pad: {name} must be a 1-D integer array; got {a.dtype} {a.shape}"
+    )
+  if a.size and (a.min() < 0 or a.max() >= count):
+    raise ValueError(
+      f"NeighborSampler.pad: {name} holds indices in [{a.min()}, {a.max()}], outside the "
+      f"layer's [0, {count}) sources"
+    )
+  return np.ascontiguousarray(a, np.int32)
 
 
 def _sample(indptr, indices, weights, seeds, fanouts, seed, replace, threads) -> list[SampledLayer]:
@@ -344,6 +362,20 @@ class NeighborSampler:
       budgets.append(Budget(nodes=max(s, 1), edges=max(e, 1), graphs=1))
       t = s
     self.budgets = tuple(budgets)
+    # Budget's derived lengths take a fixed-point loop: computed once, passed to every block.
+    self._block_lengths = tuple(
+      dict(
+        num_slots=b.num_nodes,
+        nnz=b.nnz,
+        edges=b.edges,
+        window_cols=b.format_sizes()["window_cols"],
+        blocks=b.format_sizes()["blocks"],
+        schedule=b.format_sizes()["schedule"],
+        row_schedule=b.format_sizes()["row_schedule"],
+        grouped=b.is_grouped,
+      )
+      for b in self.budgets
+    )
     # The rows each layer's output needs: the next layer's (towards the seeds) source slots.
     self._num_dst = tuple([self.batch_size] + [b.num_nodes for b in self.budgets[:-1]])
 
@@ -385,7 +417,9 @@ class NeighborSampler:
       raise ValueError(
         f"NeighborSampler.pad: layers must hold {len(self.fanouts)} layers; got {len(layers)}"
       )
-    blocks = []
+    ext = extensions.cpu_extension()
+    threads = self.threads or os.cpu_count() or 1
+    host, statics = [], []
     for i, (layer, budget) in enumerate(zip(layers, self.budgets)):
       S, E = layer.sources.shape[0], layer.rows.shape[0]
       if S > self.max_sources[i]:
@@ -393,28 +427,53 @@ class NeighborSampler:
           f"NeighborSampler: layer {i} sampled {S} distinct sources, over max_sources[{i}]="
           f"{self.max_sources[i]}: raise the cap"
         )
-      ei = np.stack([layer.cols, layer.rows]).astype(np.int64)
-      A, _ = padded_matrix(ei, S, budget)
+      if E > budget.edges:
+        raise ValueError(
+          f"NeighborSampler.pad: layer {i} holds {E} edges, over its budget of {budget.edges}"
+        )
+      rows = _local_index(f"layers[{i}].rows", layer.rows, S)
+      cols = _local_index(f"layers[{i}].cols", layer.cols, S)
+      # The block's format in one call (the same arrays as nn.batch.padded_matrix builds for
+      # edge_index [cols; rows]): no per-array Python work, the GIL released throughout.
+      raw = ext.padded_block(rows, cols, S, threads=threads, **self._block_lengths[i])
+      a, t = raw["a"], raw["t"]
       n_src, n_edges, n_dst = budget.num_nodes, budget.edges, self._num_dst[i]
       edge_ids = np.zeros(n_edges, np.int32)
       edge_ids[:E] = layer.edge_ids
-      host = (
-        edge_ids,
-        np.arange(n_edges) < E,
-        np.arange(n_src) < S,
-        np.arange(n_dst) < layer.targets.shape[0],
+      host.append(
+        (
+          raw["values"],
+          Pattern(**{f: a[f] for f in Pattern._fields}),
+          Pattern(**{f: t[f] for f in Pattern._fields}),
+          raw["perm_t"],
+          raw["perm_t_inv"],
+          raw["input_to_format"],
+          edge_ids,
+          np.arange(n_edges) < E,
+          np.arange(n_src) < S,
+          np.arange(n_dst) < layer.targets.shape[0],
+        )
       )
-      blocks.append(Block(A, *jax.device_put(host), n_dst))
+      statics.append(((a["grouped"], t["grouped"]), n_src, n_dst))
     outer = layers[-1].sources
     inputs = np.zeros(self.budgets[-1].num_nodes, np.int32)
     inputs[: outer.shape[0]] = outer
     seeds = np.zeros(self.batch_size, np.int32)
     k = layers[0].targets.shape[0]
     seeds[:k] = layers[0].targets
-    dev = jax.device_put(
-      (inputs, np.arange(inputs.shape[0]) < outer.shape[0], seeds, np.arange(self.batch_size) < k)
+    tail = (
+      inputs,
+      np.arange(inputs.shape[0]) < outer.shape[0],
+      seeds,
+      np.arange(self.batch_size) < k,
     )
-    return SampledBatch(blocks[::-1], *dev)
+    # One transfer for the whole batch: device_put's fixed cost is per call.
+    dev_blocks, dev_tail = jax.device_put((host, tail))
+    blocks = []
+    for arrays, (grouped, n, n_dst) in zip(dev_blocks, statics):
+      A = SparseMatrix._unchecked(*arrays[:6], shape=(n, n), grouped=grouped, padded=True)
+      blocks.append(Block(A, *arrays[6:], n_dst))
+    return SampledBatch(blocks[::-1], *dev_tail)
 
   def batch(self, seeds, seed: int) -> SampledBatch:
     """`pad(sample(seeds, seed))`."""
