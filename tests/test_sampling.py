@@ -443,3 +443,40 @@ def test_pad_rejects_bad_layers(rng):
     sampler.pad([layer._replace(cols=layer.cols + S)])
   with pytest.raises(ValueError, match=r"layers\[0\].rows"):
     sampler.pad([layer._replace(rows=layer.rows.astype(np.float32))])
+
+
+def test_max_edges_cap(rng):
+  """max_edges shrinks the edge slots (and so the sources' bound); a batch over it raises."""
+  n = 100
+  ei = random_graph(rng, n, max_degree=12)
+  seeds = np.flatnonzero(np.bincount(ei[1], minlength=n) >= 6)[:10]
+  assert seeds.size == 10
+  sampler = NeighborSampler.from_edge_index(ei, n, [6], batch_size=10, max_edges=[30])
+  assert sampler.budgets[0].edges == 30 and sampler.max_sources == [40]
+  with pytest.raises(ValueError, match=r"max_edges\[0\]"):
+    sampler.batch(seeds, seed=0)
+  roomy = NeighborSampler.from_edge_index(ei, n, [6], batch_size=10, max_edges=[60])
+  (layer,) = roomy.sample(seeds, seed=3)
+  assert layer.rows.shape[0] == 60
+  (block,) = roomy.pad([layer]).blocks
+  assert block.num_edges == 60 and bool(np.all(np.asarray(block.edge_mask)))
+  with pytest.raises(ValueError, match="max_edges"):
+    NeighborSampler.from_edge_index(ei, n, [6], batch_size=10, max_edges=[0])
+
+
+@pytest.mark.parametrize("prefetch", [1, 3])
+def test_loader_prefetch_gives_the_inline_batches(rng, prefetch):
+  """Batches built on `prefetch` threads at once are the ones built inline, in order."""
+  n = 120
+  ei = random_graph(rng, n, max_degree=10)
+  sampler = NeighborSampler.from_edge_index(ei, n, [4, 3], batch_size=8, max_edges=[32, None])
+  train = rng.choice(n, 45, replace=False)
+  seed = int(rng.integers(2**31))
+  inline = list(NeighborLoader(sampler, train, seed=seed, prefetch=0))
+  threaded = list(NeighborLoader(sampler, train, seed=seed, prefetch=prefetch))
+  assert len(inline) == len(threaded) == 6
+  for a, b in zip(inline, threaded):
+    la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb):
+      np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -335,10 +335,14 @@ PaddedBlock padded_block(const int32_t* rows, const int32_t* cols, int64_t count
   const int64_t total = count + dummies;
   std::vector<int64_t> r(total), c(total);
   for (int64_t k = 0; k < count; ++k) r[k] = rows[k], c[k] = cols[k];
-  for (int64_t i = 0; i < dummies; ++i) {
-    const int64_t t = i / 64, loc = i % 64, ti = t % span, tj = (ti + t / span) % span;
-    r[count + i] = first + 8 * ti + loc % 8;
-    c[count + i] = first + 8 * tj + loc / 8;
+  for (int64_t t = 0; t * 64 < dummies; ++t) {  // one division per tile, not per entry
+    const int64_t ti = t % span, tj = (ti + t / span) % span;
+    const int64_t row0 = first + 8 * ti, col0 = first + 8 * tj;
+    const int64_t base = count + 64 * t, end = std::min<int64_t>(64, dummies - 64 * t);
+    for (int64_t loc = 0; loc < end; ++loc) {
+      r[base + loc] = row0 + loc % 8;
+      c[base + loc] = col0 + loc / 8;
+    }
   }
   ScheduleOptions options;
   options.grouped = budget.grouped;
