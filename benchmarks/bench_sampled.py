@@ -80,7 +80,7 @@ def adam_init(params):
   return (zeros, zeros, 0)
 
 
-def run_ours(edge_index, n, train, args, log):
+def run_ours(edge_index, n, train, features, labels, args, log):
   import jax
   import jax.numpy as jnp
 
@@ -88,13 +88,39 @@ def run_ours(edge_index, n, train, args, log):
   from jaxsparse_tc.sampling import NeighborLoader, NeighborSampler
 
   rng = np.random.default_rng(0)
-  x = jax.device_put(rng.normal(size=(n, args.features)).astype(np.float32))
-  y = jax.device_put(rng.integers(0, args.classes, n).astype(np.int32))
+  x = jax.device_put(features)
+  y = jax.device_put(labels)
   t0 = time.perf_counter()
   sampler = NeighborSampler.from_edge_index(
     edge_index, n, args.fanouts, batch_size=args.batch, threads=args.sampler_threads
   )
-  log(f"  ours: sampler built in {time.perf_counter() - t0:.2f} s, budgets {sampler.budgets}")
+  if args.caps == "auto":
+    # Caps a little above the largest of some sampled batches: the worst-case budgets (targets
+    # x fanout) are several times what batches hold, and every padded slot costs format-build
+    # time on the host and kernel time on the device.
+    probe = NeighborLoader(sampler, train, seed=3).seed_batches()[: args.sampler_batches]
+    sizes = np.array(
+      [
+        [(x.sources.size, x.rows.size) for x in sampler.sample(b, seed=i)]
+        for i, b in enumerate(probe)
+      ]
+    )
+    most = sizes.max(axis=0)
+    round_up = lambda v: int(-(-v * args.cap_slack // 256) * 256)
+    sampler = NeighborSampler(
+      sampler.indptr,
+      sampler.indices,
+      args.fanouts,
+      batch_size=args.batch,
+      threads=args.sampler_threads,
+      edge_order=sampler._edge_order,
+      max_sources=[round_up(v) for v in most[:, 0]],
+      max_edges=[round_up(v) for v in most[:, 1]],
+    )
+  log(
+    f"  ours: sampler built in {time.perf_counter() - t0:.2f} s; caps {args.caps}: "
+    f"(node slots, nnz) per layer {[(b.num_nodes, b.nnz) for b in sampler.budgets]}"
+  )
   dims = [args.features] + [args.hidden] * (len(args.fanouts) - 1) + [args.classes]
   params = []
   for a, b in zip(dims[:-1], dims[1:]):
@@ -211,7 +237,7 @@ def pyg_backend() -> str:
   return "none (neither pyg-lib nor torch-sparse imports)"
 
 
-def run_pyg(edge_index, n, train, args, log):
+def run_pyg(edge_index, n, train, features, labels, args, log):
   try:
     import torch
     import torch.nn.functional as TF
@@ -224,9 +250,8 @@ def run_pyg(edge_index, n, train, args, log):
   backend = pyg_backend()
   log(f"  pyg: torch {torch.__version__}, sampler backend: {backend}")
   dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-  rng = np.random.default_rng(0)
-  x = torch.from_numpy(rng.normal(size=(n, args.features)).astype(np.float32)).to(dev)
-  y = torch.from_numpy(rng.integers(0, args.classes, n).astype(np.int64)).to(dev)
+  x = torch.from_numpy(features).to(dev)
+  y = torch.from_numpy(labels.astype(np.int64)).to(dev)
   data = Data(edge_index=torch.from_numpy(edge_index.astype(np.int64)), num_nodes=n)
   try:
     loader = NeighborLoader(
@@ -312,9 +337,17 @@ def main(argv=None):
   p.add_argument("--classes", type=int, default=16)
   p.add_argument("--epochs", type=int, default=3, help="timed epochs (after a warm-up)")
   p.add_argument("--prefetch", type=int, default=2, help="our loader's prefetch depth")
+  p.add_argument(
+    "--caps",
+    choices=("auto", "worst"),
+    default="auto",
+    help="our budgets: auto (--cap-slack x the largest of --sampler-batches sampled batches) "
+    "or worst (targets x fanout: no batch can overflow)",
+  )
+  p.add_argument("--cap-slack", type=float, default=1.25)
   p.add_argument("--sampler-threads", type=int, default=0, help="our sampler's threads (0: all)")
   p.add_argument("--sampler-batches", type=int, default=20)
-  p.add_argument("--pyg-workers", type=int, default=0, help="PyG loader worker processes")
+  p.add_argument("--pyg-workers", type=int, default=4, help="PyG loader worker processes")
   p.add_argument("--skip-pyg", action="store_true")
   p.add_argument("--json", default=None, help="write the results here")
   args = p.parse_args(argv)
@@ -323,7 +356,7 @@ def main(argv=None):
   if args.quick:
     args.scale, args.degree, args.train_nodes = 12, 8, 2048
     args.batch, args.hidden, args.features, args.epochs = 256, 32, 16, 1
-    args.sampler_batches = 4
+    args.sampler_batches, args.pyg_workers = 4, 0
     if args.data is None and (SHARED_DATA / "cora.npz").exists():
       args.data, args.graph = str(SHARED_DATA), "cora"
 
@@ -351,10 +384,12 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     k = n if args.train_nodes <= 0 else min(args.train_nodes, n)
     train = np.sort(rng.choice(n, k, replace=False)).astype(np.int64)
+    features = rng.standard_normal((n, args.features), dtype=np.float32)
+    labels = rng.integers(0, args.classes, n).astype(np.int32)
     r = {"nodes": n, "edges": int(ei.shape[1]), "train_nodes": k}
-    r["ours"] = run_ours(ei, n, train, args, log)
+    r["ours"] = run_ours(ei, n, train, features, labels, args, log)
     if not args.skip_pyg:
-      r["pyg"] = run_pyg(ei, n, train, args, log)
+      r["pyg"] = run_pyg(ei, n, train, features, labels, args, log)
     results[name] = r
     o, q = r["ours"], r.get("pyg", {})
     line = (
