@@ -97,16 +97,10 @@ def run_ours(edge_index, n, train, features, labels, args, log):
   if args.caps == "auto":
     # Caps a little above the largest of some sampled batches: the worst-case budgets (targets
     # x fanout) are several times what batches hold, and every padded slot costs format-build
-    # time on the host and kernel time on the device.
-    probe = NeighborLoader(sampler, train, seed=3).seed_batches()[: args.sampler_batches]
-    sizes = np.array(
-      [
-        [(x.sources.size, x.rows.size) for x in sampler.sample(b, seed=i)]
-        for i, b in enumerate(probe)
-      ]
+    # time on the host and kernel time on the device. The graph's CSR is reused.
+    max_sources, max_edges = sampler.suggest_caps(
+      train, batches=args.sampler_batches, slack=args.cap_slack
     )
-    most = sizes.max(axis=0)
-    round_up = lambda v: int(-(-v * args.cap_slack // 256) * 256)
     sampler = NeighborSampler(
       sampler.indptr,
       sampler.indices,
@@ -114,8 +108,8 @@ def run_ours(edge_index, n, train, features, labels, args, log):
       batch_size=args.batch,
       threads=args.sampler_threads,
       edge_order=sampler._edge_order,
-      max_sources=[round_up(v) for v in most[:, 0]],
-      max_edges=[round_up(v) for v in most[:, 1]],
+      max_sources=max_sources,
+      max_edges=max_edges,
     )
   log(
     f"  ours: sampler built in {time.perf_counter() - t0:.2f} s; caps {args.caps}: "

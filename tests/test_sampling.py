@@ -480,3 +480,22 @@ def test_loader_prefetch_gives_the_inline_batches(rng, prefetch):
     assert len(la) == len(lb)
     for x, y in zip(la, lb):
       np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_suggest_caps_fit_the_batches(rng):
+  """suggest_caps gives caps under the worst-case budgets that the loader's batches fit."""
+  n = 2000
+  ei = random_graph(rng, n, max_degree=10)  # mean degree 5: batches well under fanout 8
+  worst = NeighborSampler.from_edge_index(ei, n, [8, 5], batch_size=32)
+  train = rng.choice(n, 200, replace=False)
+  max_sources, max_edges = worst.suggest_caps(train, batches=8, slack=1.5, seed=1)
+  assert all(a <= b for a, b in zip(max_sources, worst.max_sources))
+  assert all(a <= b for a, b in zip(max_edges, worst.max_edges))
+  assert max_edges[1] < worst.max_edges[1]  # smaller than the worst case where it matters
+  capped = NeighborSampler.from_edge_index(
+    ei, n, [8, 5], batch_size=32, max_sources=max_sources, max_edges=max_edges
+  )
+  for batch in NeighborLoader(capped, train, seed=int(rng.integers(2**31)), prefetch=0):
+    assert int(np.sum(np.asarray(batch.seed_mask))) > 0
+  with pytest.raises(ValueError, match="slack"):
+    worst.suggest_caps(train, slack=0.5)

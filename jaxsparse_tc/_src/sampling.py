@@ -438,6 +438,35 @@ class NeighborSampler:
       w = w[order]
     return cls(indptr, indices, fanouts, weights=w, edge_order=order, **kwargs)
 
+  def suggest_caps(
+    self, seeds, *, batches: int = 16, slack: float = 1.25, seed: int = 0
+  ) -> tuple[list[int], list[int]]:
+    """(max_sources, max_edges) for a sampler of this graph that trains on `seeds`: `slack`
+    times the largest of `batches` sampled batches of batch_size random seeds, per layer,
+    rounded up to a multiple of 256 and at most this sampler's own caps. Typical batches hold
+    a fraction of the worst-case budgets, and every padded slot costs host time in `pad` and
+    device time in the kernels; a batch over a cap raises ValueError, so keep slack well
+    above 1 (batch sums over many seeds vary by a few percent)."""
+    where = "NeighborSampler.suggest_caps"
+    s = _seeds(where, seeds, self.num_nodes)
+    batches = _int(where, "batches", batches, 1)
+    seed = _int(where, "seed", seed, 0)
+    if isinstance(slack, bool) or not isinstance(slack, (int, float)) or not slack >= 1:
+      raise ValueError(f"{where}: slack must be a number >= 1; got {slack!r}")
+    rng = np.random.default_rng([seed, 1])
+    most = np.zeros((len(self.fanouts), 2), np.int64)
+    for i in range(batches):
+      pick = rng.choice(s, min(self.batch_size, s.size), replace=False)
+      layers = self.sample(pick, seed=_batch_seed(seed, 2**32, i))
+      sizes = [(x.sources.shape[0], x.rows.shape[0]) for x in layers]
+      most = np.maximum(most, np.array(sizes, np.int64))
+    up = lambda v, cap: int(min(-(-int(np.ceil(v * slack)) // 256) * 256, cap))
+    sources, t = [], self.batch_size
+    for v, c in zip(most[:, 0], self.max_sources):
+      t = max(up(v, c), t)  # the sources include the targets: a cap is >= the one before
+      sources.append(t)
+    return sources, [max(up(v, c), 1) for v, c in zip(most[:, 1], self.max_edges)]
+
   def sample(self, seeds, seed: int) -> list[SampledLayer]:
     """The unpadded layers of one batch of seeds (at most batch_size), sampled with `seed`."""
     s = _seeds("NeighborSampler.sample", seeds, self.num_nodes)
