@@ -354,7 +354,8 @@ class NeighborSampler:
 
   Budgets (`budgets`, one nn.batch.Budget per layer): targets T_1 = batch_size and
   T_{l+1} = S_l; sources S_l <= T_l (1 + f_l); edges E_l <= T_l f_l, f_l the fanout (for -1
-  the largest in-degree). Every block is padded with padded_matrix to its budget.
+  the largest in-degree). Every block is padded to its budget as nn.batch.padded_matrix pads
+  (`pad` builds the same arrays in one native call).
   """
 
   def __init__(
