@@ -283,10 +283,14 @@ def run_pyg(edge_index, n, train, features, labels, args, log):
   # Loader alone: time per batch of sampling (and PyG's subgraph filtering) without training.
   k = 0
   a = time.perf_counter()
-  for _ in loader:
-    k += 1
-    if k == args.sampler_batches:
-      break
+  try:
+    for _ in loader:
+      k += 1
+      if k == args.sampler_batches:
+        break
+  except (ImportError, RuntimeError) as e:  # PyG samples only with pyg-lib or torch-sparse
+    log(f"  pyg: NeighborLoader cannot sample ({e})")
+    return {"backend": backend, "skipped": str(e)}
   sampler_ms = 1e3 * (time.perf_counter() - a) / max(k, 1)
   log(f"  pyg: loader per batch {sampler_ms:.1f} ms ({args.pyg_workers} workers)")
 
