@@ -499,3 +499,34 @@ def test_suggest_caps_fit_the_batches(rng):
     assert int(np.sum(np.asarray(batch.seed_mask))) > 0
   with pytest.raises(ValueError, match="slack"):
     worst.suggest_caps(train, slack=0.5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_padded_block_errors_raise_from_either_build(rng, threads):
+  """A format error inside padded_block's builds (here a grouped schedule a window of 38 blocks
+  cannot take) raises ValueError, whichever thread meets it."""
+  from jaxsparse_tc._src import extensions
+  from jaxsparse_tc._src.nn.batch import Budget
+
+  k = 300
+  budget = Budget(nodes=k, edges=k, graphs=1)
+  sizes = budget.format_sizes()
+  rows = np.zeros(k, np.int32)  # one target with k distinct sources: 38 blocks in its window
+  cols = rng.permutation(k).astype(np.int32)
+  if threads == 2:
+    rows, cols = cols, rows  # the transposed orientation (built on the second thread) fails
+  with pytest.raises(ValueError, match="grouped"):
+    extensions.cpu_extension().padded_block(
+      rows,
+      cols,
+      k,
+      num_slots=budget.num_nodes,
+      nnz=budget.nnz,
+      edges=budget.edges,
+      window_cols=sizes["window_cols"],
+      blocks=sizes["blocks"],
+      schedule=sizes["schedule"],
+      row_schedule=sizes["row_schedule"],
+      grouped=True,
+      threads=threads,
+    )

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -348,15 +349,29 @@ PaddedBlock padded_block(const int32_t* rows, const int32_t* cols, int64_t count
   options.grouped = budget.grouped;
   PaddedBlock out;
   {
+    // An exception must not leave a thread: the transposed build's is rethrown after the join,
+    // and the join happens whatever the main build throws.
+    std::exception_ptr transposed_error, error;
+    auto build_transposed = [&] {
+      try {
+        out.t = build_pattern(c.data(), r.data(), total, n, n, options);
+      } catch (...) {
+        transposed_error = std::current_exception();
+      }
+    };
     std::thread transposed;
-    if (threads > 1)
-      transposed =
-          std::thread([&] { out.t = build_pattern(c.data(), r.data(), total, n, n, options); });
-    out.a = build_pattern(r.data(), c.data(), total, n, n, options);
+    if (threads > 1) transposed = std::thread(build_transposed);
+    try {
+      out.a = build_pattern(r.data(), c.data(), total, n, n, options);
+    } catch (...) {
+      error = std::current_exception();
+    }
     if (threads > 1)
       transposed.join();
-    else
-      out.t = build_pattern(c.data(), r.data(), total, n, n, options);
+    else if (!error)
+      build_transposed();
+    if (error) std::rethrow_exception(error);
+    if (transposed_error) std::rethrow_exception(transposed_error);
   }
   if (out.a.nnz != nnz || out.t.nnz != nnz)
     throw std::logic_error("padded_block: internal: " + std::to_string(out.a.nnz) +
