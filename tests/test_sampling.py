@@ -398,3 +398,135 @@ def test_bad_inputs_name_the_argument(rng):
     NeighborLoader(sampler, [0, 99])
   with pytest.raises(ValueError, match="prefetch"):
     NeighborLoader(sampler, [0, 1], prefetch=-1)
+
+
+@pytest.mark.parametrize("case", ["uniform", "replace", "multigraph", "edge_order"])
+def test_blocks_equal_padded_matrix(rng, case):
+  """pad builds each block's format in one native call: the same arrays, array by array, as
+  nn.batch.padded_matrix builds from the layer's edge_index (repeated draws summed, dummy
+  entries in padding rows and columns)."""
+  from jaxsparse_tc._src.nn.batch import padded_matrix
+
+  n = 160
+  ei = random_graph(rng, n, max_degree=14)
+  if case == "multigraph":  # repeated (u, v) pairs: distinct CSR positions, one matrix entry
+    ei = np.concatenate([ei, ei[:, rng.choice(ei.shape[1], 40, replace=False)]], axis=1)
+  sampler = NeighborSampler.from_edge_index(ei, n, [6, 4], batch_size=24, replace=case == "replace")
+  layers = sampler.sample(rng.choice(n, 19, replace=False), seed=int(rng.integers(2**32)))
+  if case == "edge_order":  # edges in no particular order (not grouped by target)
+    perms = [rng.permutation(x.rows.shape[0]) for x in layers]
+    layers = [
+      x._replace(rows=x.rows[p], cols=x.cols[p], edge_ids=x.edge_ids[p])
+      for x, p in zip(layers, perms)
+    ]
+  if case in ("replace", "multigraph"):
+    keys = [x.rows.astype(np.int64) * n + x.cols for x in layers]
+    assert any(np.unique(k).size < k.size for k in keys), "no repeated entry to sum"
+  batch = sampler.pad(layers)
+  for layer, budget, block in zip(layers, sampler.budgets, batch.blocks[::-1]):
+    ref, _ = padded_matrix(np.stack([layer.cols, layer.rows]), layer.sources.shape[0], budget)
+    got_leaves, got_aux = jax.tree_util.tree_flatten(block.A)
+    ref_leaves, ref_aux = jax.tree_util.tree_flatten(ref)
+    assert got_aux == ref_aux
+    assert len(got_leaves) == len(ref_leaves)
+    for g, r in zip(got_leaves, ref_leaves):
+      assert g.dtype == r.dtype and g.shape == r.shape
+      np.testing.assert_array_equal(np.asarray(g), np.asarray(r))
+
+
+def test_pad_rejects_bad_layers(rng):
+  n = 60
+  sampler = NeighborSampler.from_edge_index(random_graph(rng, n), n, [3], batch_size=8)
+  (layer,) = sampler.sample(rng.choice(n, 5, replace=False), seed=1)
+  S = layer.sources.shape[0]
+  with pytest.raises(ValueError, match=r"layers\[0\].cols"):
+    sampler.pad([layer._replace(cols=layer.cols + S)])
+  with pytest.raises(ValueError, match=r"layers\[0\].rows"):
+    sampler.pad([layer._replace(rows=layer.rows.astype(np.float32))])
+
+
+def test_max_edges_cap(rng):
+  """max_edges shrinks the edge slots (and so the sources' bound); a batch over it raises."""
+  n = 100
+  ei = random_graph(rng, n, max_degree=12)
+  seeds = np.flatnonzero(np.bincount(ei[1], minlength=n) >= 6)[:10]
+  assert seeds.size == 10
+  sampler = NeighborSampler.from_edge_index(ei, n, [6], batch_size=10, max_edges=[30])
+  assert sampler.budgets[0].edges == 30 and sampler.max_sources == [40]
+  with pytest.raises(ValueError, match=r"max_edges\[0\]"):
+    sampler.batch(seeds, seed=0)
+  roomy = NeighborSampler.from_edge_index(ei, n, [6], batch_size=10, max_edges=[60])
+  (layer,) = roomy.sample(seeds, seed=3)
+  assert layer.rows.shape[0] == 60
+  (block,) = roomy.pad([layer]).blocks
+  assert block.num_edges == 60 and bool(np.all(np.asarray(block.edge_mask)))
+  with pytest.raises(ValueError, match="max_edges"):
+    NeighborSampler.from_edge_index(ei, n, [6], batch_size=10, max_edges=[0])
+
+
+@pytest.mark.parametrize("prefetch", [1, 3])
+def test_loader_prefetch_gives_the_inline_batches(rng, prefetch):
+  """Batches built on `prefetch` threads at once are the ones built inline, in order."""
+  n = 120
+  ei = random_graph(rng, n, max_degree=10)
+  sampler = NeighborSampler.from_edge_index(ei, n, [4, 3], batch_size=8, max_edges=[32, None])
+  train = rng.choice(n, 45, replace=False)
+  seed = int(rng.integers(2**31))
+  inline = list(NeighborLoader(sampler, train, seed=seed, prefetch=0))
+  threaded = list(NeighborLoader(sampler, train, seed=seed, prefetch=prefetch))
+  assert len(inline) == len(threaded) == 6
+  for a, b in zip(inline, threaded):
+    la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb):
+      np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_suggest_caps_fit_the_batches(rng):
+  """suggest_caps gives caps under the worst-case budgets that the loader's batches fit."""
+  n = 2000
+  ei = random_graph(rng, n, max_degree=10)  # mean degree 5: batches well under fanout 8
+  worst = NeighborSampler.from_edge_index(ei, n, [8, 5], batch_size=32)
+  train = rng.choice(n, 200, replace=False)
+  max_sources, max_edges = worst.suggest_caps(train, batches=8, slack=1.5, seed=1)
+  assert all(a <= b for a, b in zip(max_sources, worst.max_sources))
+  assert all(a <= b for a, b in zip(max_edges, worst.max_edges))
+  assert max_edges[1] < worst.max_edges[1]  # smaller than the worst case where it matters
+  capped = NeighborSampler.from_edge_index(
+    ei, n, [8, 5], batch_size=32, max_sources=max_sources, max_edges=max_edges
+  )
+  for batch in NeighborLoader(capped, train, seed=int(rng.integers(2**31)), prefetch=0):
+    assert int(np.sum(np.asarray(batch.seed_mask))) > 0
+  with pytest.raises(ValueError, match="slack"):
+    worst.suggest_caps(train, slack=0.5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_padded_block_errors_raise_from_either_build(rng, threads):
+  """A format error inside padded_block's builds (here a grouped schedule a window of 38 blocks
+  cannot take) raises ValueError, whichever thread meets it."""
+  from jaxsparse_tc._src import extensions
+  from jaxsparse_tc._src.nn.batch import Budget
+
+  k = 300
+  budget = Budget(nodes=k, edges=k, graphs=1)
+  sizes = budget.format_sizes()
+  rows = np.zeros(k, np.int32)  # one target with k distinct sources: 38 blocks in its window
+  cols = rng.permutation(k).astype(np.int32)
+  if threads == 2:
+    rows, cols = cols, rows  # the transposed orientation (built on the second thread) fails
+  with pytest.raises(ValueError, match="grouped"):
+    extensions.cpu_extension().padded_block(
+      rows,
+      cols,
+      k,
+      num_slots=budget.num_nodes,
+      nnz=budget.nnz,
+      edges=budget.edges,
+      window_cols=sizes["window_cols"],
+      blocks=sizes["blocks"],
+      schedule=sizes["schedule"],
+      row_schedule=sizes["row_schedule"],
+      grouped=True,
+      threads=threads,
+    )

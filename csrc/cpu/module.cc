@@ -110,6 +110,51 @@ nb::list sample_neighbors(IndexArray indptr, Int32Array indices, IndexArray targ
   return out;
 }
 
+// One sampled layer's padded matrix (cpu/sampler.h padded_block): a dict of the two
+// orientations' Pattern arrays (keys "a" and "t"), values, perm_t, perm_t_inv, input_to_format.
+nb::dict padded_block(Int32Array rows, Int32Array cols, int64_t num_real_nodes, int64_t num_slots,
+                      int64_t nnz, int64_t edges, int64_t cols_len, int64_t blocks, int64_t items,
+                      int64_t row_items, bool grouped, int threads) {
+  if (rows.shape(0) != cols.shape(0))
+    throw nb::value_error("padded_block: rows and cols must have one entry per edge");
+  jaxsparse_tc::BlockBudget budget{num_slots, nnz,   edges,     cols_len,
+                                   blocks,    items, row_items, grouped};
+  jaxsparse_tc::PaddedBlock b;
+  {
+    nb::gil_scoped_release release;
+    b = jaxsparse_tc::padded_block(rows.data(), cols.data(), int64_t(rows.shape(0)), num_real_nodes,
+                                   budget, threads);
+  }
+  auto pattern = [](jaxsparse_tc::BuiltPattern& p) {
+    const size_t W = p.window_col_ptr.size(), C = p.window_cols.size();
+    const size_t B = p.block_bitmap.size() / 2, nnz = size_t(p.nnz);
+    const size_t S = p.schedule.size() / jaxsparse_tc::kScheduleFields;
+    const size_t R = p.row_schedule.size() / 4;
+    nb::dict d;
+    d["window_col_ptr"] = to_numpy(std::move(p.window_col_ptr), {W});
+    d["window_cols"] = to_numpy(std::move(p.window_cols), {C});
+    d["window_block_ptr"] = to_numpy(std::move(p.window_block_ptr), {W});
+    d["block_bitmap"] = to_numpy(std::move(p.block_bitmap), {B, 2});
+    d["block_value_ptr"] = to_numpy(std::move(p.block_value_ptr), {B + 1});
+    d["schedule"] = to_numpy(std::move(p.schedule), {S, size_t(jaxsparse_tc::kScheduleFields)});
+    d["rows"] = to_numpy(std::move(p.rows), {nnz});
+    d["cols"] = to_numpy(std::move(p.cols), {nnz});
+    d["row_entries"] = to_numpy(std::move(p.row_entries), {nnz, 2});
+    d["row_schedule"] = to_numpy(std::move(p.row_schedule), {R, 4});
+    d["grouped"] = p.grouped;
+    return d;
+  };
+  const size_t n = size_t(nnz);
+  nb::dict out;
+  out["a"] = pattern(b.a);
+  out["t"] = pattern(b.t);
+  out["values"] = to_numpy(std::move(b.values), {n});
+  out["perm_t"] = to_numpy(std::move(b.perm_t), {n});
+  out["perm_t_inv"] = to_numpy(std::move(b.perm_t_inv), {n});
+  out["input_to_format"] = to_numpy(std::move(b.input_to_format), {size_t(edges)});
+  return out;
+}
+
 // The names kernel_choices gives the kernels a plan launches (KernelPlan.spmm_kernel and
 // .sddmm_kernel): the family, and for the window family which of its kernels.
 const char* spmm_kernel_name(jaxsparse_tc::SpmmKernel k) {
@@ -308,6 +353,14 @@ NB_MODULE(_cpu, m) {
         "CSR positions). fanout -1 takes every neighbour; weights (float64 [nnz], >= 0) draw "
         "proportionally. Deterministic for a seed whatever threads (0: all cores); releases "
         "the GIL. The caller validates indices and weights (cpu/sampler.h).");
+  m.def("padded_block", &padded_block, nb::arg("rows"), nb::arg("cols"), nb::arg("num_real_nodes"),
+        nb::kw_only(), nb::arg("num_slots"), nb::arg("nnz"), nb::arg("edges"),
+        nb::arg("window_cols"), nb::arg("blocks"), nb::arg("schedule"), nb::arg("row_schedule"),
+        nb::arg("grouped"), nb::arg("threads") = 1,
+        "The padded SparseMatrix arrays of one sampled layer (int32 local rows = targets, cols "
+        "= sources), as nn.batch.padded_matrix builds them for a Budget without self-loops "
+        "(num_slots, nnz, edges; format_sizes' lengths): a dict with patterns a and t, values, "
+        "perm_t, perm_t_inv and input_to_format. Releases the GIL (cpu/sampler.h).");
   m.def("kernel_choices", &kernel_choices, nb::arg("rows"), nb::arg("nnz"), nb::arg("windows"),
         nb::arg("blocks"), nb::arg("condensed_cols"), nb::arg("d"), nb::arg("esize"),
         nb::arg("exact"), nb::kw_only(), nb::arg("row_items") = 0, nb::arg("heads") = 1,

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu/pattern_build.h"
+
 namespace jaxsparse_tc {
 
 struct SampledLayer {
@@ -32,5 +34,33 @@ std::vector<SampledLayer> sample_neighbors(const int64_t* indptr, const int32_t*
                                            const int64_t* targets, int64_t num_targets,
                                            const std::vector<int64_t>& fanouts, uint64_t seed,
                                            const SampleOptions& options);
+
+// The fixed lengths of one padded block (nn.batch.Budget without self-loops; the per-orientation
+// lengths are Budget.format_sizes()).
+struct BlockBudget {
+  int64_t num_slots = 0;  // the matrix is num_slots x num_slots
+  int64_t nnz = 0;        // nonzeros: the distinct edges, then zero-valued dummy entries
+  int64_t edges = 0;      // edge slots (input order); nnz == edges without self-loops
+  int64_t cols = 0, blocks = 0, items = 0, row_items = 0;
+  bool grouped = false;  // FormatOptions(grouped=...) of both orientations
+};
+
+// One sampled layer as the padded SparseMatrix's host arrays, exactly what nn.batch.padded_matrix
+// builds for edge_index [cols; rows] with unit values (in one pass, without Python in between):
+// both orientations padded to the budget, values in format order (repeated edges summed),
+// perm_t, perm_t_inv and input_to_format of the edge slots.
+struct PaddedBlock {
+  BuiltPattern a, t;
+  std::vector<float> values;                // [nnz]
+  std::vector<int32_t> perm_t, perm_t_inv;  // [nnz]
+  std::vector<int32_t> input_to_format;     // [edges]
+};
+
+// rows (targets) and cols (sources): local indices of `count` edges, below num_real_nodes
+// (checked); count <= budget.edges. Dummy entries fill dense 8x8 tiles among the padding node
+// slots [ceil8(num_real_nodes), num_slots - 8), as padded_matrix places them. threads > 1 builds
+// the two orientations at once.
+PaddedBlock padded_block(const int32_t* rows, const int32_t* cols, int64_t count,
+                         int64_t num_real_nodes, const BlockBudget& budget, int threads);
 
 }  // namespace jaxsparse_tc

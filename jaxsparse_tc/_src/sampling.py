@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import concurrent.futures
+import functools
+import math
 import operator
+import os
 import sys
 import time
 from typing import Iterator, NamedTuple, Sequence
@@ -13,7 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsparse_tc._src import extensions, integrity
-from jaxsparse_tc._src.nn.batch import Budget, padded_matrix
+from jaxsparse_tc._src.nn.batch import Budget
+from jaxsparse_tc._src.pattern import Pattern
+from jaxsparse_tc._src.sparse_matrix import SparseMatrix
 
 _MAX_INDEX = 2**31 - 1  # local indices and CSR columns are int32
 
@@ -125,6 +130,64 @@ def _seeds(where: str, seeds, num_nodes: int) -> np.ndarray:
       f"{where}: seeds must be distinct node ids; got {s.size - np.unique(s).size} repeats"
     )
   return s
+
+
+@functools.lru_cache(maxsize=16)
+def _unpacker(treedef, specs: tuple, groups: tuple):
+  """The jitted function that cuts the per-dtype buffers of _to_device back into its leaves."""
+
+  def unpack(buffers):
+    leaves = [None] * len(specs)
+    for buf, members in zip(buffers, groups):
+      at = 0
+      for i in members:
+        shape = specs[i][0]
+        size = math.prod(shape)
+        leaves[i] = buf[at : at + size].reshape(shape)
+        at += size
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+  return jax.jit(unpack)
+
+
+def _to_device(tree):
+  """jax.device_put(tree) of host arrays in one transfer per dtype: device_put's cost is mostly
+  per array (a batch has some 60), so the leaves travel concatenated and one jitted call (the
+  shapes are the sampler's, fixed) cuts them apart on the device."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  leaves = [np.asarray(x) for x in leaves]
+  specs = tuple((x.shape, x.dtype.str) for x in leaves)
+  by_dtype: dict[str, list[int]] = {}
+  for i, (_, dt) in enumerate(specs):
+    by_dtype.setdefault(dt, []).append(i)
+  groups = tuple(tuple(v) for v in by_dtype.values())
+  buffers = [np.concatenate([leaves[i].ravel() for i in members]) for members in groups]
+  return _unpacker(treedef, specs, groups)(jax.device_put(buffers))
+
+
+def _caps(where: str, name: str, caps, layers: int) -> list:
+  """Per-layer caps: None (no cap anywhere), or one entry per layer, each None or >= 1."""
+  if caps is None:
+    return [None] * layers
+  caps = list(caps)
+  if len(caps) != layers:
+    raise ValueError(f"{where}: {name} must have one entry per layer ({layers}); got {len(caps)}")
+  return [None if c is None else _int(where, f"{name}[{i}]", c, 1) for i, c in enumerate(caps)]
+
+
+def _local_index(name: str, a, count: int) -> np.ndarray:
+  """A sampled layer's local indices as int32, checked to lie in [0, count)."""
+  a = np.asarray(a)
+  if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+    raise ValueError(
+      f"NeighborSampler.pad: {name} must be a 1-D integer array; got {a.dtype} {a.shape}"
+    )
+  if a.size and (a.min() < 0 or a.max() >= count):
+    raise ValueError(
+      f"NeighborSampler.pad: {name} holds indices in [{a.min()}, {a.max()}], outside the "
+      f"layer's [0, {count}) sources"
+    )
+  return np.ascontiguousarray(a, np.int32)
 
 
 def _sample(indptr, indices, weights, seeds, fanouts, seed, replace, threads) -> list[SampledLayer]:
@@ -283,12 +346,16 @@ class NeighborSampler:
   indptr, indices, weights: the graph in CSR, rows = targets (see sample_neighbors;
   `from_edge_index` builds it from edge_index). fanouts: per layer, the seeds' layer first.
   batch_size: most seeds per batch. max_sources: None, or a cap per layer on the distinct
-  sources (default and most: targets x (1 + fanout), and the node count); a batch exceeding
-  a cap raises ValueError. threads: sampling threads (0: every core).
+  sources (default and most: targets x (1 + fanout), and the node count); max_edges: the same
+  for the sampled edges (default and most: targets x fanout); a batch exceeding a cap raises
+  ValueError. The defaults are worst cases, far above typical batches: caps near what batches
+  hold make the padded blocks, their format build in `pad` and the device's work smaller.
+  threads: sampling threads (0: every core).
 
   Budgets (`budgets`, one nn.batch.Budget per layer): targets T_1 = batch_size and
   T_{l+1} = S_l; sources S_l <= T_l (1 + f_l); edges E_l <= T_l f_l, f_l the fanout (for -1
-  the largest in-degree). Every block is padded with padded_matrix to its budget.
+  the largest in-degree). Every block is padded to its budget as nn.batch.padded_matrix pads
+  (`pad` builds the same arrays in one native call).
   """
 
   def __init__(
@@ -301,6 +368,7 @@ class NeighborSampler:
     weights=None,
     replace: bool = False,
     max_sources: Sequence[int | None] | None = None,
+    max_edges: Sequence[int | None] | None = None,
     threads: int = 0,
     edge_order=None,
   ):
@@ -313,25 +381,19 @@ class NeighborSampler:
     self.num_nodes = self.indptr.shape[0] - 1
     self._edge_order = None if edge_order is None else np.asarray(edge_order, np.int64)
     L = len(self.fanouts)
-    if max_sources is None:
-      caps = [None] * L
-    else:
-      caps = list(max_sources)
-      if len(caps) != L:
-        raise ValueError(
-          f"{where}: max_sources must have one entry per layer ({L}); got {len(caps)}"
-        )
-      caps = [
-        None if c is None else _int(where, f"max_sources[{i}]", c, 1) for i, c in enumerate(caps)
-      ]
+    caps = _caps(where, "max_sources", max_sources, L)
+    edge_caps = _caps(where, "max_edges", max_edges, L)
     degree = np.diff(self.indptr)
     max_degree = int(degree.max()) if degree.size else 0
     nnz = int(self.indices.shape[0])
     budgets, t = [], self.batch_size
-    self.max_sources = []
-    for f, cap in zip(self.fanouts, caps):
+    self.max_sources, self.max_edges = [], []
+    for f, cap, edge_cap in zip(self.fanouts, caps, edge_caps):
       f_eff = max_degree if f < 0 else f
       e = t * f_eff if self.replace and f >= 0 else min(t * f_eff, nnz)
+      if edge_cap is not None:
+        e = min(e, edge_cap)
+      self.max_edges.append(e)
       s = min(t + e, max(self.num_nodes, 1))
       if cap is not None:
         if cap < t:
@@ -344,6 +406,20 @@ class NeighborSampler:
       budgets.append(Budget(nodes=max(s, 1), edges=max(e, 1), graphs=1))
       t = s
     self.budgets = tuple(budgets)
+    # Budget's derived lengths take a fixed-point loop: computed once, passed to every block.
+    self._block_lengths = tuple(
+      dict(
+        num_slots=b.num_nodes,
+        nnz=b.nnz,
+        edges=b.edges,
+        window_cols=b.format_sizes()["window_cols"],
+        blocks=b.format_sizes()["blocks"],
+        schedule=b.format_sizes()["schedule"],
+        row_schedule=b.format_sizes()["row_schedule"],
+        grouped=b.is_grouped,
+      )
+      for b in self.budgets
+    )
     # The rows each layer's output needs: the next layer's (towards the seeds) source slots.
     self._num_dst = tuple([self.batch_size] + [b.num_nodes for b in self.budgets[:-1]])
 
@@ -362,6 +438,35 @@ class NeighborSampler:
         )
       w = w[order]
     return cls(indptr, indices, fanouts, weights=w, edge_order=order, **kwargs)
+
+  def suggest_caps(
+    self, seeds, *, batches: int = 16, slack: float = 1.25, seed: int = 0
+  ) -> tuple[list[int], list[int]]:
+    """(max_sources, max_edges) for a sampler of this graph that trains on `seeds`: `slack`
+    times the largest of `batches` sampled batches of batch_size random seeds, per layer,
+    rounded up to a multiple of 256 and at most this sampler's own caps. Typical batches hold
+    a fraction of the worst-case budgets, and every padded slot costs host time in `pad` and
+    device time in the kernels; a batch over a cap raises ValueError, so keep slack well
+    above 1 (batch sums over many seeds vary by a few percent)."""
+    where = "NeighborSampler.suggest_caps"
+    s = _seeds(where, seeds, self.num_nodes)
+    batches = _int(where, "batches", batches, 1)
+    seed = _int(where, "seed", seed, 0)
+    if isinstance(slack, bool) or not isinstance(slack, (int, float)) or not slack >= 1:
+      raise ValueError(f"{where}: slack must be a number >= 1; got {slack!r}")
+    rng = np.random.default_rng([seed, 1])
+    most = np.zeros((len(self.fanouts), 2), np.int64)
+    for i in range(batches):
+      pick = rng.choice(s, min(self.batch_size, s.size), replace=False)
+      layers = self.sample(pick, seed=_batch_seed(seed, 2**32, i))
+      sizes = [(x.sources.shape[0], x.rows.shape[0]) for x in layers]
+      most = np.maximum(most, np.array(sizes, np.int64))
+    up = lambda v, cap: int(min(-(-int(np.ceil(v * slack)) // 256) * 256, cap))
+    sources, t = [], self.batch_size
+    for v, c in zip(most[:, 0], self.max_sources):
+      t = max(up(v, c), t)  # the sources include the targets: a cap is >= the one before
+      sources.append(t)
+    return sources, [max(up(v, c), 1) for v, c in zip(most[:, 1], self.max_edges)]
 
   def sample(self, seeds, seed: int) -> list[SampledLayer]:
     """The unpadded layers of one batch of seeds (at most batch_size), sampled with `seed`."""
@@ -385,36 +490,64 @@ class NeighborSampler:
       raise ValueError(
         f"NeighborSampler.pad: layers must hold {len(self.fanouts)} layers; got {len(layers)}"
       )
-    blocks = []
-    for i, (layer, budget) in enumerate(zip(layers, self.budgets)):
+    ext = extensions.cpu_extension()
+    threads = self.threads or os.cpu_count() or 1
+    host, statics = [], []
+    for i, layer in enumerate(layers):
       S, E = layer.sources.shape[0], layer.rows.shape[0]
+      if E > self.max_edges[i]:
+        raise ValueError(
+          f"NeighborSampler: layer {i} sampled {E} edges, over max_edges[{i}]="
+          f"{self.max_edges[i]}: raise the cap"
+        )
       if S > self.max_sources[i]:
         raise ValueError(
           f"NeighborSampler: layer {i} sampled {S} distinct sources, over max_sources[{i}]="
           f"{self.max_sources[i]}: raise the cap"
         )
-      ei = np.stack([layer.cols, layer.rows]).astype(np.int64)
-      A, _ = padded_matrix(ei, S, budget)
-      n_src, n_edges, n_dst = budget.num_nodes, budget.edges, self._num_dst[i]
+      rows = _local_index(f"layers[{i}].rows", layer.rows, S)
+      cols = _local_index(f"layers[{i}].cols", layer.cols, S)
+      # The block's format in one call (the same arrays as nn.batch.padded_matrix builds for
+      # edge_index [cols; rows]): no per-array Python work, the GIL released throughout.
+      raw = ext.padded_block(rows, cols, S, threads=threads, **self._block_lengths[i])
+      a, t = raw["a"], raw["t"]
+      lengths = self._block_lengths[i]
+      n_src, n_edges, n_dst = lengths["num_slots"], lengths["edges"], self._num_dst[i]
       edge_ids = np.zeros(n_edges, np.int32)
       edge_ids[:E] = layer.edge_ids
-      host = (
-        edge_ids,
-        np.arange(n_edges) < E,
-        np.arange(n_src) < S,
-        np.arange(n_dst) < layer.targets.shape[0],
+      host.append(
+        (
+          raw["values"],
+          Pattern(**{f: a[f] for f in Pattern._fields}),
+          Pattern(**{f: t[f] for f in Pattern._fields}),
+          raw["perm_t"],
+          raw["perm_t_inv"],
+          raw["input_to_format"],
+          edge_ids,
+          np.arange(n_edges) < E,
+          np.arange(n_src) < S,
+          np.arange(n_dst) < layer.targets.shape[0],
+        )
       )
-      blocks.append(Block(A, *jax.device_put(host), n_dst))
+      statics.append(((a["grouped"], t["grouped"]), n_src, n_dst))
     outer = layers[-1].sources
-    inputs = np.zeros(self.budgets[-1].num_nodes, np.int32)
+    inputs = np.zeros(self._block_lengths[-1]["num_slots"], np.int32)
     inputs[: outer.shape[0]] = outer
     seeds = np.zeros(self.batch_size, np.int32)
     k = layers[0].targets.shape[0]
     seeds[:k] = layers[0].targets
-    dev = jax.device_put(
-      (inputs, np.arange(inputs.shape[0]) < outer.shape[0], seeds, np.arange(self.batch_size) < k)
+    tail = (
+      inputs,
+      np.arange(inputs.shape[0]) < outer.shape[0],
+      seeds,
+      np.arange(self.batch_size) < k,
     )
-    return SampledBatch(blocks[::-1], *dev)
+    dev_blocks, dev_tail = _to_device((host, tail))
+    blocks = []
+    for arrays, (grouped, n, n_dst) in zip(dev_blocks, statics):
+      A = SparseMatrix._unchecked(*arrays[:6], shape=(n, n), grouped=grouped, padded=True)
+      blocks.append(Block(A, *arrays[6:], n_dst))
+    return SampledBatch(blocks[::-1], *dev_tail)
 
   def batch(self, seeds, seed: int) -> SampledBatch:
     """`pad(sample(seeds, seed))`."""
@@ -432,8 +565,8 @@ class NeighborLoader:
   seeds: the node ids to train on (distinct). Each iteration (epoch) shuffles them (when
   `shuffle`) from `seed` and the epoch count, cuts them into batches of the sampler's
   batch_size, and samples each with a seed derived from (seed, epoch, batch index): the batches
-  depend on `seed` only. Sampling runs on a host thread `prefetch` batches ahead of the
-  consumer (0: inline). progress: a progress line on stderr.
+  depend on `seed` only. Sampling runs on `prefetch` host threads, that many batches ahead of
+  the consumer (0: inline). progress: a progress line on stderr.
   """
 
   def __init__(
@@ -498,7 +631,9 @@ class NeighborLoader:
       for i in range(count):
         yield make(i)
       return
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    # A worker per batch in flight: sampling and the format build release the GIL, so batches
+    # build in parallel on a multi-core host (each depends on its index only, not on timing).
+    with concurrent.futures.ThreadPoolExecutor(self.prefetch) as pool:
       pending = [pool.submit(make, i) for i in range(min(self.prefetch, count))]
       for i in range(count):
         if i + self.prefetch < count:
