@@ -156,3 +156,53 @@ def test_dense_standin_names():
     standins.dense_communities(50_000, "nope")
   with pytest.raises(ValueError, match="edges must be at least"):
     standins.dense_communities(10, "imdb")
+
+
+def test_flashsparse_peer_import_failures_are_clear(tmp_path):
+  """A missing folder, a folder without FlashSparse's modules and a module that fails to import
+  each raise FlashSparseUnavailable naming the path and the modules; bench_kernels' run fails
+  on it before timing anything."""
+  import argparse
+  import sys
+
+  from benchmarks import flashsparse_peer
+
+  missing = tmp_path / "nope"
+  with pytest.raises(flashsparse_peer.FlashSparseUnavailable, match="is not a folder"):
+    flashsparse_peer.load(missing)
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  with pytest.raises(flashsparse_peer.FlashSparseUnavailable, match="cannot import FS_Block") as e:
+    flashsparse_peer.load(empty)
+  assert str(empty) in str(e.value) and "FS_SDDMM" in str(e.value)
+  broken = tmp_path / "broken"
+  (broken / "build" / "lib.linux-x86_64").mkdir(parents=True)
+  for name in flashsparse_peer.MODULES:
+    (broken / "build" / "lib.linux-x86_64" / f"{name}.py").write_text(
+      "import a_dependency_that_is_not_installed\n"
+    )
+  try:
+    with pytest.raises(flashsparse_peer.FlashSparseUnavailable, match="a_dependency") as e:
+      flashsparse_peer.load(broken)
+    assert "lib.linux-x86_64" in str(e.value)  # build/lib.* folders are searched
+  finally:
+    for name in flashsparse_peer.MODULES:
+      sys.modules.pop(name, None)
+    sys.path[:] = [p for p in sys.path if not p.startswith(str(tmp_path))]
+  a = argparse.Namespace(
+    quick=True,
+    chain=None,
+    graphs="cora",
+    dims="32",
+    dtypes="fp16",
+    ops="spmm",
+    xla_dims="",
+    attention_dims="",
+    orders="none",
+    skip="",
+    flashsparse=str(missing),
+  )
+  with pytest.raises(flashsparse_peer.FlashSparseUnavailable, match="--flashsparse"):
+    bench_kernels.run(a)
+  with pytest.raises(SystemExit, match="not a folder"):
+    flashsparse_peer.main([str(missing)])
