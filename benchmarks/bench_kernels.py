@@ -863,6 +863,11 @@ def _geomean_table(t, graphs, orders, dims, dev) -> list[dict]:
       ),
       (f"attention fwd+bwd ours-auto[{o}] vs XLA", pairs("attention fwd+bwd", "fp16", o, "xla")),
     ]
+    specs += [  # rows only with --flashsparse; its own timer (flashsparse_peer.HOW)
+      (f"{label} {dt} ours[{o}] vs FlashSparse [{o}]", pairs(op, dt, o, "flashsparse"))
+      for op, label in (("spmm", "SpMM"), ("sddmm", "SDDMM"))
+      for dt in ("fp16", "fp32")
+    ]
     if o != "none":
       for dt in ("fp16", "fp32"):
         specs.append(
@@ -926,7 +931,11 @@ def _selector_table(der, orders, dev) -> list[dict]:
       }
     )
     common.print_table(sel, list(sel[0]), f"selector: auto within 3% of the best forced{dev}")
-  for kind, label in (("real", "real graphs"), ("communities", "dense-community graphs")):
+  for kind, label in (
+    ("real", "real graphs"),
+    ("communities", "dense-community graphs"),
+    ("dense", "dense-community stand-ins"),
+  ):
     of_kind = [
       r
       for r in alld
