@@ -11,7 +11,8 @@ q <- out, and forward+backward q <- q + 1e-3 (dq + dk + dv) (bench_chained.grad_
 as bench_chained does. One compiled program per (impl, config); the matrix is an argument.
 
 Grid: every graph of common.benchmark_graphs with more than 80k stored edges (not Cora) plus
-rmat17-d16 and rmat20-d8 (graphs named with --graphs are taken whatever their size); orders
+rmat17-d16, rmat20-d8 and the dense stand-ins common.DENSE_STANDINS (graphs named with
+--graphs are taken whatever their size); orders
 `none` (the caller's) and `affinity` (jst.reorder(csr, "affinity", seed=0), then P A P^T);
 d in 32, 64, 128, 256; fp16 and fp32 (float32 inputs, default precision: tf32 tensor cores
 allowed). Ours: KernelOptions "auto", "rows" and "windows" (a forced kernel that
@@ -31,6 +32,7 @@ For docs/PERFORMANCE.md (one H100; split the grid across calls with --graphs / -
   python -m benchmarks.bench_kernels [--graphs a,b] [--orders none,affinity]
       [--dims 32,64,128,256] [--dtypes fp16,fp32] [--ops spmm,sddmm,attention] [--chain 16]
       [--xla-dims 128|all] [--attention-dims 64,128] [--json PATH] [--quick]
+      [--flashsparse PATH]   # FlashSparse's SpMM/SDDMM rows, impl `flashsparse` (its own timer)
   python -m benchmarks.bench_kernels --summarize a.json [b.json ...]   # offline, no GPU
       [--replan]   # auto re-derived from today's selector: the hit rate of rules fit later
 --json is rewritten after every (graph, order), so a stopped run leaves valid JSON. --quick:
@@ -63,7 +65,7 @@ import time
 
 import numpy as np
 
-from benchmarks import common
+from benchmarks import common, flashsparse_peer
 
 MIN_EDGES = 80_000  # default graphs: more stored edges than this (not Cora)
 DTYPES = {"fp16": ("float16", 2), "fp32": ("float32", 4)}
@@ -190,7 +192,11 @@ def graph_names(quick: bool, names=None) -> list[str]:
   """--graphs as given, else common.benchmark_graphs' list (sizes are checked when loaded)."""
   if names:
     return list(names)
-  return [*common.real_graph_names(), *common.SYNTHETIC[: 1 if quick else 2]]
+  return [
+    *common.real_graph_names(),
+    *common.SYNTHETIC[: 1 if quick else 2],
+    *common.DENSE_STANDINS[: 1 if quick else 2],
+  ]
 
 
 def _features(csr, A) -> dict:
@@ -232,6 +238,11 @@ def run(a, on_order=None) -> list[dict]:
     has_torch = torch.cuda.is_available()
   except Exception:  # noqa: BLE001 - torch is optional
     has_torch = False
+  _STATE["flashsparse"] = None
+  if getattr(a, "flashsparse", None):
+    _STATE["flashsparse"] = flashsparse_peer.load(a.flashsparse)  # fails before any timing
+  else:
+    print("# flashsparse: no --flashsparse PATH, its peer rows are skipped", flush=True)
 
   for gname in graph_names(quick, named):
     try:
@@ -275,6 +286,8 @@ def _one(a, rows, base, csr, order, k, dims, dtypes, ops, xla_dims, att_dims, ha
     _sddmm_rows(add, csr, A, k, dims, dtypes, xla_dims)
   if "attention" in ops and att_dims:
     _attention_rows(add, csr, A, k, att_dims)
+  if _STATE.get("flashsparse") is not None:
+    flashsparse_peer.peer_rows(add, _STATE["flashsparse"], csr, ops, dims, dtypes)
 
 
 def _prepare(base, csr, order):
@@ -850,6 +863,11 @@ def _geomean_table(t, graphs, orders, dims, dev) -> list[dict]:
       ),
       (f"attention fwd+bwd ours-auto[{o}] vs XLA", pairs("attention fwd+bwd", "fp16", o, "xla")),
     ]
+    specs += [  # rows only with --flashsparse; its own timer (flashsparse_peer.HOW)
+      (f"{label} {dt} ours[{o}] vs FlashSparse [{o}]", pairs(op, dt, o, "flashsparse"))
+      for op, label in (("spmm", "SpMM"), ("sddmm", "SDDMM"))
+      for dt in ("fp16", "fp32")
+    ]
     if o != "none":
       for dt in ("fp16", "fp32"):
         specs.append(
@@ -913,7 +931,11 @@ def _selector_table(der, orders, dev) -> list[dict]:
       }
     )
     common.print_table(sel, list(sel[0]), f"selector: auto within 3% of the best forced{dev}")
-  for kind, label in (("real", "real graphs"), ("communities", "dense-community graphs")):
+  for kind, label in (
+    ("real", "real graphs"),
+    ("communities", "dense-community graphs"),
+    ("dense", "dense-community stand-ins"),
+  ):
     of_kind = [
       r
       for r in alld
@@ -961,6 +983,12 @@ def main() -> None:
     default="",
     help="comma-separated impls (or op:impl) not to time, e.g. spmm:ours-auto,sddmm:ours-auto "
     "(the plan's pick is recorded in each row's `plan` field)",
+  )
+  ap.add_argument(
+    "--flashsparse",
+    default=None,
+    metavar="PATH",
+    help="a built FlashSparse (benchmarks/flashsparse_peer.py): its SpMM/SDDMM as peer rows",
   )
   ap.add_argument("--summarize", nargs="+", default=None, metavar="JSON", help="offline summary")
   ap.add_argument(

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from benchmarks import standins
+
 ROOT = Path(__file__).resolve().parent.parent
 # The benchmark graphs: ../shared/data beside the checkout, or shared/data inside it (a GPU
 # machine gets a copy of the checkout only).
@@ -143,27 +145,39 @@ def communities(scale: int, size: int, degree: int, out_degree: int = 1, seed: i
 
 _COMMUNITIES = re.compile(r"comm(\d+)-c(\d+)-d(\d+)")
 SYNTHETIC = ("rmat17-d16", "rmat20-d8")  # the generated graphs of the default suite
+# Dense-community stand-ins of the default suite (standins.py; quick: the first): imdb-binary's
+# block statistics at 10x its size, and the large graph's at a third of its 24.6M edges
+# (dense24.6M-large by name: minutes to generate).
+DENSE_STANDINS = ("dense2M-imdb", "dense8M-large")
 
 
 def graph_kind(name: str) -> str:
-  """ "rmat" or "communities" for a generated graph's name, "real" for any other."""
+  """ "rmat", "communities" or "dense" (standins.dense_communities) for a generated graph's
+  name, "real" for any other."""
   if name.startswith("rmat"):
     return "rmat"
+  if standins.parse_dense_name(name) is not None:
+    return "dense"
   return "communities" if _COMMUNITIES.fullmatch(name) else "real"
 
 
 def is_synthetic(name: str) -> bool:
-  """Whether `name` is a generated graph (R-MAT or communities), not one of ../shared/data."""
+  """Whether `name` is a generated graph (R-MAT, communities, dense stand-in), not one of
+  ../shared/data."""
   return graph_kind(name) != "real"
 
 
 def synthetic_graph(name: str):
   """A generated graph by name: rmat{scale}-d{edges per node} (`rmat`; the suite's rmat17-d16
-  and rmat20-d8 are BASELINES.md's) or comm{scale}-c{size}-d{degree} (`communities`); None for
-  any other name."""
+  and rmat20-d8 are BASELINES.md's), comm{scale}-c{size}-d{degree} (`communities`) or
+  dense{edges}{k|M}-{preset}[-rand] (standins.dense_communities, fitted to the dense-community
+  graphs' block statistics: dense193k-imdb, dense24.6M-large); None for any other name."""
   hit = re.fullmatch(r"rmat(\d+)-d(\d+)", name)
   if hit:
     return rmat(*(int(x) for x in hit.groups()))
+  dense = standins.dense_graph(name)
+  if dense is not None:
+    return dense
   hit = _COMMUNITIES.fullmatch(name)
   return communities(*(int(x) for x in hit.groups())) if hit else None
 
@@ -197,10 +211,14 @@ def real_graph_names() -> list[str]:
 
 
 def benchmark_graphs(quick: bool = False, names=None) -> dict[str, sp.csr_matrix]:
-  """Real graphs plus the two R-MAT graphs of BASELINES.md (`names`: those only, any name
-  `load_graph` knows), all made or loaded by this call: ask for one name at a time where memory
-  matters."""
-  default = [*real_graph_names(), *SYNTHETIC[: 1 if quick else 2]]
+  """Real graphs plus the two R-MAT graphs of BASELINES.md and the dense-community stand-ins
+  (`names`: those only, any name `load_graph` knows), all made or loaded by this call: ask for
+  one name at a time where memory matters."""
+  default = [
+    *real_graph_names(),
+    *SYNTHETIC[: 1 if quick else 2],
+    *DENSE_STANDINS[: 1 if quick else 2],
+  ]
   names = default if names is None else list(names)
   return {nm: load_graph(nm) for nm in names}
 

@@ -101,3 +101,117 @@ def test_compare_pairs_rows_of_renamed_kernel_families(tmp_path):
   out = compare.compare(b, a)
   assert "| ours-rows |" in out and "| 2.000 |" in out and "| 3.000 |" in out
   assert "cuda_core" not in out and "tensor_core" not in out
+
+
+# Block statistics of the real dense-community graphs in their own order (block_stats_table on
+# ../shared/data's imdb-binary and imdb-multi) and the held-back large graph's figures: nnz per
+# 8x8 block, distinct columns per 8-row window, row length mean / CV / max over mean.
+DENSE_TARGETS = {
+  "imdb": {"nnz/block": 21.2, "cols/window": 26.1, "row mean": 9.76, "row CV": 0.76},
+  "imdbm": {"nnz/block": 24.5, "cols/window": 23.0, "row mean": 10.14, "row CV": 0.79},
+  "large": {"nnz/block": 36.0, "cols/window": 113.0},
+}
+# The same after jst.reorder(g, "affinity", seed=0) (the held-back graph's are not known).
+DENSE_AFFINITY_TARGETS = {
+  "imdb": {"nnz/block": 26.6, "cols/window": 20.1},
+  "imdbm": {"nnz/block": 30.0, "cols/window": 18.4},
+}
+
+
+@pytest.mark.parametrize(
+  "preset,edges", [("imdb", 193_000), ("imdbm", 198_000), ("large", 600_000)]
+)
+def test_dense_standins_hit_their_block_statistics(preset, edges):
+  """The stand-ins keep the block figures they were fitted to (within 15%; row CV 25%), in their
+  own order and (imdb presets) in affinity order, at the requested edge count (within 5%),
+  symmetric, no self loops, and a different seed draws another graph with the same figures."""
+  from benchmarks import block_stats_table, standins
+
+  for seed in (0, 1):
+    g = standins.dense_communities(edges, preset, seed=seed)
+    assert abs(g.nnz - edges) <= 0.05 * edges, (preset, seed, g.nnz)
+    pattern = g.copy()
+    pattern.data[:] = 1
+    assert (pattern != pattern.T).nnz == 0 and g.diagonal().sum() == 0
+    got = block_stats_table.graph_stats(g)
+    for key, want in DENSE_TARGETS[preset].items():
+      tol = 0.25 if key == "row CV" else 0.15
+      assert abs(got[key] - want) <= tol * want, (preset, seed, key, got[key], want)
+    if seed == 0 and preset in DENSE_AFFINITY_TARGETS:
+      got = block_stats_table.graph_stats(g, jst.reorder(g, "affinity", seed=0).perm)
+      for key, want in DENSE_AFFINITY_TARGETS[preset].items():
+        assert abs(got[key] - want) <= 0.15 * want, (preset, "affinity", key, got[key], want)
+  assert (standins.dense_communities(edges, preset, seed=1) != g).nnz == 0  # deterministic
+  h = standins.dense_communities(edges, preset, seed=0)
+  assert h.shape != g.shape or (h != g).nnz > 0
+
+
+def test_dense_standin_names():
+  """dense{E}{k|M}-{preset}[-rand] names parse, load through common.load_graph and are
+  generated graphs; others are not dense names."""
+  from benchmarks import standins
+
+  assert standins.parse_dense_name("dense193k-imdb") == (193_000, "imdb", "listed")
+  assert standins.parse_dense_name("dense24.6M-large") == (24_600_000, "large", "listed")
+  assert standins.parse_dense_name("dense2M-imdbm-rand") == (2_000_000, "imdbm", "random")
+  for bad in ("dense193-imdb", "dense2M-other", "dense2M", "comm12-c64-d16", "imdb-binary"):
+    assert standins.parse_dense_name(bad) is None, bad
+  assert common.graph_kind("dense50k-imdb") == "dense" and common.is_synthetic("dense50k-imdb")
+  g = common.load_graph("dense50k-imdb")
+  assert (g != standins.dense_communities(50_000, "imdb")).nnz == 0
+  r = common.load_graph("dense50k-imdb-rand")
+  assert r.nnz == g.nnz and (r != g).nnz > 0  # same graph, node ids permuted
+  with pytest.raises(ValueError, match="shape must be one of"):
+    standins.dense_communities(50_000, "nope")
+  with pytest.raises(ValueError, match="edges must be at least"):
+    standins.dense_communities(10, "imdb")
+
+
+def test_flashsparse_peer_import_failures_are_clear(tmp_path):
+  """A missing folder, a folder without FlashSparse's modules and a module that fails to import
+  each raise FlashSparseUnavailable naming the path and the modules; bench_kernels' run fails
+  on it before timing anything."""
+  import argparse
+  import sys
+
+  from benchmarks import flashsparse_peer
+
+  missing = tmp_path / "nope"
+  with pytest.raises(flashsparse_peer.FlashSparseUnavailable, match="is not a folder"):
+    flashsparse_peer.load(missing)
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  with pytest.raises(flashsparse_peer.FlashSparseUnavailable, match="cannot import FS_Block") as e:
+    flashsparse_peer.load(empty)
+  assert str(empty) in str(e.value) and "FS_SDDMM" in str(e.value)
+  broken = tmp_path / "broken"
+  (broken / "build" / "lib.linux-x86_64").mkdir(parents=True)
+  for name in flashsparse_peer.MODULES:
+    (broken / "build" / "lib.linux-x86_64" / f"{name}.py").write_text(
+      "import a_dependency_that_is_not_installed\n"
+    )
+  try:
+    with pytest.raises(flashsparse_peer.FlashSparseUnavailable, match="a_dependency") as e:
+      flashsparse_peer.load(broken)
+    assert "lib.linux-x86_64" in str(e.value)  # build/lib.* folders are searched
+  finally:
+    for name in flashsparse_peer.MODULES:
+      sys.modules.pop(name, None)
+    sys.path[:] = [p for p in sys.path if not p.startswith(str(tmp_path))]
+  a = argparse.Namespace(
+    quick=True,
+    chain=None,
+    graphs="cora",
+    dims="32",
+    dtypes="fp16",
+    ops="spmm",
+    xla_dims="",
+    attention_dims="",
+    orders="none",
+    skip="",
+    flashsparse=str(missing),
+  )
+  with pytest.raises(flashsparse_peer.FlashSparseUnavailable, match="--flashsparse"):
+    bench_kernels.run(a)
+  with pytest.raises(SystemExit, match="not a folder"):
+    flashsparse_peer.main([str(missing)])
