@@ -95,12 +95,13 @@ def _gcn_reference(layer, framework, layer_edges, h):
   return An @ np.asarray(h[:S], np.float64) @ W + b
 
 
-def _loss_fn(layer, framework, block, g):
-  """h -> sum(layer(block, h) * g), a pure function of h for jax.grad."""
+def _jitted(layer, framework):
+  """The layer as a jitted pure function of (A or block, x) (eager calls would compile each
+  operation on its own: much slower here)."""
   if framework == "flax":
     graphdef, state = nnx.split(layer)
-    return lambda h: jnp.sum(nnx.merge(graphdef, state)(block, h) * g)
-  return lambda h: jnp.sum(layer(block, h) * g)
+    return jax.jit(lambda A, x: nnx.merge(graphdef, state)(A, x))
+  return jax.jit(lambda A, x: layer(A, x))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -116,23 +117,24 @@ def test_block_layer(rng, kind):
   for framework in ("flax", "equinox"):
     layer = _make(kind, framework, int(rng.integers(1000)))
     layer = _randomize_biases(layer, rng, framework)
+    call = _jitted(layer, framework)
     h = jnp.asarray(rng.normal(size=(block.num_src, F_IN)), jnp.float32)
-    out = np.asarray(layer(block, h))
+    out = np.asarray(call(block, h))
     assert out.shape == (block.num_dst, width)
     np.testing.assert_array_equal(out[T:], 0)  # padding targets come out 0
     if kind == "gcn":
       ref = _gcn_reference(layer, framework, sampled, np.asarray(h))
       np.testing.assert_allclose(out[:T], ref, rtol=1e-4, atol=1e-5)
     else:
-      ref = np.asarray(layer(M, (h[:S], h[:T])))
+      ref = np.asarray(call(M, (h[:S], h[:T])))
       np.testing.assert_allclose(out[:T], ref, rtol=1e-5, atol=1e-5)
     g = jnp.asarray(rng.normal(size=(block.num_dst, width)), jnp.float32)
-    grad = np.asarray(jax.jit(jax.grad(_loss_fn(layer, framework, block, g)))(h))
+    grad = np.asarray(jax.jit(jax.grad(lambda h: jnp.sum(call(block, h) * g)))(h))
     assert np.all(np.isfinite(grad))
     np.testing.assert_array_equal(grad[S:], 0)  # padding sources get no gradient
     assert np.abs(grad[:S]).max() > 0
     noise = jnp.asarray(rng.normal(size=(block.num_src - S, F_IN)) * 10, jnp.float32)
-    np.testing.assert_array_equal(np.asarray(layer(block, h.at[S:].set(noise))), out)
+    np.testing.assert_array_equal(np.asarray(call(block, h.at[S:].set(noise))), out)
 
 
 @pytest.mark.parametrize("framework", ["flax", "equinox"])
@@ -144,7 +146,10 @@ def test_block_attention_ignores_padding_entries(rng, kind, framework):
   layer = _make(kind, framework, int(rng.integers(1000)))
   block, sampled = batch.blocks[-1], layers[0]
   h = jnp.asarray(rng.normal(size=(block.num_src, F_IN)), jnp.float32)
-  out, alpha = layer(block, h, return_attention_weights=True)
+  if framework == "flax":
+    graphdef, state = nnx.split(layer)
+    layer = lambda A, x, **kw: nnx.merge(graphdef, state)(A, x, **kw)  # noqa: E731
+  out, alpha = jax.jit(lambda b, x: layer(b, x, return_attention_weights=True))(block, h)
   assert out.shape == (block.num_dst, 2 * F_OUT)
   a = np.asarray(alpha.values)  # [heads, nnz], format order
   real = np.asarray(block.A.values) != 0
@@ -204,7 +209,7 @@ def test_two_layer_model_on_a_batch_matches_per_layer_references(rng):
     for c, sampled in zip((c1, c2), layers[::-1]):
       T, S = sampled.targets.shape[0], sampled.sources.shape[0]
       M = jst.SparseMatrix.from_coo(sampled.rows, sampled.cols, shape=(T, S))
-      h = c(M, (h[:S], h[:T]))
+      h = eqx.filter_jit(lambda c, M, xs: c(M, xs))(c, M, (h[:S], h[:T]))
       if c is c1:
         h = jax.nn.relu(h)
     np.testing.assert_allclose(out[:k], np.asarray(h), rtol=1e-5, atol=1e-5)
