@@ -4,6 +4,8 @@ the target rows, and the padding is inert (no effect on outputs, zero gradients)
 
 from __future__ import annotations
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -40,7 +42,18 @@ def _sampled(rng, replace=False):
   return layers, sampler.pad(layers)
 
 
-def _make(kind: str, framework: str, seed: int):
+@functools.lru_cache(maxsize=None)
+def _built(kind: str, framework: str):
+  """One layer per kind and framework (building one compiles its initialisers: slow here);
+  `_make` gives each test a copy with fresh random parameters."""
+  return _construct(kind, framework, 0)
+
+
+def _make(kind: str, framework: str, rng):
+  return _randomize(_built(kind, framework), rng, framework)
+
+
+def _construct(kind: str, framework: str, seed: int):
   aggr = kind.split("-")[1] if kind.startswith("sage") else None
   if framework == "flax":
     r = nnx.Rngs(seed)
@@ -65,20 +78,27 @@ def _make(kind: str, framework: str, seed: int):
   return nne.GINConv(nne.MLP([F_IN, 8, F_OUT], key=k), eps=0.3)
 
 
-def _randomize_biases(layer, rng, framework):
-  """Non-zero biases (their init is zeros), so that padding rows would show them."""
+def _fresh(shape):
+  """Random float32 parameters of `shape` (kernels scaled by 1/sqrt(fan-in)); biases are
+  non-zero too (their init is zeros), so that padding rows would show them."""
+
+  def draw(rng):
+    scale = 1 / np.sqrt(shape[0]) if len(shape) == 2 else 1.0
+    return jnp.asarray(rng.normal(size=shape) * scale, jnp.float32)
+
+  return draw
+
+
+def _randomize(layer, rng, framework):
+  """A copy of `layer` with every parameter array drawn from rng."""
   if framework == "flax":
+    layer = nnx.clone(layer)
     for _, p in nnx.iter_graph(layer):
-      if isinstance(p, nnx.Param) and p[...].ndim == 1:
-        p[...] = jnp.asarray(rng.normal(size=p[...].shape), jnp.float32)
+      if isinstance(p, nnx.Param) and p[...].ndim >= 1:
+        p[...] = _fresh(p[...].shape)(rng)
     return layer
   leaves, tree = jax.tree_util.tree_flatten(layer)
-  leaves = [
-    jnp.asarray(rng.normal(size=x.shape), jnp.float32)
-    if isinstance(x, jax.Array) and x.ndim == 1
-    else x
-    for x in leaves
-  ]
+  leaves = [_fresh(x.shape)(rng) if isinstance(x, jax.Array) and x.ndim >= 1 else x for x in leaves]
   return jax.tree_util.tree_unflatten(tree, leaves)
 
 
@@ -115,8 +135,7 @@ def test_block_layer(rng, kind):
   width = 2 * F_OUT if kind in ("gat", "gatv2") else F_OUT
   M = jst.SparseMatrix.from_coo(sampled.rows, sampled.cols, shape=(T, S))
   for framework in ("flax", "equinox"):
-    layer = _make(kind, framework, int(rng.integers(1000)))
-    layer = _randomize_biases(layer, rng, framework)
+    layer = _make(kind, framework, rng)
     call = _jitted(layer, framework)
     h = jnp.asarray(rng.normal(size=(block.num_src, F_IN)), jnp.float32)
     out = np.asarray(call(block, h))
@@ -143,7 +162,7 @@ def test_block_attention_ignores_padding_entries(rng, kind, framework):
   """The block's padding entries (value 0, in padding rows) get attention weight 0; every
   real target with sampled neighbours has weights summing to 1 per head."""
   layers, batch = _sampled(rng)
-  layer = _make(kind, framework, int(rng.integers(1000)))
+  layer = _make(kind, framework, rng)
   block, sampled = batch.blocks[-1], layers[0]
   h = jnp.asarray(rng.normal(size=(block.num_src, F_IN)), jnp.float32)
   if framework == "flax":
@@ -177,7 +196,7 @@ def test_block_attention_refuses_self_loops(rng, framework):
 def test_block_features_are_checked(rng):
   _, batch = _sampled(rng)
   block = batch.blocks[-1]
-  layer = nnf.SAGEConv(F_IN, F_OUT, rngs=nnx.Rngs(0))
+  layer = _built("sage-mean", "flax")
   with pytest.raises(ValueError, match=f"h must be \\[{block.num_src}, features\\]"):
     layer(block, jnp.zeros((block.num_dst + 1, F_IN)))
   with pytest.raises(TypeError, match="not a pair"):
