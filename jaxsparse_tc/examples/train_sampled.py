@@ -6,8 +6,9 @@
     python -m jaxsparse_tc.examples.train_sampled --dataset pubmed --data DIR
 
 Model: 2 x SAGEConv (mean aggregation, root weight), hidden 64, ReLU and dropout 0.5 between
-(none on the input: drawing a mask of every input feature costs more than the layers), Adam lr 0.01 with L2 weight decay 5e-4 added to the gradient (torch's
-Adam). Features row-normalised.
+them (none on the input: a mask of every input feature costs more than the layers on a CPU),
+Adam lr 0.01 with L2 weight decay 5e-4 added to the gradient (torch's Adam). Features
+row-normalised.
 
 Sampled training (default): each epoch shuffles the training nodes into batches of
 --batch-size seeds; jaxsparse_tc.sampling.NeighborLoader samples each batch's 2-hop
