@@ -5,9 +5,12 @@
     python -m jaxsparse_tc.examples.train --model gcn --seeds 5 --quiet   # mean over seeds 0..4
     python -m jaxsparse_tc.examples.train --model gat --reorder affinity  # locality order
     python -m jaxsparse_tc.examples.train --task graph --dataset PROTEINS DD  # graph classif.
+    python -m jaxsparse_tc.examples.train --task node-sampled --fanouts 15 10  # sampled SAGE
 
 `--task graph` hands the other arguments to jaxsparse_tc.examples.graph_classification (GIN /
-GCN on the TU datasets, 10-fold cross-validation; see its docstring and --help).
+GCN on the TU datasets, 10-fold cross-validation; see its docstring and --help);
+`--task node-sampled` to jaxsparse_tc.examples.train_sampled (GraphSAGE trained on sampled
+neighbourhoods, mini-batches of seed nodes; see its docstring and --help).
 
 Models (hyper-parameters of the papers / PyG's examples; Adam with L2 weight decay 5e-4 added
 to the gradient, as torch's Adam does):
@@ -270,19 +273,24 @@ def train(
 
 def main(argv=None) -> int:
   task = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-  task.add_argument("--task", choices=["node", "graph"], default="node")
+  task.add_argument("--task", choices=["node", "graph", "node-sampled"], default="node")
   known, rest = task.parse_known_args(argv)
   if known.task == "graph":  # graph classification: its own example and arguments
     from jaxsparse_tc.examples import graph_classification
 
     return graph_classification.main(rest)
+  if known.task == "node-sampled":  # mini-batches of sampled neighbourhoods
+    from jaxsparse_tc.examples import train_sampled
+
+    return train_sampled.main(rest)
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument(
     "--task",
-    choices=["node", "graph"],
+    choices=["node", "graph", "node-sampled"],
     default="node",
     help="node: Cora node classification (this example); graph: "
-    "graph_classification.py (TU datasets), which takes the other arguments",
+    "graph_classification.py (TU datasets); node-sampled: train_sampled.py (GraphSAGE on "
+    "sampled neighbourhoods); those two take the other arguments",
   )
   p.add_argument("--model", choices=sorted(CONFIGS), default="gcn")
   p.add_argument("--framework", choices=["flax", "equinox"], default="flax")

@@ -82,7 +82,8 @@ def _arrays(p):
 class GCNConv(eqx.Module):
   """Graph convolution (Kipf & Welling 2017): `A @ (x @ W) + b`, PyG's GCNConv.
 
-  Call with A = `graph.gcn_norm(edge_index, n)`. W: glorot, b: zeros.
+  Call with A = `graph.gcn_norm(edge_index, n)`, or a sampled `Block` (normalised inside:
+  see the Flax twin's docstring). W: glorot, b: zeros.
   """
 
   lin: Linear

@@ -49,6 +49,13 @@ class GCNConv(nnx.Module):
 
   Call with A = `graph.gcn_norm(edge_index, n)` (self-loops added, D^-1/2 (A+I) D^-1/2), the
   normalization PyG's GCNConv computes inside. W: glorot, b: zeros (PyG's init).
+
+  A may be a sampled `Block` (jaxsparse_tc.sampling; its 0/1 edge counts as the sampler makes
+  them): `layer(block, h)`, h [block.num_src, in] -> [block.num_dst, out]. The layer then
+  normalises the block itself as gcn_norm would the sampled bipartite graph with each
+  target's self-loop: D_dst^-1/2 (A + I) D_src^-1/2 with the block's own in-degrees (targets)
+  and out-degrees (sources), loops counted (PyG's GCNConv on a sampled subgraph; DGL's
+  GraphConv norm="both" on a block, after adding self-loops).
   """
 
   def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True, rngs: nnx.Rngs):
@@ -70,8 +77,12 @@ class GATConv(nnx.Module):
   `edge_dim`: edge features enter the scores (call with `edge_attr=` [E, edge_dim] in A's
   input order; loops get the mean of their target's incoming features, PyG's fill_value).
   Call `layer(A, x, edge_attr=None, return_attention_weights=False)`; x may be a bipartite
-  pair (x_src, x_dst) with add_self_loops=False. Parameters: `lin.kernel` [in, heads * out],
-  `att_src`, `att_dst` [heads, out], `bias`; with edge_dim `lin_edge.kernel`, `att_edge`.
+  pair (x_src, x_dst) with add_self_loops=False. A may be a sampled `Block`
+  (jaxsparse_tc.sampling) with add_self_loops=False: `layer(block, h)`, h [block.num_src, in] ->
+  [block.num_dst, ...], attending over the sampled edges (the padding's entries excluded;
+  edge_attr in the block's edge slots, alpha on its pattern). Parameters: `lin.kernel`
+  [in, heads * out], `att_src`, `att_dst` [heads, out], `bias`; with edge_dim
+  `lin_edge.kernel`, `att_edge`.
   """
 
   def __init__(
@@ -124,9 +135,9 @@ class GATv2Conv(nnx.Module):
   e_ij = att . leaky_relu(W_r x_i + W_l x_j [+ W_e e_ij]); messages are W_l x_j.
 
   Options as GATConv (heads, concat, dropout, add_self_loops, edge_dim, bipartite pairs,
-  return_attention_weights) plus `share_weights` (lin_r is lin_l). Parameters: `lin_l`,
-  `lin_r` (kernels [in, heads * out] with biases, glorot / zeros), `att` [heads, out], `bias`,
-  with edge_dim `lin_edge` (no bias).
+  sampled blocks, return_attention_weights) plus `share_weights` (lin_r is lin_l). Parameters:
+  `lin_l`, `lin_r` (kernels [in, heads * out] with biases, glorot / zeros), `att` [heads, out],
+  `bias`, with edge_dim `lin_edge` (no bias).
   """
 
   def __init__(
@@ -182,7 +193,9 @@ class SAGEConv(nnx.Module):
   `aggr` "mean" (default), "add" or "max" over A's edges j -> i (A =
   `graph.message_passing_matrix(edge_index, n)`, no self-loops); `root_weight` adds lin_r (no
   bias); `normalize` L2-normalises the output. Linears initialised like torch.nn.Linear (PyG's
-  default). x may be a bipartite pair (x_src, x_dst).
+  default). x may be a bipartite pair (x_src, x_dst). A may be a sampled `Block`
+  (jaxsparse_tc.sampling): `layer(block, h)`, h [block.num_src, in] -> [block.num_dst, out],
+  the targets aggregating their sampled neighbours (a repeated draw counts repeatedly).
   """
 
   def __init__(
@@ -239,7 +252,9 @@ class GINConv(nnx.Module):
 
   `nn`: the update network (any nnx module or function of [n, f]; an `MLP` is called with the
   `mask=` given to the layer). `eps` starts at `eps`; trainable (`nnx.Param`) with
-  `train_eps`. x may be a bipartite pair (x_src, x_dst).
+  `train_eps`. x may be a bipartite pair (x_src, x_dst). A may be a sampled `Block`
+  (jaxsparse_tc.sampling): `layer(block, h)`, h [block.num_src, in] -> [block.num_dst, out];
+  `nn` then runs on the targets' rows, and `mask` defaults to the block's dst_mask.
   """
 
   def __init__(self, nn, *, eps: float = 0.0, train_eps: bool = False):
@@ -247,6 +262,7 @@ class GINConv(nnx.Module):
     self.eps = (nnx.Param if train_eps else nnx.Variable)(jnp.asarray(eps, jnp.float32))
 
   def __call__(self, A, x, *, mask=None):
+    mask = layers.block_mask(A, mask)
     fn = (lambda h: self.nn(h, mask=mask)) if isinstance(self.nn, MLP) else self.nn
     return layers.gin_conv(self, _get, A, x, fn)
 

@@ -253,6 +253,7 @@ def gat_conv(
   att_edge=None,
   fill_value="mean",
   return_attention_weights: bool = False,
+  entry_mask=None,
 ):
   """GAT (Velickovic et al.), PyG's GATConv: multi-head additive attention over A's edges.
 
@@ -267,6 +268,8 @@ def gat_conv(
   add_self_loops=False; `kernel_dst` (PyG's lin_dst) defaults to `kernel`. With
   `return_attention_weights`, returns (out, alpha) with alpha a SparseMatrix on A's pattern
   holding the coefficients [H, nnz] (before dropout; `alpha.values_to_input()` for input order).
+  `entry_mask` (bool [nnz], format order; a sampled Block's real entries): entries where it is
+  False are padding, left out of the softmax (weight 0, no gradient).
   """
   x_src, x_dst = check_inputs("GATConv", A, x, bipartite=True)
   _check_heads("GATConv", "kernel", kernel.shape[-1], heads)
@@ -290,12 +293,15 @@ def gat_conv(
     e = _edge_embedding(A, edge_attr, edge_kernel, heads, fill_value if add_self_loops else None)
     logits = logits + jnp.einsum("hec,hc->he", e, att_edge)
   logits = jax.nn.leaky_relu(logits, negative_slope)
-  return _attend(A, logits, h_src, bias, concat, attn_dropout, return_attention_weights)
+  return _attend(A, logits, h_src, bias, concat, attn_dropout, return_attention_weights, entry_mask)
 
 
-def _attend(A, logits, h_src, bias, concat, attn_dropout, return_attention_weights):
-  """GAT's and GATv2's shared end: row softmax of the per-edge logits [H, nnz], dropout on the
-  coefficients, messages h_src [H, n_src, C] summed, heads merged, bias."""
+def _attend(A, logits, h_src, bias, concat, attn_dropout, return_attention_weights, entry_mask):
+  """GAT's and GATv2's shared end: row softmax of the per-edge logits [H, nnz] (entries off
+  `entry_mask` at -inf: weight 0, and a row of only those 0), dropout on the coefficients,
+  messages h_src [H, n_src, C] summed, heads merged, bias."""
+  if entry_mask is not None:
+    logits = jnp.where(entry_mask, logits, -jnp.inf)
   S = _edge_softmax(A.with_values(logits))
   alpha = S
   if attn_dropout is not None:
@@ -324,6 +330,7 @@ def gatv2_conv(
   edge_kernel=None,
   fill_value="mean",
   return_attention_weights: bool = False,
+  entry_mask=None,
 ):
   """GATv2 (Brody et al.), PyG's GATv2Conv: e_ij = <att_h, leaky_relu(W_dst x_i + W_src x_j
   [+ W_e edge_ij])>, alpha = row softmax, out_i = sum_j alpha_ij (W_src x_j).
@@ -331,7 +338,7 @@ def gatv2_conv(
   kernel_src/kernel_dst [in, H*C] with biases bias_src/bias_dst (PyG's lin_l / lin_r; pass the
   same arrays for share_weights); att [H, C]. The nonlinearity sits inside the score, so the
   scores are per-edge gathers ([H, nnz, C]) rather than an SDDMM. Self-loops, bipartite
-  inputs, edge features and `return_attention_weights` as in `gat_conv`.
+  inputs, edge features, `return_attention_weights` and `entry_mask` as in `gat_conv`.
   """
   x_src, x_dst = check_inputs("GATv2Conv", A, x, bipartite=True)
   _check_heads("GATv2Conv", "kernel_src", kernel_src.shape[-1], heads)
@@ -347,7 +354,7 @@ def gatv2_conv(
       A, edge_attr, edge_kernel, heads, fill_value if add_self_loops else None
     )
   logits = jnp.einsum("hec,hc->he", jax.nn.leaky_relu(z, negative_slope), att)
-  return _attend(A, logits, h_src, bias, concat, attn_dropout, return_attention_weights)
+  return _attend(A, logits, h_src, bias, concat, attn_dropout, return_attention_weights, entry_mask)
 
 
 def agnn_conv(A: SparseMatrix, x, beta):

@@ -6,6 +6,13 @@ The two frameworks' layers hold the same parameters under the same names and lay
 `m` through `read` (the framework's parameter as an array; None stays None) and takes dropout as
 functions of an array (None: off), so that a framework's module only creates its parameters and
 says how its dropout draws: the math is `functional`'s, the wiring of parameters into it is here.
+
+Every message-passing layer here also takes a sampled `Block` (jaxsparse_tc.sampling) in place
+of the matrix: `layer(block, h)` with h [block.num_src, f] returns the targets' rows
+[block.num_dst, out]. `_blockwise` is the one place that unpacks a block (its padded square
+matrix, whose first rows are the targets since targets are the sources' prefix) and cuts the
+output; padding is inert: padding rows come out 0 (and so pass no gradient back), and padding
+entries carry value 0 (attention layers exclude them from the softmax: `_real_entries`).
 """
 
 from __future__ import annotations
@@ -14,8 +21,11 @@ import math
 from typing import Any, Callable, Optional
 
 import jax
+import jax.numpy as jnp
 
+from jaxsparse_tc._src.checks import OperandError
 from jaxsparse_tc._src.nn import functional as F
+from jaxsparse_tc._src.sampling import Block
 
 Read = Callable[[Any], Any]
 Dropout = Optional[Callable[[jax.Array], jax.Array]]
@@ -33,67 +43,175 @@ def _maybe(drop: Dropout, x):
   return x if drop is None else drop(x)
 
 
+def _block_features(op: str, block: Block, x):
+  """h [block.num_src, f] as an array, refusing pairs and other row counts."""
+  if isinstance(x, (tuple, list)):
+    raise TypeError(
+      f"{op}: a Block carries the bipartite structure itself (targets are the sources' "
+      f"prefix); pass the sources' features h [{block.num_src}, f], not a pair"
+    )
+  x = jnp.asarray(x)
+  if x.ndim != 2 or x.shape[0] != block.num_src:
+    raise OperandError(
+      f"{op}: the Block has {block.num_src} source slots (num_src), so h must be "
+      f"[{block.num_src}, features]; got shape {x.shape}"
+    )
+  return x
+
+
+def _block_output(block: Block, out):
+  """The targets' rows of a layer's output [num_src, ...] -> [num_dst, ...], zero on padding
+  targets (dst_mask False): they feed the next block as padding sources."""
+  out = block.dst(out)
+  keep = block.dst_mask.reshape((-1,) + (1,) * (out.ndim - 1))
+  return jnp.where(keep, out, jnp.zeros((), out.dtype))
+
+
+def _blockwise(op: str, A, x, forward):
+  """forward(A, x) for a matrix; for a Block, forward on its padded square matrix and the
+  sources' features, cut to the targets' rows (a (out, alpha) result keeps alpha whole, on
+  the block's pattern)."""
+  if not isinstance(A, Block):
+    return forward(A, x)
+  result = forward(A.A, _block_features(op, A, x))
+  if isinstance(result, tuple):
+    return (_block_output(A, result[0]),) + tuple(result[1:])
+  return _block_output(A, result)
+
+
+def _real_entries(op: str, m, A):
+  """For a Block: the mask of its matrix's sampled entries (format order; padding entries
+  hold value 0), which attention excludes from the softmax. Blocks hold the sampled edges only,
+  so attending over self-loops the pattern lacks is refused."""
+  if not isinstance(A, Block):
+    return None
+  if m.add_self_loops:
+    raise ValueError(
+      f"{op}: add_self_loops=True attends over each target's self-loop, which a Block's "
+      f"pattern (the sampled edges) does not hold; construct the layer with "
+      f"add_self_loops=False to attend over the sampled neighbours (DGL's GATConv on blocks), "
+      f"or sample from a graph with self-loops added"
+    )
+  return A.A.values != 0
+
+
+def block_mask(A, mask):
+  """The node mask of a layer's update network: `mask`, or for a Block called without one its
+  dst_mask (the update runs on the targets' rows)."""
+  if mask is None and isinstance(A, Block):
+    return A.dst_mask
+  return mask
+
+
+def _block_gcn(block: Block, x, kernel, bias):
+  """GCNConv on a Block: the sampled bipartite graph with each target's self-loop (target i is
+  source i), normalised symmetrically by its own degrees, as gcn_norm normalises a whole graph:
+  out_i = sum_j A'_ij / sqrt(d_i c_j) x_j W + b, A' = the block's edge counts plus the loops,
+  d_i = target i's in-degree in A' (sampled neighbours + 1), c_j = source j's out-degree in A'
+  (its sampled edges, + 1 if it is a target). The loops lie outside the block's pattern: their
+  term is added densely."""
+  M = block.A
+  n = M.shape[0]
+  k = min(n, block.num_dst)
+  dt = x.dtype
+  loop = jnp.zeros((n,), dt).at[:k].set(block.dst_mask[:k].astype(dt))
+  vals = M.values.astype(dt)
+  deg_in = jax.ops.segment_sum(vals, M.rows, num_segments=n) + loop
+  deg_out = jax.ops.segment_sum(vals, M.cols, num_segments=n) + loop
+  inv_in = jnp.where(deg_in > 0, jax.lax.rsqrt(jnp.where(deg_in > 0, deg_in, 1)), 0)
+  inv_out = jnp.where(deg_out > 0, jax.lax.rsqrt(jnp.where(deg_out > 0, deg_out, 1)), 0)
+  normed = M.with_values(vals * inv_in[M.rows] * inv_out[M.cols])
+  out = F.gcn_conv(normed, x, kernel) + ((loop * inv_in * inv_out)[:, None] * x) @ kernel
+  return out if bias is None else out + bias
+
+
 def gcn_conv(m, read: Read, A, x):
-  return F.gcn_conv(A, x, read(m.lin.kernel), read(m.bias))
+  kernel, bias = read(m.lin.kernel), read(m.bias)
+  if isinstance(A, Block):
+    return _blockwise("GCNConv", A, x, lambda M, h: _block_gcn(A, h, kernel, bias))
+  return F.gcn_conv(A, x, kernel, bias)
 
 
 def gat_conv(m, read: Read, A, x, edge_attr, *, attn_dropout: Dropout, return_attention_weights):
-  return F.gat_conv(
+  entry_mask = _real_entries("GATConv", m, A)
+  return _blockwise(
+    "GATConv",
     A,
     x,
-    read(m.lin.kernel),
-    read(m.att_src),
-    read(m.att_dst),
-    read(m.bias),
-    heads=m.heads,
-    concat=m.concat,
-    negative_slope=m.negative_slope,
-    attn_dropout=attn_dropout,
-    add_self_loops=m.add_self_loops,
-    edge_attr=edge_attr,
-    edge_kernel=_kernel(read, m.lin_edge),
-    att_edge=read(m.att_edge),
-    fill_value=m.fill_value,
-    return_attention_weights=return_attention_weights,
+    lambda M, h: F.gat_conv(
+      M,
+      h,
+      read(m.lin.kernel),
+      read(m.att_src),
+      read(m.att_dst),
+      read(m.bias),
+      heads=m.heads,
+      concat=m.concat,
+      negative_slope=m.negative_slope,
+      attn_dropout=attn_dropout,
+      add_self_loops=m.add_self_loops,
+      edge_attr=edge_attr,
+      edge_kernel=_kernel(read, m.lin_edge),
+      att_edge=read(m.att_edge),
+      fill_value=m.fill_value,
+      return_attention_weights=return_attention_weights,
+      entry_mask=entry_mask,
+    ),
   )
 
 
 def gatv2_conv(m, read: Read, A, x, edge_attr, *, attn_dropout: Dropout, return_attention_weights):
-  return F.gatv2_conv(
+  entry_mask = _real_entries("GATv2Conv", m, A)
+  return _blockwise(
+    "GATv2Conv",
     A,
     x,
-    read(m.lin_l.kernel),
-    read(m.lin_r.kernel),
-    read(m.att),
-    read(m.bias),
-    heads=m.heads,
-    bias_src=read(m.lin_l.bias),
-    bias_dst=read(m.lin_r.bias),
-    concat=m.concat,
-    negative_slope=m.negative_slope,
-    attn_dropout=attn_dropout,
-    add_self_loops=m.add_self_loops,
-    edge_attr=edge_attr,
-    edge_kernel=_kernel(read, m.lin_edge),
-    fill_value=m.fill_value,
-    return_attention_weights=return_attention_weights,
+    lambda M, h: F.gatv2_conv(
+      M,
+      h,
+      read(m.lin_l.kernel),
+      read(m.lin_r.kernel),
+      read(m.att),
+      read(m.bias),
+      heads=m.heads,
+      bias_src=read(m.lin_l.bias),
+      bias_dst=read(m.lin_r.bias),
+      concat=m.concat,
+      negative_slope=m.negative_slope,
+      attn_dropout=attn_dropout,
+      add_self_loops=m.add_self_loops,
+      edge_attr=edge_attr,
+      edge_kernel=_kernel(read, m.lin_edge),
+      fill_value=m.fill_value,
+      return_attention_weights=return_attention_weights,
+      entry_mask=entry_mask,
+    ),
   )
 
 
 def sage_conv(m, read: Read, A, x):
-  return F.sage_conv(
+  return _blockwise(
+    "SAGEConv",
     A,
     x,
-    read(m.lin_l.kernel),
-    _kernel(read, m.lin_r),
-    read(m.lin_l.bias),
-    aggr=m.aggr,
-    normalize=m.normalize,
+    lambda M, h: F.sage_conv(
+      M,
+      h,
+      read(m.lin_l.kernel),
+      _kernel(read, m.lin_r),
+      read(m.lin_l.bias),
+      aggr=m.aggr,
+      normalize=m.normalize,
+    ),
   )
 
 
 def gin_conv(m, read: Read, A, x, nn: Callable[[jax.Array], jax.Array]):
-  """`nn`: the layer's update network as a function of [n, f] (the framework's call of m.nn)."""
+  """`nn`: the layer's update network as a function of [n, f] (the framework's call of m.nn);
+  on a Block it runs on the targets' rows only."""
+  if isinstance(A, Block):
+    nn_targets = lambda z: nn(A.dst(z))  # noqa: E731
+    return _blockwise("GINConv", A, x, lambda M, h: F.gin_conv(M, h, nn_targets, read(m.eps)))
   return F.gin_conv(A, x, nn, read(m.eps))
 
 
