@@ -384,6 +384,13 @@ def corrupt_program(dtype, cases: list[Corruption]):
         out.append(jst.sddmm(B, q[0], x, precision=prec, options=opts).values)
     # rows that are not 16-byte multiples: the tensor-core SpMM's register gathers
     out.append(jst.spmm(B.with_values(w), x_odd, options=tc_k))
+    # the max / min SpMM and its gradients (gathers through the winning positions)
+    for reduce in ("max", "min"):
+
+      def ext(w, x, reduce=reduce):
+        return jst.spmm(B.with_values(w), x, reduce=reduce)
+
+      out += [ext(w, x_odd), *jax.grad(lambda w, x, ext=ext: sum32(ext(w, x)), (0, 1))(w, x)]
 
     def soft(w):
       return jst.edge_softmax(B.with_values(w)).values

@@ -346,6 +346,7 @@ def _runners(o, soft, att):
   attn = lambda A, q, k, v, b: jst.sparse_attention(A, q, k, v, bias=b)
   return {
     "spmm": lambda A: A @ o["x"],
+    "spmm_extremum": lambda A: jst.spmm(A, o["x"], reduce="max"),
     "spmm grad": lambda A: jax.grad(lambda vals, x: _sum(A.with_values(vals) @ x), (0, 1))(
       A.values, o["x"]
     ),
@@ -445,7 +446,15 @@ def corrupt_case(rng):
 
 # Every CPU target called directly, then the operators' gradients and JVPs (which run the same
 # targets, and A^T's, after the forward's).
-TARGETS = ["spmm", "sddmm", "edge_softmax", "edge_softmax_bwd", "sparse_attention", "attention_jvp"]
+TARGETS = [
+  "spmm",
+  "spmm_extremum",
+  "sddmm",
+  "edge_softmax",
+  "edge_softmax_bwd",
+  "sparse_attention",
+  "attention_jvp",
+]
 DERIVATIVES = [
   "spmm grad",
   "sddmm jvp",

@@ -513,3 +513,31 @@ def test_sddmm_float32_out(rng, kind, dt):
   full = np.einsum("hmd,hnd->hmn", np.asarray(x, np.float64), np.asarray(y, np.float64))
   ref = full[:, np.asarray(A.rows), np.asarray(A.cols)]
   _check(out, ref, cpu_out, 1e-5, f"sddmm float32_out {kind} {dt}")
+
+
+@pytest.mark.parametrize("reduce", ["max", "min"])
+@pytest.mark.parametrize("kind", ["random", "heavy"])
+@pytest.mark.parametrize("dt", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("d", [1, 17, 64, 128])
+def test_spmm_extremum_matches_the_cpu_kernel(rng, reduce, kind, dt, d):
+  """spmm(A, X, reduce=...) on the GPU gives the CPU kernel's outputs (products in float32 on
+  both; ties are unlikely with random values) and its gradients (which follow the winners)."""
+  dtype = DTYPES[dt][0]
+  rows, cols, shape, _ = _pattern(rng, kind)
+  vals = rng.standard_normal(rows.size).astype(np.float32)
+  A = SparseMatrix.from_coo(rows, cols, vals, shape=shape).astype(dtype)
+  x = rng.standard_normal((shape[1], d)).astype(np.float32)
+  f = lambda v, x: jst.spmm(A.with_values(v), x, reduce=reduce)
+  loss = lambda v, x: jnp.sum(f(v, x).astype(jnp.float32) ** 2)
+  outs = {}
+  for name, dev in (("gpu", _gpu()), ("cpu", _cpu())):
+    v_d = jax.device_put(A.values, dev)
+    x_d = jax.device_put(jnp.asarray(x, dtype), dev)
+    outs[name] = (jax.jit(f)(v_d, x_d), *jax.jit(jax.grad(loss, argnums=(0, 1)))(v_d, x_d))
+  np.testing.assert_array_equal(
+    np.asarray(outs["gpu"][0], np.float32), np.asarray(outs["cpu"][0], np.float32)
+  )
+  # the gradients scatter-add contributions, in another order on each platform
+  tol = 1e-5 if dt == "f32" else 1e-2
+  for got, want in zip(outs["gpu"][1:], outs["cpu"][1:]):
+    assert rel_err(got, want) < tol
