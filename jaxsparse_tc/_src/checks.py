@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -81,3 +83,19 @@ def heads_match(op: str, A, x, h1: int, h2: int, other=None) -> None:
     first = f"A's values have shape {A.values.shape}" if other is None else f"X has shape {x.shape}"
     second = f"X has shape {x.shape}" if other is None else f"Y has shape {other.shape}"
     raise OperandError(f"{op}: {first} and {second}: head counts {h1} and {h2} differ")
+
+
+def int_arg(name: str, v, *, low: int, high: int | None = None, none_ok: bool = True):
+  """A Python/numpy integer argument in [low, high], or None where allowed; ValueError else."""
+  if v is None and none_ok:
+    return None
+  try:
+    if isinstance(v, (bool, np.bool_)):
+      raise TypeError
+    i = operator.index(v)
+  except TypeError:
+    raise ValueError(f"{name} must be an integer; got {v!r} ({type(v).__name__})") from None
+  if i < low or (high is not None and i > high):
+    bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+    raise ValueError(f"{name} must be an integer {bound}; got {i}")
+  return i

@@ -5,7 +5,6 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import math
-import operator
 import os
 import sys
 import time
@@ -16,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsparse_tc._src import extensions, integrity
+from jaxsparse_tc._src.checks import int_arg
 from jaxsparse_tc._src.nn.batch import Budget
 from jaxsparse_tc._src.pattern import Pattern
 from jaxsparse_tc._src.sparse_matrix import SparseMatrix
@@ -41,17 +41,7 @@ class SampledLayer(NamedTuple):
 
 
 def _int(where: str, name: str, v, lo: int) -> int:
-  if isinstance(v, (bool, np.bool_)):
-    raise ValueError(f"{where}: {name} must be an integer >= {lo}; got {v!r}")
-  try:
-    i = operator.index(v)
-  except TypeError:
-    raise ValueError(
-      f"{where}: {name} must be an integer >= {lo}; got {v!r} ({type(v).__name__})"
-    ) from None
-  if i < lo:
-    raise ValueError(f"{where}: {name} must be an integer >= {lo}; got {i}")
-  return i
+  return int_arg(f"{where}: {name}", v, low=lo, none_ok=False)
 
 
 def _fanouts(where: str, fanouts) -> tuple[int, ...]:

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 
+from jaxsparse_tc._src.checks import int_arg
 from jaxsparse_tc._src.integrity import check_dims, index_array
 from jaxsparse_tc._src.sparse_matrix import SparseMatrix
 
@@ -17,18 +18,6 @@ MAX_INT32 = 2**31 - 1
 
 def default_threads() -> int:
   return max(1, min(MAX_THREADS, os.cpu_count() or 1))
-
-
-def int_arg(name: str, v, *, low: int, high: int | None = None, none_ok: bool = True):
-  """A Python/numpy integer argument in [low, high], or None where allowed; ValueError else."""
-  if v is None and none_ok:
-    return None
-  if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-    raise ValueError(f"{name} must be an integer; got {v!r} ({type(v).__name__})")
-  if v < low or (high is not None and v > high):
-    bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-    raise ValueError(f"{name} must be an integer {bound}; got {v}")
-  return int(v)
 
 
 def coo(A, num_nodes):
