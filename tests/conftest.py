@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,19 @@ import scipy.sparse as sp
 from jaxsparse_tc.testing import random_coo, rel_err, window_blocks_coo  # noqa: F401 (tests import them from here)
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def use_host_devices(count: int) -> None:
+  """Sets up this process, before jax starts its backends, for `count` host (CPU) devices (the
+  multi-device child processes). XLA's CPU client needs 2 threads per device of a mesh
+  (distributed.check_host_mesh) and sizes its pool from PJRT_NPROC, which it reads only from
+  the environment, else from the CPUs, which may be fewer."""
+  import jax
+
+  cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  os.environ.setdefault("PJRT_NPROC", str(max(2 * count, cpus or 1)))
+  jax.config.update("jax_platforms", "cpu")
+  jax.config.update("jax_num_cpu_devices", count)
 
 
 @pytest.fixture

@@ -979,8 +979,6 @@ def test_sharded_matrix_refuses_wrong_operands(rng):
 def _main(argv) -> int:
   import argparse
 
-  import jax
-
   global DEVICES
   ap = argparse.ArgumentParser(description="the multi-device cases, one line each")
   where = ap.add_mutually_exclusive_group(required=True)
@@ -989,12 +987,9 @@ def _main(argv) -> int:
   ap.add_argument("cases", nargs="*")
   a = ap.parse_args(argv)
   if a.cpu_devices:  # before jax starts its backends
-    # XLA's CPU client needs 2 threads per device of a mesh (distributed.check_host_mesh); it
-    # sizes its pool from the CPUs, which may be fewer.
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    os.environ.setdefault("PJRT_NPROC", str(max(2 * a.cpu_devices, cpus or 1)))
-    jax.config.update("jax_platforms", "cpu")
-    jax.config.update("jax_num_cpu_devices", a.cpu_devices)
+    from conftest import use_host_devices
+
+    use_host_devices(a.cpu_devices)
   DEVICES = a.cpu_devices or a.devices
   return _child_main(a.cases)
 

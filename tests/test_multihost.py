@@ -137,10 +137,11 @@ def sampler_and_graph(seed: int):
 # The worker (one process of a run).
 # ----------------------------------------------------------------------------------------------
 def worker(a) -> dict:
+  sys.path.insert(0, a.root)  # the jaxsparse_tc the driver imported
   import jax
+  from conftest import use_host_devices
 
-  jax.config.update("jax_platforms", "cpu")
-  jax.config.update("jax_num_cpu_devices", a.devices)
+  use_host_devices(a.devices)
   if a.num_processes > 1:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
@@ -257,22 +258,18 @@ def _free_port() -> int:
 def _launch(num_processes: int, devices: int, seed: int, workdir: str):
   """Starts one run's processes: [(Popen, output path, log file)]."""
   port = _free_port()
-  env = dict(os.environ)
-  # XLA's CPU client needs 2 threads per device of a mesh (distributed.check_host_mesh).
-  env["PJRT_NPROC"] = str(2 * devices)
   # The workers import the jaxsparse_tc this process imported (a checkout or an installed wheel).
   import jaxsparse_tc
 
   root = os.path.dirname(os.path.dirname(os.path.abspath(jaxsparse_tc.__file__)))
-  env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
   procs = []
   for i in range(num_processes):
     out = os.path.join(workdir, f"run{num_processes}x{devices}_p{i}.json")
     log = open(os.path.join(workdir, f"run{num_processes}x{devices}_p{i}.log"), "w+")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--process-id", str(i)]
     cmd += ["--num-processes", str(num_processes), "--devices", str(devices)]
-    cmd += ["--port", str(port), "--seed", str(seed), "--out", out]
-    procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), out, log))
+    cmd += ["--port", str(port), "--seed", str(seed), "--out", out, "--root", root]
+    procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), out, log))
   return procs
 
 
@@ -452,6 +449,7 @@ def _main(argv) -> int:
   ap.add_argument("--port", type=int, required=True, help="the coordinator's, on localhost")
   ap.add_argument("--seed", type=int, required=True)
   ap.add_argument("--out", required=True, help="where the JSON results go")
+  ap.add_argument("--root", required=True, help="the folder holding the jaxsparse_tc to import")
   a = ap.parse_args(argv)
   result = worker(a)
   with open(a.out, "w") as f:
