@@ -76,18 +76,17 @@ if [ "$sanitize" = 1 ]; then
 elif [ "$sanitize" -gt 1 ] 2>/dev/null; then
   # Compiling under the memory checker is slow (XLA's autotuner runs kernels there): the
   # programs are compiled once without it into a persistent cache that the checked runs load.
-  export JAX_COMPILATION_CACHE_DIR="$OUT/jax_cache" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
-    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
+  cache=(--compilation-cache "$OUT/jax_cache")
   XLA_FLAGS="--xla_gpu_enable_command_buffer= ${XLA_FLAGS:-}" timeout 200 \
-    python3 -m scripts.sanitize_case main streams grads 2>&1 | tail -1 &
+    python3 -m scripts.sanitize_case main streams grads "${cache[@]}" 2>&1 | tail -1 &
   XLA_FLAGS="--xla_gpu_enable_command_buffer= ${XLA_FLAGS:-}" timeout 200 \
-    python3 -m scripts.sanitize_case corrupt --compile-only 2>&1 | tail -1
+    python3 -m scripts.sanitize_case corrupt --compile-only "${cache[@]}" 2>&1 | tail -1
   wait
   timeout ${SANITIZE_TIMEOUT:-300} "${sanitizer[@]}" python3 -m scripts.sanitize_case \
-    main streams grads > "$OUT/sanitizer_main.log" 2>&1 &
+    main streams grads "${cache[@]}" > "$OUT/sanitizer_main.log" 2>&1 &
   for i in $(seq 0 $((sanitize - 1))); do
     timeout ${SANITIZE_TIMEOUT:-300} "${sanitizer[@]}" python3 -m scripts.sanitize_case \
-      corrupt --shard "$i/$sanitize" > "$OUT/sanitizer_corrupt_$i.log" 2>&1 &
+      corrupt --shard "$i/$sanitize" "${cache[@]}" > "$OUT/sanitizer_corrupt_$i.log" 2>&1 &
   done
   wait_sanitizer=1
 fi

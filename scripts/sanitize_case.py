@@ -513,6 +513,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     metavar="I/K",
     help="corrupt: run the cases whose index is I mod K (K processes cover them all)",
   )
+  parser.add_argument(
+    "--compilation-cache",
+    metavar="DIR",
+    help="jax's persistent compilation cache, every program kept (compile once without the "
+    "memory checker, then load under it)",
+  )
   args = parser.parse_args(argv)
   try:
     i, k = (int(x) for x in args.shard.split("/"))
@@ -530,6 +536,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> None:
   args = parse_args(argv)
+  if args.compilation_cache:
+    jax.config.update("jax_compilation_cache_dir", args.compilation_cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   last = "sanitize case ok"
   for part in args.parts:
     rng = np.random.default_rng(0)

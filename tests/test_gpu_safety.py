@@ -93,6 +93,8 @@ def test_sanitize_case_arguments():
   assert sc.parse_args(["streams", "grads"]).parts == ["streams", "grads"]
   assert sc.parse_args(["corrupt", "--shard", "3/7"]).shard == (3, 7)
   assert sc.parse_args(["corrupt"]).shard == (0, 1)
+  assert sc.parse_args(["corrupt"]).compilation_cache is None
+  assert sc.parse_args(["main", "--compilation-cache", "c"]).compilation_cache == "c"
   for bad in (
     ["nonsense"],
     ["corrupt", "--shard", "7/7"],
