@@ -156,6 +156,21 @@ def main_case(rng) -> None:
     err = spmm_err(A, x, out, dtype)
     print(f"{np.dtype(dtype).name:9s} d={d:3d} spmm tensor cores {err:.2e}")
     assert err < 2e-2, err
+  # the max / min SpMM and its gradients, every dtype; d = 40: a partial feature chunk
+  for dtype in (jnp.float32, jnp.float16, jnp.bfloat16):
+    x = jnp.asarray(rng.standard_normal((n, 40)), dtype)
+    for reduce in ("max", "min"):
+      ext = lambda w, x, reduce=reduce: jst.spmm(A.with_values(w), x, reduce=reduce)  # noqa: E731
+      w = A.values.astype(dtype)
+      out, grads = jax.jit(
+        lambda w, x, ext=ext: (
+          ext(w, x),
+          jax.grad(lambda w, x: jnp.sum(ext(w, x).astype(jnp.float32)), (0, 1))(w, x),
+        )
+      )(w, x)
+      ok = all(bool(jnp.all(jnp.isfinite(a.astype(jnp.float32)))) for a in (out, *grads))
+      print(f"{np.dtype(dtype).name:9s} spmm reduce={reduce} finite: {ok}")
+      assert ok
   streams(rng)
   grouped(rng)
   grads_large(rng)

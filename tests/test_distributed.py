@@ -216,6 +216,58 @@ def case_overlap_parts():
         raise AssertionError("expected NotImplementedError")
 
 
+def case_spmm_max_min():
+  """spmm(SA, X, reduce="max" / "min") and its gradients equal the single-device ones: both
+  exchanges, an uneven partition with an empty shard, and overlap=True (a row's entries in two
+  parts, combined); negative products (a part's empty row must not give its 0) and a NaN."""
+  import jax
+  import jax.numpy as jnp
+
+  import jaxsparse_tc as jst
+  from jaxsparse_tc import distributed as dist
+
+  rng = np.random.default_rng(11)
+  A = _matrix(_graph(seed=3))
+  x = rng.standard_normal((2, 150, 5)).astype(np.float32)
+  x[1, 7, 2] = np.nan
+  vals = -rng.uniform(0.5, 1.5, A.nnz).astype(np.float32)  # mostly negative products
+
+  def f(M, v, x, reduce):
+    return jst.spmm(M.with_values(v), x, reduce=reduce)
+
+  def both(M, v, x, reduce):
+    loss = lambda v, x: jnp.sum(jnp.nan_to_num(f(M, v, x, reduce)) * 1.7)  # noqa: E731
+    return f(M, v, x, reduce), jax.grad(loss, argnums=(0, 1))(v, x)
+
+  uneven = _bounds("uneven_empty")
+  for reduce in ("max", "min"):
+    out0, (gv0, gx0) = both(A, jnp.asarray(vals), jnp.asarray(x), reduce)
+    for exchange, overlap in (
+      ("allgather", False),
+      ("halo", False),
+      ("allgather", True),
+      ("halo", True),
+    ):
+      if overlap and DEVICES == 1:
+        continue
+      SA = dist.shard_matrix(
+        A, dist.make_mesh(DEVICES), exchange=exchange, overlap=overlap, bounds=uneven
+      )
+      tag = f"{reduce} {exchange} overlap={overlap}"
+      out1, (gv1, gx1) = jax.jit(lambda v, x, SA=SA: both(SA, v, x, reduce))(
+        SA.values_from_input(vals), SA.shard_rows(x)
+      )
+      np.testing.assert_array_equal(np.asarray(SA.unshard_rows(out1)), np.asarray(out0), tag)
+      # NaN where the NaN's product won, in both
+      for name, a, b in (
+        ("dvalues", SA.values_to_input(gv1), gv0),
+        ("dx", SA.unshard_rows(gx1), gx0),
+      ):
+        np.testing.assert_allclose(
+          np.asarray(a), np.asarray(b), rtol=RTOL, atol=0, err_msg=f"{tag} {name}"
+        )
+
+
 def case_pre_exchanged_operands():
   """spmm(SA, exchange(SA, X)) and sddmm(SA, X, exchange(SA, Y)) equal the operators on X and
   Y, with gradients through the exchange, for every layout (allgather, halo, uneven halo with

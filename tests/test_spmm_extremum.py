@@ -153,7 +153,8 @@ def test_reduce_is_checked_and_the_cpu_kernel_runs(rng):
 
 
 def test_reordered_and_sharded_matrices(rng):
-  """A reordered matrix gives the same max; a ShardedMatrix refuses max / min clearly."""
+  """A reordered matrix gives the same max, a ShardedMatrix the same min (its multi-device
+  cases: tests/test_distributed.py)."""
   from jaxsparse_tc import distributed as dist
   from jaxsparse_tc.reorder import reorder
 
@@ -164,5 +165,7 @@ def test_reordered_and_sharded_matrices(rng):
   R = reorder(A, "rcm").wrap(A)
   np.testing.assert_array_equal(jst.spmm(R, x, reduce="max"), jst.spmm(A, x, reduce="max"))
   SA = dist.shard_coo(rows, cols, vals.astype(np.float32), num_nodes=n, mesh=dist.make_mesh(1))
-  with pytest.raises(NotImplementedError, match="reduce='max' is not supported"):
-    jst.spmm(SA, jnp.zeros((SA.layout.num_shards * SA.layout.rows_per_shard, 3)), reduce="max")
+  got = SA.unshard_rows(jst.spmm(SA, SA.shard_rows(x), reduce="min"))
+  np.testing.assert_array_equal(got, jst.spmm(A, x, reduce="min"))
+  with pytest.raises(ValueError, match="reduce must be one of"):
+    jst.spmm(SA, SA.shard_rows(x), reduce="mean")

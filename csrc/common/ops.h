@@ -21,10 +21,10 @@ namespace jaxsparse_tc {
 //            finds no target instead of calling the new handler; the FFI target is
 //            jaxsparse_tc_<name>_v<version>
 //   cpu, cuda  1 where that platform has a handler (an operator without a CPU handler lowers on
-//            CPU through a composed rule: register_ffi_lowering's cpu_rule)
+//            through a composed rule there: register_ffi_lowering's composed_rule)
 #define JAXSPARSE_TC_OPS(X)                    \
   X(spmm, Spmm, 1, 1, 1)                       \
-  X(spmm_extremum, SpmmExtremum, 1, 1, 0)      \
+  X(spmm_extremum, SpmmExtremum, 1, 1, 1)      \
   X(sddmm, Sddmm, 1, 1, 1)                     \
   X(edge_softmax, EdgeSoftmax, 1, 1, 1)        \
   X(edge_softmax_bwd, EdgeSoftmaxBwd, 1, 1, 1) \
