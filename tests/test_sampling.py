@@ -482,6 +482,23 @@ def test_loader_prefetch_gives_the_inline_batches(rng, prefetch):
       np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+def test_batch_threads_change_nothing_but_speed(rng):
+  """A call's `threads` (the loader's per-worker share) gives the sampler's own batch; a
+  negative count is refused by name."""
+  n = 300
+  ei = random_graph(rng, n, max_degree=12)
+  sampler = NeighborSampler.from_edge_index(ei, n, [5, 4], batch_size=16)
+  seeds = rng.choice(n, 16, replace=False)
+  seed = int(rng.integers(2**31))
+  want = jax.tree_util.tree_leaves(sampler.batch(seeds, seed))
+  for threads in (1, 3, 0):
+    got = jax.tree_util.tree_leaves(sampler.batch(seeds, seed, threads=threads))
+    for x, y in zip(want, got):
+      np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  with pytest.raises(ValueError, match="threads"):
+    sampler.sample(seeds, seed, threads=-1)
+
+
 def test_suggest_caps_fit_the_batches(rng):
   """suggest_caps gives caps under the worst-case budgets that the loader's batches fit."""
   n = 2000

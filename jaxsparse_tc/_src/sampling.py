@@ -458,8 +458,14 @@ class NeighborSampler:
       sources.append(t)
     return sources, [max(up(v, c), 1) for v, c in zip(most[:, 1], self.max_edges)]
 
-  def sample(self, seeds, seed: int) -> list[SampledLayer]:
-    """The unpadded layers of one batch of seeds (at most batch_size), sampled with `seed`."""
+  def _threads(self, where: str, threads) -> int:
+    """A call's thread count: `threads` (None: the sampler's own), 0 meaning every core."""
+    threads = self.threads if threads is None else _int(where, "threads", threads, 0)
+    return threads or os.cpu_count() or 1
+
+  def sample(self, seeds, seed: int, *, threads: int | None = None) -> list[SampledLayer]:
+    """The unpadded layers of one batch of seeds (at most batch_size), sampled with `seed`
+    (the result depends on it only). threads: this call's (None: the sampler's)."""
     s = _seeds("NeighborSampler.sample", seeds, self.num_nodes)
     if s.size > self.batch_size:
       raise ValueError(
@@ -467,21 +473,23 @@ class NeighborSampler:
         f"got {s.size}"
       )
     seed = _int("NeighborSampler.sample", "seed", seed, 0) % 2**64
+    threads = self._threads("NeighborSampler.sample", threads)
     layers = _sample(
-      self.indptr, self.indices, self.weights, s, self.fanouts, seed, self.replace, self.threads
+      self.indptr, self.indices, self.weights, s, self.fanouts, seed, self.replace, threads
     )
     if self._edge_order is not None:
       layers = [x._replace(edge_ids=self._edge_order[x.edge_ids]) for x in layers]
     return layers
 
-  def pad(self, layers: Sequence[SampledLayer]) -> SampledBatch:
-    """The fixed-shape batch of `sample`'s layers, on the device."""
+  def pad(self, layers: Sequence[SampledLayer], *, threads: int | None = None) -> SampledBatch:
+    """The fixed-shape batch of `sample`'s layers, on the device. threads: this call's (None:
+    the sampler's)."""
     if len(layers) != len(self.fanouts):
       raise ValueError(
         f"NeighborSampler.pad: layers must hold {len(self.fanouts)} layers; got {len(layers)}"
       )
     ext = extensions.cpu_extension()
-    threads = self.threads or os.cpu_count() or 1
+    threads = self._threads("NeighborSampler.pad", threads)
     host, statics = [], []
     for i, layer in enumerate(layers):
       S, E = layer.sources.shape[0], layer.rows.shape[0]
@@ -539,9 +547,9 @@ class NeighborSampler:
       blocks.append(Block(A, *arrays[6:], n_dst))
     return SampledBatch(blocks[::-1], *dev_tail)
 
-  def batch(self, seeds, seed: int) -> SampledBatch:
-    """`pad(sample(seeds, seed))`."""
-    return self.pad(self.sample(seeds, seed))
+  def batch(self, seeds, seed: int, *, threads: int | None = None) -> SampledBatch:
+    """`pad(sample(seeds, seed))`, both with `threads` (None: the sampler's)."""
+    return self.pad(self.sample(seeds, seed, threads=threads), threads=threads)
 
 
 def _batch_seed(seed: int, epoch: int, index: int) -> int:
@@ -556,7 +564,9 @@ class NeighborLoader:
   `shuffle`) from `seed` and the epoch count, cuts them into batches of the sampler's
   batch_size, and samples each with a seed derived from (seed, epoch, batch index): the batches
   depend on `seed` only. Sampling runs on `prefetch` host threads, that many batches ahead of
-  the consumer (0: inline). progress: a progress line on stderr.
+  the consumer (0: inline); a sampler with threads=0 gives each batch cpu_count // prefetch
+  threads (the native sampling and format build release the GIL, so batches build side by
+  side). progress: a progress line on stderr.
   """
 
   def __init__(
@@ -602,7 +612,12 @@ class NeighborLoader:
     epoch = self.epoch
     batches = self.seed_batches(epoch)
     self.epoch += 1
-    make = lambda i: self.sampler.batch(batches[i], _batch_seed(self.seed, epoch, i))
+    # Workers share the cores: a sampler left at every core (threads=0) gets an equal share per
+    # batch in flight, so that `prefetch` batches building at once do not oversubscribe them.
+    threads = self.sampler.threads or max(1, (os.cpu_count() or 1) // max(self.prefetch, 1))
+    make = lambda i: self.sampler.batch(  # noqa: E731
+      batches[i], _batch_seed(self.seed, epoch, i), threads=threads
+    )
     start = time.perf_counter()
     for i, batch in enumerate(self._batches(make, len(batches))):
       yield batch
