@@ -63,3 +63,13 @@ def test_train_task_node_sampled_dispatches(cora, monkeypatch, capsys):
 def test_fanouts_must_match_the_layers():
   with pytest.raises(SystemExit):
     train_sampled.main(["--fanouts", "5", "5", "5"])
+
+
+@pytest.mark.parametrize("fanouts", [(15, 10), (4, -1, 2)])
+def test_bench_sampled_torch_sampler(rng, fanouts):
+  """The benchmark's PyTorch peer samples as ours promises (its own checks, on the CPU)."""
+  pytest.importorskip("torch")
+  from benchmarks import bench_sampled
+
+  ei, n, seeds = bench_sampled.check_graph(rng)
+  bench_sampled.check_torch_sampler(ei, n, fanouts, seeds, seed=int(rng.integers(1 << 30)))
