@@ -15,6 +15,7 @@ import jaxsparse_tc as jst
 from jaxsparse_tc.sampling import (
   NeighborLoader,
   NeighborSampler,
+  SampledBatch,
   csr_from_edge_index,
   sample_neighbors,
 )
@@ -497,6 +498,31 @@ def test_batch_threads_change_nothing_but_speed(rng):
       np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   with pytest.raises(ValueError, match="threads"):
     sampler.sample(seeds, seed, threads=-1)
+
+
+def test_batches_travel_packed_and_unpack_alike_in_and_out_of_jit(rng):
+  """A sampler's batch is one device buffer per dtype (its pytree leaves); its fields read
+  outside a jitted function equal those a jitted function cuts from its arguments, and a
+  SampledBatch built from fields flattens to them."""
+  n = 200
+  ei = random_graph(rng, n, max_degree=9)
+  sampler = NeighborSampler.from_edge_index(ei, n, [4, 3], batch_size=12)
+  batch = sampler.batch(rng.choice(n, 12, replace=False), seed=int(rng.integers(2**31)))
+  leaves = jax.tree_util.tree_leaves(batch)
+  assert len(leaves) == len({np.dtype(x.dtype) for x in leaves}) <= 4
+  fields = lambda b: (  # noqa: E731
+    [b.input_nodes, b.input_mask, b.seeds, b.seed_mask]
+    + [a for blk in b.blocks for a in jax.tree_util.tree_leaves(blk)]
+  )
+  outside = fields(batch)
+  inside = jax.jit(fields)(batch)
+  assert len(outside) == len(inside) > 4
+  for a, b in zip(outside, inside):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  built = SampledBatch(batch.blocks, *outside[:4])
+  rebuilt = jax.tree_util.tree_unflatten(*reversed(jax.tree_util.tree_flatten(built)))
+  for a, b in zip(fields(rebuilt), outside):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_suggest_caps_fit_the_batches(rng):

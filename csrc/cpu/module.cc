@@ -6,6 +6,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -78,13 +79,16 @@ using Int32Array = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::dev
 // rows, cols (int32, local indices) and edge_ids (int64 CSR positions).
 nb::list sample_neighbors(IndexArray indptr, Int32Array indices, IndexArray targets,
                           std::vector<int64_t> fanouts, uint64_t seed, bool replace,
-                          std::optional<DoubleArray> weights, int threads) {
+                          std::optional<DoubleArray> weights, std::optional<IndexArray> edge_order,
+                          int threads) {
   const int64_t n = int64_t(indptr.shape(0)) - 1, nnz = int64_t(indices.shape(0));
   if (n < 0) throw nb::value_error("sample_neighbors: indptr must have n + 1 >= 1 entries");
   if (indptr.data()[0] != 0 || indptr.data()[n] != nnz)
     throw nb::value_error("sample_neighbors: indptr must start at 0 and end at len(indices)");
   if (weights && int64_t(weights->shape(0)) != nnz)
     throw nb::value_error("sample_neighbors: weights must have one entry per index");
+  if (edge_order && int64_t(edge_order->shape(0)) != nnz)
+    throw nb::value_error("sample_neighbors: edge_order must have one entry per index");
   for (int64_t f : fanouts)
     if (f < -1) throw nb::value_error("sample_neighbors: fanouts must be >= 0 or -1");
   jaxsparse_tc::SampleOptions options;
@@ -96,6 +100,11 @@ nb::list sample_neighbors(IndexArray indptr, Int32Array indices, IndexArray targ
     nb::gil_scoped_release release;
     layers = jaxsparse_tc::sample_neighbors(indptr.data(), indices.data(), n, targets.data(),
                                             int64_t(targets.shape(0)), fanouts, seed, options);
+    // CSR positions -> the caller's edge ids, here rather than as a gather in Python (random
+    // reads over the graph's edges, under the GIL there).
+    if (edge_order)
+      for (auto& layer : layers)
+        for (int64_t& e : layer.edge_ids) e = edge_order->data()[e];
   }
   nb::list out;
   for (auto& layer : layers) {
@@ -108,6 +117,30 @@ nb::list sample_neighbors(IndexArray indptr, Int32Array indices, IndexArray targ
     out.append(d);
   }
   return out;
+}
+
+// The arrays one after another in one new buffer (bytes), copied with the GIL released: a
+// sampled batch's ~60 host arrays travel to the device as one buffer per dtype.
+using ByteSource = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
+nb::ndarray<nb::numpy, uint8_t> concat_bytes(std::vector<ByteSource> arrays) {
+  size_t total = 0;
+  std::vector<std::pair<const uint8_t*, size_t>> parts;
+  parts.reserve(arrays.size());
+  for (const auto& a : arrays) {
+    parts.emplace_back(static_cast<const uint8_t*>(a.data()), a.nbytes());
+    total += a.nbytes();
+  }
+  std::vector<uint8_t> out;
+  {
+    nb::gil_scoped_release release;
+    out.resize(total);
+    size_t at = 0;
+    for (const auto& [data, bytes] : parts) {
+      if (bytes) std::memcpy(out.data() + at, data, bytes);
+      at += bytes;
+    }
+  }
+  return to_numpy(std::move(out), {total});
 }
 
 // One sampled layer's padded matrix (cpu/sampler.h padded_block): a dict of the two
@@ -345,14 +378,19 @@ NB_MODULE(_cpu, m) {
         "grouped, split_blocks, row_order: FormatOptions' (None: the builder's rule).");
   m.def("sample_neighbors", &sample_neighbors, nb::arg("indptr"), nb::arg("indices"),
         nb::arg("targets"), nb::arg("fanouts"), nb::kw_only(), nb::arg("seed"),
-        nb::arg("replace") = false, nb::arg("weights") = nb::none(), nb::arg("threads") = 0,
+        nb::arg("replace") = false, nb::arg("weights") = nb::none(),
+        nb::arg("edge_order") = nb::none(), nb::arg("threads") = 0,
         "Samples len(fanouts) layers of in-neighbours from the CSR graph (indptr int64 [n + 1], "
         "indices int32 [nnz]; rows = targets) outwards from the distinct targets (int64). Per "
         "layer a dict: sources (int64, distinct, the layer's targets first), rows and cols "
         "(int32 local indices of each sampled edge's target and source) and edge_ids (int64 "
-        "CSR positions). fanout -1 takes every neighbour; weights (float64 [nnz], >= 0) draw "
+        "CSR positions, or edge_order (int64 [nnz]) at them). fanout -1 takes every neighbour; "
+        "weights (float64 [nnz], >= 0) draw "
         "proportionally. Deterministic for a seed whatever threads (0: all cores); releases "
         "the GIL. The caller validates indices and weights (cpu/sampler.h).");
+  m.def("concat_bytes", &concat_bytes, nb::arg("arrays"),
+        "The C-contiguous host arrays' bytes one after another in one new uint8 array, copied "
+        "with the GIL released.");
   m.def("padded_block", &padded_block, nb::arg("rows"), nb::arg("cols"), nb::arg("num_real_nodes"),
         nb::kw_only(), nb::arg("num_slots"), nb::arg("nnz"), nb::arg("edges"),
         nb::arg("window_cols"), nb::arg("blocks"), nb::arg("schedule"), nb::arg("row_schedule"),

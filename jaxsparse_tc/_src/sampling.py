@@ -122,28 +122,21 @@ def _seeds(where: str, seeds, num_nodes: int) -> np.ndarray:
   return s
 
 
-@functools.lru_cache(maxsize=16)
-def _unpacker(treedef, specs: tuple, groups: tuple):
-  """The jitted function that cuts the per-dtype buffers of _to_device back into its leaves."""
+class _Layout(NamedTuple):
+  """The static description of a batch's host arrays packed one buffer per dtype (hashable: a
+  pytree's aux data, the same for every batch of a sampler). treedef and specs (shape, dtype
+  per leaf) of the tree (per-layer arrays, tail); groups: the leaves of each buffer, in order;
+  blocks: per layer ((grouped of A, of A^T), source slots, target slots)."""
 
-  def unpack(buffers):
-    leaves = [None] * len(specs)
-    for buf, members in zip(buffers, groups):
-      at = 0
-      for i in members:
-        shape = specs[i][0]
-        size = math.prod(shape)
-        leaves[i] = buf[at : at + size].reshape(shape)
-        at += size
-    return jax.tree_util.tree_unflatten(treedef, leaves)
-
-  return jax.jit(unpack)
+  treedef: jax.tree_util.PyTreeDef
+  specs: tuple
+  groups: tuple
+  blocks: tuple
 
 
-def _to_device(tree):
-  """jax.device_put(tree) of host arrays in one transfer per dtype: device_put's cost is mostly
-  per array (a batch has some 60), so the leaves travel concatenated and one jitted call (the
-  shapes are the sampler's, fixed) cuts them apart on the device."""
+def _pack(tree) -> tuple[list[np.ndarray], tuple, tuple, jax.tree_util.PyTreeDef]:
+  """Host arrays -> one buffer per dtype (copied natively, the GIL released), with the specs,
+  groups and treedef that cut them apart again."""
   leaves, treedef = jax.tree_util.tree_flatten(tree)
   leaves = [np.asarray(x) for x in leaves]
   specs = tuple((x.shape, x.dtype.str) for x in leaves)
@@ -151,8 +144,37 @@ def _to_device(tree):
   for i, (_, dt) in enumerate(specs):
     by_dtype.setdefault(dt, []).append(i)
   groups = tuple(tuple(v) for v in by_dtype.values())
-  buffers = [np.concatenate([leaves[i].ravel() for i in members]) for members in groups]
-  return _unpacker(treedef, specs, groups)(jax.device_put(buffers))
+  concat = extensions.cpu_extension().concat_bytes
+  buffers = [
+    concat([np.ascontiguousarray(leaves[i]) for i in members]).view(leaves[members[0]].dtype)
+    for members in groups
+  ]
+  return buffers, specs, groups, treedef
+
+
+def _unpack(buffers, layout: _Layout):
+  """The batch's parts (blocks input side first, input_nodes, input_mask, seeds, seed_mask)
+  cut from its buffers: slices, free inside a jitted step."""
+  leaves = [None] * len(layout.specs)
+  for buf, members in zip(buffers, layout.groups):
+    at = 0
+    for i in members:
+      shape = layout.specs[i][0]
+      size = math.prod(shape)
+      leaves[i] = buf[at : at + size].reshape(shape)
+      at += size
+  per_layer, tail = jax.tree_util.tree_unflatten(layout.treedef, leaves)
+  blocks = []
+  for arrays, (grouped, n, n_dst) in zip(per_layer, layout.blocks):
+    A = SparseMatrix._unchecked(*arrays[:6], shape=(n, n), grouped=grouped, padded=True)
+    blocks.append(Block(A, *arrays[6:], n_dst))
+  return (tuple(blocks[::-1]), *tail)
+
+
+@functools.lru_cache(maxsize=16)
+def _unpacker(layout: _Layout):
+  """_unpack as one jitted call, for a packed batch used outside a jitted function."""
+  return jax.jit(functools.partial(_unpack, layout=layout))
 
 
 def _caps(where: str, name: str, caps, layers: int) -> list:
@@ -180,7 +202,9 @@ def _local_index(name: str, a, count: int) -> np.ndarray:
   return np.ascontiguousarray(a, np.int32)
 
 
-def _sample(indptr, indices, weights, seeds, fanouts, seed, replace, threads) -> list[SampledLayer]:
+def _sample(
+  indptr, indices, weights, seeds, fanouts, seed, replace, threads, edge_order=None
+) -> list[SampledLayer]:
   raw = extensions.cpu_extension().sample_neighbors(
     indptr,
     indices,
@@ -189,6 +213,7 @@ def _sample(indptr, indices, weights, seeds, fanouts, seed, replace, threads) ->
     seed=seed,
     replace=replace,
     weights=weights,
+    edge_order=edge_order,
     threads=threads,
   )
   out, targets = [], seeds
@@ -308,21 +333,44 @@ class SampledBatch:
   input_mask: bool, True on real input nodes.
   seeds: int32 [batch_size] the batch's seed ids (0 on padding); seed_mask: bool, True on real
     seeds (mask the loss with it).
+
+  A sampler's batch travels packed: its leaves are one device buffer per dtype, and the fields
+  above are cut from them where first read (inside a jitted step: slices of its arguments, so
+  the step takes 4 arrays instead of ~60, and no call cuts them apart on the way).
   """
 
   def __init__(self, blocks, input_nodes, input_mask, seeds, seed_mask):
-    self.blocks = tuple(blocks)
-    self.input_nodes = input_nodes
-    self.input_mask = input_mask
-    self.seeds = seeds
-    self.seed_mask = seed_mask
+    self._parts = (tuple(blocks), input_nodes, input_mask, seeds, seed_mask)
+    self._packed = None
+
+  @classmethod
+  def _from_buffers(cls, buffers, layout: _Layout) -> "SampledBatch":
+    batch = cls.__new__(cls)
+    batch._parts, batch._packed = None, (tuple(buffers), layout)
+    return batch
+
+  def _fields(self) -> tuple:
+    if self._parts is None:
+      buffers, layout = self._packed
+      traced = any(isinstance(b, jax.core.Tracer) for b in buffers)
+      self._parts = _unpack(buffers, layout) if traced else _unpacker(layout)(buffers)
+    return self._parts
+
+  blocks = property(lambda self: self._fields()[0])
+  input_nodes = property(lambda self: self._fields()[1])
+  input_mask = property(lambda self: self._fields()[2])
+  seeds = property(lambda self: self._fields()[3])
+  seed_mask = property(lambda self: self._fields()[4])
 
   def tree_flatten(self):
-    return (self.blocks, self.input_nodes, self.input_mask, self.seeds, self.seed_mask), None
+    if self._packed is not None:
+      return self._packed[0], self._packed[1]
+    return self._parts, None
 
   @classmethod
   def tree_unflatten(cls, aux, children):
-    del aux
+    if aux is not None:
+      return cls._from_buffers(children, aux)
     return cls(*children)
 
   def __repr__(self) -> str:
@@ -369,7 +417,14 @@ class NeighborSampler:
     self.replace = bool(replace)
     self.indptr, self.indices, self.weights = _csr(where, indptr, indices, weights)
     self.num_nodes = self.indptr.shape[0] - 1
-    self._edge_order = None if edge_order is None else np.asarray(edge_order, np.int64)
+    self._edge_order = None
+    if edge_order is not None:
+      self._edge_order = np.ascontiguousarray(edge_order, np.int64)
+      if self._edge_order.shape != self.indices.shape:
+        raise ValueError(
+          f"{where}: edge_order must hold one edge id per CSR entry, shape "
+          f"{self.indices.shape}; got shape {self._edge_order.shape}"
+        )
     L = len(self.fanouts)
     caps = _caps(where, "max_sources", max_sources, L)
     edge_caps = _caps(where, "max_edges", max_edges, L)
@@ -474,12 +529,17 @@ class NeighborSampler:
       )
     seed = _int("NeighborSampler.sample", "seed", seed, 0) % 2**64
     threads = self._threads("NeighborSampler.sample", threads)
-    layers = _sample(
-      self.indptr, self.indices, self.weights, s, self.fanouts, seed, self.replace, threads
+    return _sample(
+      self.indptr,
+      self.indices,
+      self.weights,
+      s,
+      self.fanouts,
+      seed,
+      self.replace,
+      threads,
+      self._edge_order,
     )
-    if self._edge_order is not None:
-      layers = [x._replace(edge_ids=self._edge_order[x.edge_ids]) for x in layers]
-    return layers
 
   def pad(self, layers: Sequence[SampledLayer], *, threads: int | None = None) -> SampledBatch:
     """The fixed-shape batch of `sample`'s layers, on the device. threads: this call's (None:
@@ -540,12 +600,10 @@ class NeighborSampler:
       seeds,
       np.arange(self.batch_size) < k,
     )
-    dev_blocks, dev_tail = _to_device((host, tail))
-    blocks = []
-    for arrays, (grouped, n, n_dst) in zip(dev_blocks, statics):
-      A = SparseMatrix._unchecked(*arrays[:6], shape=(n, n), grouped=grouped, padded=True)
-      blocks.append(Block(A, *arrays[6:], n_dst))
-    return SampledBatch(blocks[::-1], *dev_tail)
+    # One transfer per dtype (device_put's cost is mostly per array, and a batch has ~60).
+    buffers, specs, groups, treedef = _pack((host, tail))
+    layout = _Layout(treedef, specs, groups, tuple(statics))
+    return SampledBatch._from_buffers(jax.device_put(buffers), layout)
 
   def batch(self, seeds, seed: int, *, threads: int | None = None) -> SampledBatch:
     """`pad(sample(seeds, seed))`, both with `threads` (None: the sampler's)."""
