@@ -3,7 +3,8 @@ PyG's SAGEConv fed by a neighbour sampler in plain PyTorch on the same GPU.
 
 Ours: jaxsparse_tc.sampling.NeighborLoader (padded fixed-shape blocks, built ahead on host
 threads; the epochs use the batches-in-flight count whose loader throughput measured fastest,
---prefetch to fix it) and nn.functional.sage_conv, forward + backward + Adam in one jitted step. PyG:
+--prefetch to fix it) and nn.functional.sage_conv, forward + backward + Adam in one jitted
+step. PyG:
 torch_geometric.loader.NeighborLoader and SAGEConv on the same GPU, features and labels on the
 device (the loader returns ids only). Both: mean aggregation, hidden 256, fanouts [15, 10],
 batch 1024, 128 random input features, random labels over 16 classes.
