@@ -163,11 +163,15 @@ def _unpack(buffers, layout: _Layout):
       size = math.prod(shape)
       leaves[i] = buf[at : at + size].reshape(shape)
       at += size
-  per_layer, tail = jax.tree_util.tree_unflatten(layout.treedef, leaves)
+  per_layer, (inputs, seeds, counts) = jax.tree_util.tree_unflatten(layout.treedef, leaves)
+  first = lambda size, count: jnp.arange(size) < count  # noqa: E731  (a mask from its count)
   blocks = []
   for arrays, (grouped, n, n_dst) in zip(per_layer, layout.blocks):
     A = SparseMatrix._unchecked(*arrays[:6], shape=(n, n), grouped=grouped, padded=True)
-    blocks.append(Block(A, *arrays[6:], n_dst))
+    edge_ids, (E, S, T) = arrays[6], arrays[7]
+    masks = first(edge_ids.shape[0], E), first(n, S), first(n_dst, T)
+    blocks.append(Block(A, edge_ids, *masks, n_dst))
+  tail = inputs, first(inputs.shape[0], counts[0]), seeds, first(seeds.shape[0], counts[1])
   return (tuple(blocks[::-1]), *tail)
 
 
@@ -582,9 +586,7 @@ class NeighborSampler:
           raw["perm_t_inv"],
           raw["input_to_format"],
           edge_ids,
-          np.arange(n_edges) < E,
-          np.arange(n_src) < S,
-          np.arange(n_dst) < layer.targets.shape[0],
+          np.array([E, S, layer.targets.shape[0]], np.int32),  # the masks' counts
         )
       )
       statics.append(((a["grouped"], t["grouped"]), n_src, n_dst))
@@ -594,12 +596,7 @@ class NeighborSampler:
     seeds = np.zeros(self.batch_size, np.int32)
     k = layers[0].targets.shape[0]
     seeds[:k] = layers[0].targets
-    tail = (
-      inputs,
-      np.arange(inputs.shape[0]) < outer.shape[0],
-      seeds,
-      np.arange(self.batch_size) < k,
-    )
+    tail = (inputs, seeds, np.array([outer.shape[0], k], np.int32))
     # One transfer per dtype (device_put's cost is mostly per array, and a batch has ~60).
     buffers, specs, groups, treedef = _pack((host, tail))
     layout = _Layout(treedef, specs, groups, tuple(statics))
