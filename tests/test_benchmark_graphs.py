@@ -215,3 +215,25 @@ def test_flashsparse_peer_import_failures_are_clear(tmp_path):
     bench_kernels.run(a)
   with pytest.raises(SystemExit, match="not a folder"):
     flashsparse_peer.main([str(missing)])
+
+
+def test_window_model_counts_gathers_and_tiles(rng):
+  """window_model's gathers (distinct columns per h-row window) and h x 8 tiles against a count
+  done row by row, on a random pattern with empty rows and one dense 16 x 16 block."""
+  import scipy.sparse as sp
+
+  from benchmarks import window_model
+
+  m, n = 70, 90
+  dense = np.zeros((m, n), bool)
+  dense[16:32, 40:56] = True
+  dense |= rng.random((m, n)) < 0.05
+  dense[50:58] = False
+  csr = sp.csr_matrix(dense.astype(np.float32))
+  for h in window_model.HEIGHTS:
+    cols = [np.flatnonzero(dense[w : w + h].any(axis=0)).size for w in range(0, m, h)]
+    gathers, tiles = window_model.window_figures(csr, h)
+    assert gathers == sum(cols) and tiles == sum(-(-c // 8) for c in cols), h
+  rows = window_model.model_rows("t", "caller", csr, 64)
+  assert [r["h"] for r in rows] == list(window_model.HEIGHTS)
+  assert rows[0]["saved vs h=8"] == 0 and rows[1]["saved vs h=8"] > 0

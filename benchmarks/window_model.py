@@ -1,0 +1,114 @@
+"""The gather model of the tensor-core SpMM: what taller windows would save, from the pattern.
+
+    python -m benchmarks.window_model [--data ROOT] [--graphs a,b,...] [--reorder] [--d 128]
+
+The window kernels read, per window of h rows, one row of X per distinct column the window
+holds (its condensed columns, docs/FORMAT.md), d x itemsize bytes each, through L2; the
+tensor cores then multiply h x 8 tiles. So per graph and window height h (8 today; 16 is
+m16n8k16's native height, 32 two of those):
+
+- gathers: sum over windows of their distinct columns, and the bytes of X rows they read;
+- tiles: h x 8 tiles of condensed columns (8 per tile as the format groups them) and their
+  density (nonzeros / tile cells): what a tile's MMA wastes;
+- against h = 8: the gather bytes saved (the bound on a gather-bound kernel's gain) and the
+  tiles' growth (the MMA issue added);
+- the floor: X read once, Y written once and the structure read once (benchmarks.common
+  min_bytes), as a share of the h-row gather bytes: the most of the floor a kernel that
+  gathers every window's rows once through L2 could reach if L2 moved them at DRAM speed.
+
+Figures for fp16 at --d (default 128) on the real suite graphs and the dense-community
+stand-ins, in the caller's order and, with --reorder, after affinity reordering.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import common
+from benchmarks.block_stats_table import DEFAULT_GRAPHS
+
+HEIGHTS = (8, 16, 32)
+
+
+def window_figures(csr, h: int) -> tuple[int, int]:
+  """(distinct columns summed over the h-row windows, h x 8 tiles of condensed columns)."""
+  rows = np.repeat(np.arange(csr.shape[0], dtype=np.int64), np.diff(csr.indptr))
+  keys = np.unique((rows // h) * csr.shape[1] + csr.indices.astype(np.int64))
+  per_window = np.bincount(keys // csr.shape[1])
+  return int(keys.size), int(np.sum((per_window + 7) // 8))
+
+
+def model_rows(name: str, order: str, csr, d: int, itemsize: int = 2) -> list[dict]:
+  floor = common.min_bytes(csr, d, itemsize)
+  base_gathers, base_tiles = window_figures(csr, 8)
+  out = []
+  for h in HEIGHTS:
+    gathers, tiles = (base_gathers, base_tiles) if h == 8 else window_figures(csr, h)
+    gather_bytes = gathers * d * itemsize
+    out.append(
+      {
+        "graph": name,
+        "order": order,
+        "nnz": int(csr.nnz),
+        "h": h,
+        "cols/window": gathers / max(1, -(-csr.shape[0] // h)),
+        "gather MB": gather_bytes / 1e6,
+        "saved vs h=8": 1 - gathers / base_gathers,
+        "tiles": tiles,
+        "tiles vs h=8": tiles / base_tiles,
+        "density": csr.nnz / (tiles * h * 8),
+        "floor / gathers": floor / gather_bytes,
+      }
+    )
+  return out
+
+
+COLUMNS = [
+  "graph",
+  "order",
+  "nnz",
+  "h",
+  "cols/window",
+  "gather MB",
+  "saved vs h=8",
+  "tiles",
+  "tiles vs h=8",
+  "density",
+  "floor / gathers",
+]
+
+
+def main(argv=None) -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--data", default=None, help=f"folder of the real graphs ({common.SHARED_DATA})")
+  ap.add_argument("--graphs", default=None, help="comma-separated names (default: the suite's)")
+  ap.add_argument("--reorder", action="store_true", help="also after affinity reordering")
+  ap.add_argument("--d", type=int, default=128, help="feature width (fp16 rows)")
+  a = ap.parse_args(argv)
+  if a.data is not None:
+    root = Path(a.data)
+    if not root.is_dir():
+      raise SystemExit(f"--data: {root} is not a folder")
+    common.SHARED_DATA = root
+  names = a.graphs.split(",") if a.graphs else [g for g in DEFAULT_GRAPHS if "24.6M" not in g]
+  rows = []
+  for name in names:
+    try:
+      csr = common.load_graph(name)
+    except FileNotFoundError as e:
+      print(f"skipped {name}: {e}")
+      continue
+    rows += model_rows(name, "caller", csr, a.d)
+    if a.reorder:
+      import jaxsparse_tc as jst
+
+      perm = jst.reorder(csr, "affinity", seed=0).perm
+      rows += model_rows(name, "affinity", csr[perm][:, perm].tocsr(), a.d)
+  common.print_table(rows, COLUMNS, f"window gather model, fp16 d = {a.d}")
+
+
+if __name__ == "__main__":
+  main()
