@@ -89,8 +89,8 @@ def _real_entries(op: str, m, A):
     raise ValueError(
       f"{op}: add_self_loops=True attends over each target's self-loop, which a Block's "
       f"pattern (the sampled edges) does not hold; construct the layer with "
-      f"add_self_loops=False to attend over the sampled neighbours (DGL's GATConv on blocks), "
-      f"or sample from a graph with self-loops added"
+      f"add_self_loops=False to attend over the sampled neighbours (DGL's GATConv on blocks; "
+      f"a graph's own self-loops are sampled like its other edges)"
     )
   return A.A.values != 0
 
