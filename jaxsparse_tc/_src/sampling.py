@@ -621,7 +621,8 @@ class NeighborLoader:
   depend on `seed` only. Sampling runs on `prefetch` host threads, that many batches ahead of
   the consumer (0: inline); a sampler with threads=0 gives each batch cpu_count // prefetch
   threads (the native sampling and format build release the GIL, so batches build side by
-  side). progress: a progress line on stderr.
+  side; on 16 cores, R-MAT 2^22: 199 batches/s at prefetch 2, 305 at 4, 324 at 8, 283 at 12).
+  progress: a progress line on stderr.
   """
 
   def __init__(
@@ -632,7 +633,7 @@ class NeighborLoader:
     shuffle: bool = True,
     seed: int = 0,
     drop_last: bool = False,
-    prefetch: int = 2,
+    prefetch: int = 4,
     progress: bool = False,
   ):
     if not isinstance(sampler, NeighborSampler):
