@@ -85,27 +85,37 @@ def rows_for(name: str, csr, reorder: bool) -> list[dict]:
   return out
 
 
-def main(argv=None) -> None:
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_graph_args(ap: argparse.ArgumentParser) -> None:
+  """--data, --graphs and --reorder, as the pattern tables here take them."""
   ap.add_argument("--data", default=None, help=f"folder of the real graphs ({common.SHARED_DATA})")
   ap.add_argument("--graphs", default=None, help="comma-separated names (default: the suite's)")
   ap.add_argument("--reorder", action="store_true", help="also after affinity reordering")
-  a = ap.parse_args(argv)
+
+
+def graphs_of(a, default=DEFAULT_GRAPHS):
+  """(name, scipy CSR) of the graphs `a` (add_graph_args' arguments) names, one at a time; a
+  graph whose file is missing is reported and skipped."""
   if a.data is not None:
     root = Path(a.data)
     if not root.is_dir():
       raise SystemExit(f"--data: {root} is not a folder")
     common.SHARED_DATA = root
-  names = a.graphs.split(",") if a.graphs else list(DEFAULT_GRAPHS)
-  rows = []
-  for name in names:
+  for name in a.graphs.split(",") if a.graphs else list(default):
     try:
       csr = common.load_graph(name)
     except FileNotFoundError as e:
       print(f"skipped {name}: {e}")
       continue
+    yield name, csr
+
+
+def main(argv=None) -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  add_graph_args(ap)
+  a = ap.parse_args(argv)
+  rows = []
+  for name, csr in graphs_of(a):
     rows += rows_for(name, csr, a.reorder)
-    del csr
   common.print_table(rows, COLUMNS, "block statistics")
 
 

@@ -23,12 +23,11 @@ stand-ins, in the caller's order and, with --reorder, after affinity reordering.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import numpy as np
 
 from benchmarks import common
-from benchmarks.block_stats_table import DEFAULT_GRAPHS
+from benchmarks.block_stats_table import DEFAULT_GRAPHS, add_graph_args, graphs_of
 
 HEIGHTS = (8, 16, 32)
 
@@ -83,24 +82,11 @@ COLUMNS = [
 
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--data", default=None, help=f"folder of the real graphs ({common.SHARED_DATA})")
-  ap.add_argument("--graphs", default=None, help="comma-separated names (default: the suite's)")
-  ap.add_argument("--reorder", action="store_true", help="also after affinity reordering")
+  add_graph_args(ap)
   ap.add_argument("--d", type=int, default=128, help="feature width (fp16 rows)")
   a = ap.parse_args(argv)
-  if a.data is not None:
-    root = Path(a.data)
-    if not root.is_dir():
-      raise SystemExit(f"--data: {root} is not a folder")
-    common.SHARED_DATA = root
-  names = a.graphs.split(",") if a.graphs else [g for g in DEFAULT_GRAPHS if "24.6M" not in g]
   rows = []
-  for name in names:
-    try:
-      csr = common.load_graph(name)
-    except FileNotFoundError as e:
-      print(f"skipped {name}: {e}")
-      continue
+  for name, csr in graphs_of(a, [g for g in DEFAULT_GRAPHS if "24.6M" not in g]):
     rows += model_rows(name, "caller", csr, a.d)
     if a.reorder:
       import jaxsparse_tc as jst
