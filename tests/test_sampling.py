@@ -546,8 +546,8 @@ def test_suggest_caps_fit_the_batches(rng):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_padded_block_errors_raise_from_either_build(rng, threads):
-  """A format error inside padded_block's builds (here a grouped schedule a window of 38 blocks
-  cannot take) raises ValueError, whichever thread meets it."""
+  """A format error inside a block's builds in pad_batch (here a grouped schedule a window of
+  38 blocks cannot take) raises ValueError, whichever thread meets it."""
   from jaxsparse_tc._src import extensions
   from jaxsparse_tc._src.nn.batch import Budget
 
@@ -558,18 +558,19 @@ def test_padded_block_errors_raise_from_either_build(rng, threads):
   cols = rng.permutation(k).astype(np.int32)
   if threads == 2:
     rows, cols = cols, rows  # the transposed orientation (built on the second thread) fails
+  lengths = [budget.num_nodes, budget.nnz, budget.edges, sizes["window_cols"], sizes["blocks"]]
+  lengths += [sizes["schedule"], sizes["row_schedule"], 1]  # grouped
   with pytest.raises(ValueError, match="grouped"):
-    extensions.cpu_extension().padded_block(
-      rows,
-      cols,
-      k,
-      num_slots=budget.num_nodes,
-      nnz=budget.nnz,
-      edges=budget.edges,
-      window_cols=sizes["window_cols"],
-      blocks=sizes["blocks"],
-      schedule=sizes["schedule"],
-      row_schedule=sizes["row_schedule"],
-      grouped=True,
+    extensions.cpu_extension().pad_batch(
+      [rows],
+      [cols],
+      [np.zeros(k, np.int64)],
+      [k],
+      [1],
+      [lengths],
+      np.arange(k, dtype=np.int64),
+      budget.num_nodes,
+      np.zeros(1, np.int64),
+      1,
       threads=threads,
     )

@@ -6,7 +6,6 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
-#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -119,73 +118,74 @@ nb::list sample_neighbors(IndexArray indptr, Int32Array indices, IndexArray targ
   return out;
 }
 
-// The arrays one after another in one new buffer (bytes), copied with the GIL released: a
-// sampled batch's ~60 host arrays travel to the device as one buffer per dtype.
-using ByteSource = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
-nb::ndarray<nb::numpy, uint8_t> concat_bytes(std::vector<ByteSource> arrays) {
-  size_t total = 0;
-  std::vector<std::pair<const uint8_t*, size_t>> parts;
-  parts.reserve(arrays.size());
-  for (const auto& a : arrays) {
-    parts.emplace_back(static_cast<const uint8_t*>(a.data()), a.nbytes());
-    total += a.nbytes();
+// A sampled batch's host buffers in one call (the GIL released throughout): per layer its padded
+// block (padded_block), then the batch's arrays laid one after another per dtype, in the leaf
+// order of sampling.py's batch tree (_batch_layout): float32 the layers' values; int32 per layer
+// A's and A^T's Pattern arrays (window_col_ptr, window_cols, window_block_ptr, block_value_ptr,
+// schedule, rows, cols, row_entries, row_schedule), perm_t, perm_t_inv, input_to_format, the
+// edge ids padded to the edge slots and the counts (edges, sources, targets), then the input
+// nodes and the seeds, each padded, and their counts; uint32 per layer A's and A^T's bitmaps.
+// budgets: per layer (num_slots, nnz, edges, window_cols, blocks, schedule, row_schedule,
+// grouped). Returns (float32, int32, uint32) numpy arrays.
+nb::tuple pad_batch(std::vector<Int32Array> rows, std::vector<Int32Array> cols,
+                    std::vector<IndexArray> edge_ids, std::vector<int64_t> num_sources,
+                    std::vector<int64_t> num_targets, std::vector<std::vector<int64_t>> budgets,
+                    IndexArray inputs, int64_t input_slots, IndexArray seeds, int64_t batch_size,
+                    int threads) {
+  const size_t L = rows.size();
+  if (cols.size() != L || edge_ids.size() != L || num_sources.size() != L ||
+      num_targets.size() != L || budgets.size() != L)
+    throw nb::value_error("pad_batch: one entry per layer in every list");
+  for (size_t l = 0; l < L; ++l) {
+    if (rows[l].shape(0) != cols[l].shape(0) || rows[l].shape(0) != edge_ids[l].shape(0))
+      throw nb::value_error("pad_batch: rows, cols and edge_ids must have one entry per edge");
+    if (budgets[l].size() != 8) throw nb::value_error("pad_batch: a budget has 8 fields");
+    if (int64_t(rows[l].shape(0)) > budgets[l][2])
+      throw nb::value_error(
+          ("pad_batch: layer " + std::to_string(l) + " has more edges than slots").c_str());
   }
-  std::vector<uint8_t> out;
+  if (int64_t(inputs.shape(0)) > input_slots || int64_t(seeds.shape(0)) > batch_size)
+    throw nb::value_error("pad_batch: more input nodes or seeds than slots");
+  std::vector<float> f32;
+  std::vector<int32_t> i32;
+  std::vector<uint32_t> u32;
   {
     nb::gil_scoped_release release;
-    out.resize(total);
-    size_t at = 0;
-    for (const auto& [data, bytes] : parts) {
-      if (bytes) std::memcpy(out.data() + at, data, bytes);
-      at += bytes;
+    std::vector<jaxsparse_tc::PaddedBlock> blocks(L);
+    for (size_t l = 0; l < L; ++l) {
+      const auto& b = budgets[l];
+      const jaxsparse_tc::BlockBudget budget{b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7] != 0};
+      blocks[l] =
+          jaxsparse_tc::padded_block(rows[l].data(), cols[l].data(), int64_t(rows[l].shape(0)),
+                                     num_sources[l], budget, threads);
     }
+    auto put = [&](const std::vector<int32_t>& v) { i32.insert(i32.end(), v.begin(), v.end()); };
+    auto put_padded = [&](const int64_t* v, int64_t count, int64_t slots) {
+      for (int64_t k = 0; k < count; ++k) i32.push_back(int32_t(v[k]));
+      i32.insert(i32.end(), size_t(slots - count), 0);
+    };
+    for (size_t l = 0; l < L; ++l) {
+      jaxsparse_tc::PaddedBlock& b = blocks[l];
+      f32.insert(f32.end(), b.values.begin(), b.values.end());
+      for (const jaxsparse_tc::BuiltPattern* p : {&b.a, &b.t}) {
+        put(p->window_col_ptr), put(p->window_cols), put(p->window_block_ptr);
+        put(p->block_value_ptr), put(p->schedule), put(p->rows), put(p->cols);
+        put(p->row_entries), put(p->row_schedule);
+        u32.insert(u32.end(), p->block_bitmap.begin(), p->block_bitmap.end());
+      }
+      put(b.perm_t), put(b.perm_t_inv), put(b.input_to_format);
+      const int64_t E = int64_t(edge_ids[l].shape(0));
+      put_padded(edge_ids[l].data(), E, budgets[l][2]);
+      for (int64_t c : {E, num_sources[l], num_targets[l]}) i32.push_back(int32_t(c));
+    }
+    put_padded(inputs.data(), int64_t(inputs.shape(0)), input_slots);
+    put_padded(seeds.data(), int64_t(seeds.shape(0)), batch_size);
+    i32.push_back(int32_t(inputs.shape(0)));
+    i32.push_back(int32_t(seeds.shape(0)));
   }
-  return to_numpy(std::move(out), {total});
-}
-
-// One sampled layer's padded matrix (cpu/sampler.h padded_block): a dict of the two
-// orientations' Pattern arrays (keys "a" and "t"), values, perm_t, perm_t_inv, input_to_format.
-nb::dict padded_block(Int32Array rows, Int32Array cols, int64_t num_real_nodes, int64_t num_slots,
-                      int64_t nnz, int64_t edges, int64_t cols_len, int64_t blocks, int64_t items,
-                      int64_t row_items, bool grouped, int threads) {
-  if (rows.shape(0) != cols.shape(0))
-    throw nb::value_error("padded_block: rows and cols must have one entry per edge");
-  jaxsparse_tc::BlockBudget budget{num_slots, nnz,   edges,     cols_len,
-                                   blocks,    items, row_items, grouped};
-  jaxsparse_tc::PaddedBlock b;
-  {
-    nb::gil_scoped_release release;
-    b = jaxsparse_tc::padded_block(rows.data(), cols.data(), int64_t(rows.shape(0)), num_real_nodes,
-                                   budget, threads);
-  }
-  auto pattern = [](jaxsparse_tc::BuiltPattern& p) {
-    const size_t W = p.window_col_ptr.size(), C = p.window_cols.size();
-    const size_t B = p.block_bitmap.size() / 2, nnz = size_t(p.nnz);
-    const size_t S = p.schedule.size() / jaxsparse_tc::kScheduleFields;
-    const size_t R = p.row_schedule.size() / 4;
-    nb::dict d;
-    d["window_col_ptr"] = to_numpy(std::move(p.window_col_ptr), {W});
-    d["window_cols"] = to_numpy(std::move(p.window_cols), {C});
-    d["window_block_ptr"] = to_numpy(std::move(p.window_block_ptr), {W});
-    d["block_bitmap"] = to_numpy(std::move(p.block_bitmap), {B, 2});
-    d["block_value_ptr"] = to_numpy(std::move(p.block_value_ptr), {B + 1});
-    d["schedule"] = to_numpy(std::move(p.schedule), {S, size_t(jaxsparse_tc::kScheduleFields)});
-    d["rows"] = to_numpy(std::move(p.rows), {nnz});
-    d["cols"] = to_numpy(std::move(p.cols), {nnz});
-    d["row_entries"] = to_numpy(std::move(p.row_entries), {nnz, 2});
-    d["row_schedule"] = to_numpy(std::move(p.row_schedule), {R, 4});
-    d["grouped"] = p.grouped;
-    return d;
-  };
-  const size_t n = size_t(nnz);
-  nb::dict out;
-  out["a"] = pattern(b.a);
-  out["t"] = pattern(b.t);
-  out["values"] = to_numpy(std::move(b.values), {n});
-  out["perm_t"] = to_numpy(std::move(b.perm_t), {n});
-  out["perm_t_inv"] = to_numpy(std::move(b.perm_t_inv), {n});
-  out["input_to_format"] = to_numpy(std::move(b.input_to_format), {size_t(edges)});
-  return out;
+  const size_t nf = f32.size(), ni = i32.size(), nu = u32.size();
+  return nb::make_tuple(to_numpy(std::move(f32), {nf}), to_numpy(std::move(i32), {ni}),
+                        to_numpy(std::move(u32), {nu}));
 }
 
 // The names kernel_choices gives the kernels a plan launches (KernelPlan.spmm_kernel and
@@ -388,17 +388,12 @@ NB_MODULE(_cpu, m) {
         "weights (float64 [nnz], >= 0) draw "
         "proportionally. Deterministic for a seed whatever threads (0: all cores); releases "
         "the GIL. The caller validates indices and weights (cpu/sampler.h).");
-  m.def("concat_bytes", &concat_bytes, nb::arg("arrays"),
-        "The C-contiguous host arrays' bytes one after another in one new uint8 array, copied "
-        "with the GIL released.");
-  m.def("padded_block", &padded_block, nb::arg("rows"), nb::arg("cols"), nb::arg("num_real_nodes"),
-        nb::kw_only(), nb::arg("num_slots"), nb::arg("nnz"), nb::arg("edges"),
-        nb::arg("window_cols"), nb::arg("blocks"), nb::arg("schedule"), nb::arg("row_schedule"),
-        nb::arg("grouped"), nb::arg("threads") = 1,
-        "The padded SparseMatrix arrays of one sampled layer (int32 local rows = targets, cols "
-        "= sources), as nn.batch.padded_matrix builds them for a Budget without self-loops "
-        "(num_slots, nnz, edges; format_sizes' lengths): a dict with patterns a and t, values, "
-        "perm_t, perm_t_inv and input_to_format. Releases the GIL (cpu/sampler.h).");
+  m.def("pad_batch", &pad_batch, nb::arg("rows"), nb::arg("cols"), nb::arg("edge_ids"),
+        nb::arg("num_sources"), nb::arg("num_targets"), nb::arg("budgets"), nb::arg("inputs"),
+        nb::arg("input_slots"), nb::arg("seeds"), nb::arg("batch_size"), nb::kw_only(),
+        nb::arg("threads") = 1,
+        "A sampled batch's padded layers as its float32, int32 and uint32 host buffers, in the "
+        "leaf order of jaxsparse_tc._src.sampling's batch tree; releases the GIL.");
   m.def("kernel_choices", &kernel_choices, nb::arg("rows"), nb::arg("nnz"), nb::arg("windows"),
         nb::arg("blocks"), nb::arg("condensed_cols"), nb::arg("d"), nb::arg("esize"),
         nb::arg("exact"), nb::kw_only(), nb::arg("row_items") = 0, nb::arg("heads") = 1,

@@ -17,7 +17,7 @@ import numpy as np
 from jaxsparse_tc._src import extensions, integrity
 from jaxsparse_tc._src.checks import int_arg
 from jaxsparse_tc._src.nn.batch import Budget
-from jaxsparse_tc._src.pattern import Pattern
+from jaxsparse_tc._src.pattern import SCHEDULE_FIELDS, Pattern
 from jaxsparse_tc._src.sparse_matrix import SparseMatrix
 
 _MAX_INDEX = 2**31 - 1  # local indices and CSR columns are int32
@@ -134,22 +134,42 @@ class _Layout(NamedTuple):
   blocks: tuple
 
 
-def _pack(tree) -> tuple[list[np.ndarray], tuple, tuple, jax.tree_util.PyTreeDef]:
-  """Host arrays -> one buffer per dtype (copied natively, the GIL released), with the specs,
-  groups and treedef that cut them apart again."""
-  leaves, treedef = jax.tree_util.tree_flatten(tree)
-  leaves = [np.asarray(x) for x in leaves]
-  specs = tuple((x.shape, x.dtype.str) for x in leaves)
-  by_dtype: dict[str, list[int]] = {}
-  for i, (_, dt) in enumerate(specs):
-    by_dtype.setdefault(dt, []).append(i)
-  groups = tuple(tuple(v) for v in by_dtype.values())
-  concat = extensions.cpu_extension().concat_bytes
-  buffers = [
-    concat([np.ascontiguousarray(leaves[i]) for i in members]).view(leaves[members[0]].dtype)
-    for members in groups
-  ]
-  return buffers, specs, groups, treedef
+def _batch_layout(block_lengths, num_dst, batch_size: int) -> _Layout:
+  """The packed layout of a sampler's batches, from its budgets: the batch tree (per layer its
+  values, A's and A^T's Pattern, perm_t, perm_t_inv, input_to_format, edge_ids and the counts
+  (edges, sources, targets) its masks are cut from; then the input nodes, the seeds and their
+  counts), each leaf's shape and dtype, and the leaves of each dtype's buffer in the order the
+  native pad_batch writes them (float32, int32, uint32)."""
+  f32, i32, u32 = np.dtype(np.float32).str, np.dtype(np.int32).str, np.dtype(np.uint32).str
+  per_layer, specs = [], []
+  for lengths in block_lengths:
+    nnz, edges = lengths["nnz"], lengths["edges"]
+    w = -(-lengths["num_slots"] // 8) + 1
+    pattern = Pattern(
+      window_col_ptr=((w,), i32),
+      window_cols=((lengths["window_cols"],), i32),
+      window_block_ptr=((w,), i32),
+      block_bitmap=((lengths["blocks"], 2), u32),
+      block_value_ptr=((lengths["blocks"] + 1,), i32),
+      schedule=((lengths["schedule"], SCHEDULE_FIELDS), i32),
+      rows=((nnz,), i32),
+      cols=((nnz,), i32),
+      row_entries=((nnz, 2), i32),
+      row_schedule=((lengths["row_schedule"], 4), i32),
+    )
+    layer = (((nnz,), f32), pattern, pattern) + tuple(
+      (shape, i32) for shape in ((nnz,), (nnz,), (edges,), (edges,), (3,))
+    )
+    per_layer.append(layer)
+  tail = (((block_lengths[-1]["num_slots"],), i32), ((batch_size,), i32), ((2,), i32))
+  is_spec = lambda x: isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], str)  # noqa: E731
+  specs, treedef = jax.tree_util.tree_flatten((per_layer, tail), is_leaf=is_spec)
+  groups = tuple(tuple(i for i, (_, dt) in enumerate(specs) if dt == g) for g in (f32, i32, u32))
+  blocks = tuple(
+    ((lengths["grouped"], lengths["grouped"]), lengths["num_slots"], n_dst)
+    for lengths, n_dst in zip(block_lengths, num_dst)
+  )
+  return _Layout(treedef, tuple(specs), groups, blocks)
 
 
 def _unpack(buffers, layout: _Layout):
@@ -471,6 +491,11 @@ class NeighborSampler:
     )
     # The rows each layer's output needs: the next layer's (towards the seeds) source slots.
     self._num_dst = tuple([self.batch_size] + [b.num_nodes for b in self.budgets[:-1]])
+    fields = ("num_slots", "nnz", "edges", "window_cols", "blocks", "schedule", "row_schedule")
+    self._budget_fields = [
+      [int(x[f]) for f in fields] + [int(x["grouped"])] for x in self._block_lengths
+    ]
+    self._layout = _batch_layout(self._block_lengths, self._num_dst, self.batch_size)
 
   @classmethod
   def from_edge_index(cls, edge_index, num_nodes: int, fanouts, *, edge_weight=None, **kwargs):
@@ -552,9 +577,8 @@ class NeighborSampler:
       raise ValueError(
         f"NeighborSampler.pad: layers must hold {len(self.fanouts)} layers; got {len(layers)}"
       )
-    ext = extensions.cpu_extension()
     threads = self._threads("NeighborSampler.pad", threads)
-    host, statics = [], []
+    rows, cols, edge_ids, sources, targets = [], [], [], [], []
     for i, layer in enumerate(layers):
       S, E = layer.sources.shape[0], layer.rows.shape[0]
       if E > self.max_edges[i]:
@@ -567,40 +591,28 @@ class NeighborSampler:
           f"NeighborSampler: layer {i} sampled {S} distinct sources, over max_sources[{i}]="
           f"{self.max_sources[i]}: raise the cap"
         )
-      rows = _local_index(f"layers[{i}].rows", layer.rows, S)
-      cols = _local_index(f"layers[{i}].cols", layer.cols, S)
-      # The block's format in one call (the same arrays as nn.batch.padded_matrix builds for
-      # edge_index [cols; rows]): no per-array Python work, the GIL released throughout.
-      raw = ext.padded_block(rows, cols, S, threads=threads, **self._block_lengths[i])
-      a, t = raw["a"], raw["t"]
-      lengths = self._block_lengths[i]
-      n_src, n_edges, n_dst = lengths["num_slots"], lengths["edges"], self._num_dst[i]
-      edge_ids = np.zeros(n_edges, np.int32)
-      edge_ids[:E] = layer.edge_ids
-      host.append(
-        (
-          raw["values"],
-          Pattern(**{f: a[f] for f in Pattern._fields}),
-          Pattern(**{f: t[f] for f in Pattern._fields}),
-          raw["perm_t"],
-          raw["perm_t_inv"],
-          raw["input_to_format"],
-          edge_ids,
-          np.array([E, S, layer.targets.shape[0]], np.int32),  # the masks' counts
-        )
-      )
-      statics.append(((a["grouped"], t["grouped"]), n_src, n_dst))
-    outer = layers[-1].sources
-    inputs = np.zeros(self._block_lengths[-1]["num_slots"], np.int32)
-    inputs[: outer.shape[0]] = outer
-    seeds = np.zeros(self.batch_size, np.int32)
-    k = layers[0].targets.shape[0]
-    seeds[:k] = layers[0].targets
-    tail = (inputs, seeds, np.array([outer.shape[0], k], np.int32))
-    # One transfer per dtype (device_put's cost is mostly per array, and a batch has ~60).
-    buffers, specs, groups, treedef = _pack((host, tail))
-    layout = _Layout(treedef, specs, groups, tuple(statics))
-    return SampledBatch._from_buffers(jax.device_put(buffers), layout)
+      rows.append(_local_index(f"layers[{i}].rows", layer.rows, S))
+      cols.append(_local_index(f"layers[{i}].cols", layer.cols, S))
+      edge_ids.append(np.ascontiguousarray(layer.edge_ids, np.int64))
+      sources.append(S)
+      targets.append(layer.targets.shape[0])
+    # The whole batch in one native call (each layer's block as nn.batch.padded_matrix builds
+    # it for edge_index [cols; rows], packed per dtype), the GIL released throughout; one
+    # transfer per dtype (device_put's cost is mostly per array, and a batch has ~50).
+    buffers = extensions.cpu_extension().pad_batch(
+      rows,
+      cols,
+      edge_ids,
+      sources,
+      targets,
+      self._budget_fields,
+      np.ascontiguousarray(layers[-1].sources, np.int64),
+      self._block_lengths[-1]["num_slots"],
+      np.ascontiguousarray(layers[0].targets, np.int64),
+      self.batch_size,
+      threads=threads,
+    )
+    return SampledBatch._from_buffers(jax.device_put(list(buffers)), self._layout)
 
   def batch(self, seeds, seed: int, *, threads: int | None = None) -> SampledBatch:
     """`pad(sample(seeds, seed))`, both with `threads` (None: the sampler's)."""
