@@ -159,6 +159,23 @@ nb::tuple pad_batch(std::vector<Int32Array> rows, std::vector<Int32Array> cols,
           jaxsparse_tc::padded_block(rows[l].data(), cols[l].data(), int64_t(rows[l].shape(0)),
                                      num_sources[l], budget, threads);
     }
+    // Exact sizes first: the buffers are a few MB, and growing them would copy them again.
+    size_t nf = 0, ni = size_t(input_slots + batch_size + 2), nu = 0;
+    for (size_t l = 0; l < L; ++l) {
+      const jaxsparse_tc::PaddedBlock& b = blocks[l];
+      nf += b.values.size();
+      ni += b.perm_t.size() + b.perm_t_inv.size() + b.input_to_format.size() +
+            size_t(budgets[l][2]) + 3;
+      for (const jaxsparse_tc::BuiltPattern* p : {&b.a, &b.t}) {
+        ni += p->window_col_ptr.size() + p->window_cols.size() + p->window_block_ptr.size() +
+              p->block_value_ptr.size() + p->schedule.size() + p->rows.size() + p->cols.size() +
+              p->row_entries.size() + p->row_schedule.size();
+        nu += p->block_bitmap.size();
+      }
+    }
+    f32.reserve(nf);
+    i32.reserve(ni);
+    u32.reserve(nu);
     auto put = [&](const std::vector<int32_t>& v) { i32.insert(i32.end(), v.begin(), v.end()); };
     auto put_padded = [&](const int64_t* v, int64_t count, int64_t slots) {
       for (int64_t k = 0; k < count; ++k) i32.push_back(int32_t(v[k]));
