@@ -5,7 +5,8 @@ One command, any device count (1, 2, 4, 8 GPUs, or CPU with forced host devices)
     python -m benchmarks.bench_distributed --devices 2                       # rmat22-d16
     python -m benchmarks.bench_distributed --devices 2,4 --scales 24 --overlap --lhs
     python -m benchmarks.bench_distributed --devices 2 --scales 24 --oom-demo  # 1 GPU OOM, 2 fit
-    python -m benchmarks.bench_distributed --devices 4 --scales 14 --quick --cpu-devices 4
+    PJRT_NPROC=8 python -m benchmarks.bench_distributed --devices 4 --scales 14 --quick \
+      --cpu-devices 4        # host devices: XLA's CPU pool needs 2 threads a device
 
 For each graph and op it times, in one process:
 - `plain`: the unsharded operator on one device (a SparseMatrix; the 1-device baseline);
@@ -50,7 +51,6 @@ device counts hold which width.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 import time
@@ -657,8 +657,7 @@ def device_counts(args) -> list[int]:
   """--devices as a list of counts (0: all visible devices)."""
   import jax
 
-  if args.cpu_devices:  # XLA's CPU client needs 2 threads a device (distributed.check_host_mesh)
-    os.environ.setdefault("PJRT_NPROC", str(max(2 * args.cpu_devices, os.cpu_count() or 1)))
+  if args.cpu_devices:  # start with PJRT_NPROC >= 2 x devices where fewer CPUs (check_host_mesh)
     jax.config.update("jax_platforms", "cpu")
     jax.config.update("jax_num_cpu_devices", args.cpu_devices)
   visible = len(jax.devices())

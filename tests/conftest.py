@@ -16,15 +16,21 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def use_host_devices(count: int) -> None:
   """Sets up this process, before jax starts its backends, for `count` host (CPU) devices (the
-  multi-device child processes). XLA's CPU client needs 2 threads per device of a mesh
-  (distributed.check_host_mesh) and sizes its pool from PJRT_NPROC, which it reads only from
-  the environment, else from the CPUs, which may be fewer."""
+  multi-device child processes, started with host_devices_env)."""
   import jax
 
-  cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  os.environ.setdefault("PJRT_NPROC", str(max(2 * count, cpus or 1)))
   jax.config.update("jax_platforms", "cpu")
   jax.config.update("jax_num_cpu_devices", count)
+
+
+def host_devices_env(count: int) -> dict:
+  """The environment to start a child process of `count` host devices in. XLA's CPU client needs
+  2 threads per device of a mesh (distributed.check_host_mesh) and sizes its pool when the
+  process starts, from PJRT_NPROC, else from the CPUs, which may be fewer: XLA has no other
+  setting for it, so the parent gives the child that variable at launch (nothing in a process
+  changes its own environment)."""
+  cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return {**os.environ, "PJRT_NPROC": str(max(2 * count, cpus or 1))}
 
 
 @pytest.fixture

@@ -5,13 +5,14 @@ primitives inside a user's shard_map.
 
 The host platform's device count is fixed when jax starts, and the rest of the suite runs in
 one process with one device; so the multi-device cases run in a child process (this file, run
-as a script with `--cpu-devices 4`: jax's `jax_num_cpu_devices` option, and PJRT_NPROC=8 in its
-environment, the threads XLA's CPU client needs for a 4-device mesh), once per session, each
+as a script with `--cpu-devices 4`: jax's `jax_num_cpu_devices` option; it is started with
+PJRT_NPROC=8 in its environment, the threads XLA's CPU client needs for a 4-device mesh, which
+XLA reads nowhere else: conftest.host_devices_env), once per session, each
 reporting PASS or FAIL with its message; every case is one test here. Cases that need no
 second device (padding) run in-process.
 
     python -m pytest -q tests/test_distributed.py
-    python tests/test_distributed.py --cpu-devices 4 [case ...]
+    PJRT_NPROC=8 python tests/test_distributed.py --cpu-devices 4 [case ...]
 
 On a machine with several GPUs the same cases run on them (`--devices N`: the partitions and
 meshes adapt to 1, 2, 4 or 8):
@@ -852,8 +853,11 @@ def start_child() -> None:
   output goes to files: a pipe that nobody reads yet could fill and stall it."""
   if not _child:
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    from conftest import host_devices_env
+
     cmd = [sys.executable, os.path.abspath(__file__), "--cpu-devices", str(DEVICES)]
-    _child.append((subprocess.Popen(cmd, stdout=out, stderr=err, text=True), out, err))
+    env = host_devices_env(DEVICES)
+    _child.append((subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env), out, err))
 
 
 @pytest.fixture(scope="session")

@@ -257,6 +257,8 @@ def _free_port() -> int:
 
 def _launch(num_processes: int, devices: int, seed: int, workdir: str):
   """Starts one run's processes: [(Popen, output path, log file)]."""
+  from conftest import host_devices_env
+
   port = _free_port()
   # The workers import the jaxsparse_tc this process imported (a checkout or an installed wheel).
   import jaxsparse_tc
@@ -269,7 +271,8 @@ def _launch(num_processes: int, devices: int, seed: int, workdir: str):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--process-id", str(i)]
     cmd += ["--num-processes", str(num_processes), "--devices", str(devices)]
     cmd += ["--port", str(port), "--seed", str(seed), "--out", out, "--root", root]
-    procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), out, log))
+    env = host_devices_env(devices)
+    procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), out, log))
   return procs
 
 
