@@ -155,9 +155,14 @@ nb::tuple pad_batch(std::vector<Int32Array> rows, std::vector<Int32Array> cols,
     for (size_t l = 0; l < L; ++l) {
       const auto& b = budgets[l];
       const jaxsparse_tc::BlockBudget budget{b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7] != 0};
-      blocks[l] =
-          jaxsparse_tc::padded_block(rows[l].data(), cols[l].data(), int64_t(rows[l].shape(0)),
-                                     num_sources[l], budget, threads);
+      try {
+        blocks[l] =
+            jaxsparse_tc::padded_block(rows[l].data(), cols[l].data(), int64_t(rows[l].shape(0)),
+                                       num_sources[l], budget, threads);
+      } catch (const std::invalid_argument& e) {  // the indices' check names the layer
+        throw std::invalid_argument("NeighborSampler.pad: layers[" + std::to_string(l) + "]." +
+                                    e.what());
+      }
     }
     // Exact sizes first: the buffers are a few MB, and growing them would copy them again.
     size_t nf = 0, ni = size_t(input_slots + batch_size + 2), nu = 0;

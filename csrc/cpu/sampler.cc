@@ -319,11 +319,11 @@ PaddedBlock padded_block(const int32_t* rows, const int32_t* cols, int64_t count
     throw std::invalid_argument("padded_block: " + std::to_string(count) + " edges exceed the " +
                                 std::to_string(budget.edges) + " edge slots");
   for (int64_t k = 0; k < count; ++k)
-    if (rows[k] < 0 || rows[k] >= num_real_nodes || cols[k] < 0 || cols[k] >= num_real_nodes)
-      throw std::invalid_argument("padded_block: edge " + std::to_string(k) + " (" +
-                                  std::to_string(rows[k]) + ", " + std::to_string(cols[k]) +
-                                  ") is outside the " + std::to_string(num_real_nodes) +
-                                  " real nodes");
+    for (const auto& [name, index] : {std::pair{"rows", rows}, std::pair{"cols", cols}})
+      if (index[k] < 0 || index[k] >= num_real_nodes)
+        throw std::invalid_argument(
+            std::string(name) + "[" + std::to_string(k) + "] = " + std::to_string(index[k]) +
+            " is outside the layer's [0, " + std::to_string(num_real_nodes) + ") sources");
   const int64_t dummies = nnz - distinct_edges(rows, cols, count);
   // The dummy tiles (nn.batch._dummy_entries without self-loops): tile k at tile row k % span,
   // tile column (k % span + k / span) % span, so the first `span` tiles are diagonal ones.

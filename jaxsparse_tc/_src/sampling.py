@@ -16,6 +16,7 @@ import numpy as np
 
 from jaxsparse_tc._src import extensions, integrity
 from jaxsparse_tc._src.checks import int_arg
+from jaxsparse_tc._src.integrity import WINDOW_ROWS
 from jaxsparse_tc._src.nn.batch import Budget
 from jaxsparse_tc._src.pattern import SCHEDULE_FIELDS, Pattern
 from jaxsparse_tc._src.sparse_matrix import SparseMatrix
@@ -141,10 +142,10 @@ def _batch_layout(block_lengths, num_dst, batch_size: int) -> _Layout:
   counts), each leaf's shape and dtype, and the leaves of each dtype's buffer in the order the
   native pad_batch writes them (float32, int32, uint32)."""
   f32, i32, u32 = np.dtype(np.float32).str, np.dtype(np.int32).str, np.dtype(np.uint32).str
-  per_layer, specs = [], []
+  per_layer = []
   for lengths in block_lengths:
     nnz, edges = lengths["nnz"], lengths["edges"]
-    w = -(-lengths["num_slots"] // 8) + 1
+    w = -(-lengths["num_slots"] // WINDOW_ROWS) + 1
     pattern = Pattern(
       window_col_ptr=((w,), i32),
       window_cols=((lengths["window_cols"],), i32),
@@ -211,17 +212,17 @@ def _caps(where: str, name: str, caps, layers: int) -> list:
   return [None if c is None else _int(where, f"{name}[{i}]", c, 1) for i, c in enumerate(caps)]
 
 
-def _local_index(name: str, a, count: int) -> np.ndarray:
-  """A sampled layer's local indices as int32, checked to lie in [0, count)."""
+def _local_index(name: str, a) -> np.ndarray:
+  """A sampled layer's local indices as int32 (pad_batch checks their range, natively). Wider
+  integers are range-checked here first: the cast would wrap them."""
   a = np.asarray(a)
   if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
     raise ValueError(
       f"NeighborSampler.pad: {name} must be a 1-D integer array; got {a.dtype} {a.shape}"
     )
-  if a.size and (a.min() < 0 or a.max() >= count):
+  if a.dtype != np.int32 and a.size and (a.min() < 0 or a.max() > _MAX_INDEX):
     raise ValueError(
-      f"NeighborSampler.pad: {name} holds indices in [{a.min()}, {a.max()}], outside the "
-      f"layer's [0, {count}) sources"
+      f"NeighborSampler.pad: {name} holds indices in [{a.min()}, {a.max()}], outside int32"
     )
   return np.ascontiguousarray(a, np.int32)
 
@@ -360,7 +361,7 @@ class SampledBatch:
 
   A sampler's batch travels packed: its leaves are one device buffer per dtype, and the fields
   above are cut from them where first read (inside a jitted step: slices of its arguments, so
-  the step takes 4 arrays instead of ~60, and no call cuts them apart on the way).
+  the step takes 3 arrays instead of ~50, and no call cuts them apart on the way).
   """
 
   def __init__(self, blocks, input_nodes, input_mask, seeds, seed_mask):
@@ -591,8 +592,8 @@ class NeighborSampler:
           f"NeighborSampler: layer {i} sampled {S} distinct sources, over max_sources[{i}]="
           f"{self.max_sources[i]}: raise the cap"
         )
-      rows.append(_local_index(f"layers[{i}].rows", layer.rows, S))
-      cols.append(_local_index(f"layers[{i}].cols", layer.cols, S))
+      rows.append(_local_index(f"layers[{i}].rows", layer.rows))
+      cols.append(_local_index(f"layers[{i}].cols", layer.cols))
       edge_ids.append(np.ascontiguousarray(layer.edge_ids, np.int64))
       sources.append(S)
       targets.append(layer.targets.shape[0])
