@@ -164,46 +164,46 @@ nb::tuple pad_batch(std::vector<Int32Array> rows, std::vector<Int32Array> cols,
                                     e.what());
       }
     }
-    // Exact sizes first: the buffers are a few MB, and growing them would copy them again.
-    size_t nf = 0, ni = size_t(input_slots + batch_size + 2), nu = 0;
+    // The int64 pieces as int32, padded to their slots; then every piece of each dtype in
+    // order, copied once into a buffer of its exact size.
+    auto padded = [](const int64_t* v, int64_t count, int64_t slots) {
+      std::vector<int32_t> out(size_t(slots), 0);
+      for (int64_t k = 0; k < count; ++k) out[k] = int32_t(v[k]);
+      return out;
+    };
+    std::vector<std::vector<int32_t>> extra;  // edge ids and counts per layer, then the tail's
+    extra.reserve(2 * L + 3);
+    std::vector<const std::vector<float>*> f32_parts;
+    std::vector<const std::vector<int32_t>*> i32_parts;
+    std::vector<const std::vector<uint32_t>*> u32_parts;
     for (size_t l = 0; l < L; ++l) {
       const jaxsparse_tc::PaddedBlock& b = blocks[l];
-      nf += b.values.size();
-      ni += b.perm_t.size() + b.perm_t_inv.size() + b.input_to_format.size() +
-            size_t(budgets[l][2]) + 3;
+      f32_parts.push_back(&b.values);
       for (const jaxsparse_tc::BuiltPattern* p : {&b.a, &b.t}) {
-        ni += p->window_col_ptr.size() + p->window_cols.size() + p->window_block_ptr.size() +
-              p->block_value_ptr.size() + p->schedule.size() + p->rows.size() + p->cols.size() +
-              p->row_entries.size() + p->row_schedule.size();
-        nu += p->block_bitmap.size();
+        i32_parts.insert(i32_parts.end(), {&p->window_col_ptr, &p->window_cols,
+                                           &p->window_block_ptr, &p->block_value_ptr, &p->schedule,
+                                           &p->rows, &p->cols, &p->row_entries, &p->row_schedule});
+        u32_parts.push_back(&p->block_bitmap);
       }
-    }
-    f32.reserve(nf);
-    i32.reserve(ni);
-    u32.reserve(nu);
-    auto put = [&](const std::vector<int32_t>& v) { i32.insert(i32.end(), v.begin(), v.end()); };
-    auto put_padded = [&](const int64_t* v, int64_t count, int64_t slots) {
-      for (int64_t k = 0; k < count; ++k) i32.push_back(int32_t(v[k]));
-      i32.insert(i32.end(), size_t(slots - count), 0);
-    };
-    for (size_t l = 0; l < L; ++l) {
-      jaxsparse_tc::PaddedBlock& b = blocks[l];
-      f32.insert(f32.end(), b.values.begin(), b.values.end());
-      for (const jaxsparse_tc::BuiltPattern* p : {&b.a, &b.t}) {
-        put(p->window_col_ptr), put(p->window_cols), put(p->window_block_ptr);
-        put(p->block_value_ptr), put(p->schedule), put(p->rows), put(p->cols);
-        put(p->row_entries), put(p->row_schedule);
-        u32.insert(u32.end(), p->block_bitmap.begin(), p->block_bitmap.end());
-      }
-      put(b.perm_t), put(b.perm_t_inv), put(b.input_to_format);
       const int64_t E = int64_t(edge_ids[l].shape(0));
-      put_padded(edge_ids[l].data(), E, budgets[l][2]);
-      for (int64_t c : {E, num_sources[l], num_targets[l]}) i32.push_back(int32_t(c));
+      extra.push_back(padded(edge_ids[l].data(), E, budgets[l][2]));
+      extra.push_back({int32_t(E), int32_t(num_sources[l]), int32_t(num_targets[l])});
+      i32_parts.insert(i32_parts.end(), {&b.perm_t, &b.perm_t_inv, &b.input_to_format,
+                                         &extra[extra.size() - 2], &extra.back()});
     }
-    put_padded(inputs.data(), int64_t(inputs.shape(0)), input_slots);
-    put_padded(seeds.data(), int64_t(seeds.shape(0)), batch_size);
-    i32.push_back(int32_t(inputs.shape(0)));
-    i32.push_back(int32_t(seeds.shape(0)));
+    extra.push_back(padded(inputs.data(), int64_t(inputs.shape(0)), input_slots));
+    extra.push_back(padded(seeds.data(), int64_t(seeds.shape(0)), batch_size));
+    extra.push_back({int32_t(inputs.shape(0)), int32_t(seeds.shape(0))});
+    for (size_t k = extra.size() - 3; k < extra.size(); ++k) i32_parts.push_back(&extra[k]);
+    auto join = [](const auto& parts, auto& out) {
+      size_t total = 0;
+      for (const auto* v : parts) total += v->size();
+      out.reserve(total);
+      for (const auto* v : parts) out.insert(out.end(), v->begin(), v->end());
+    };
+    join(f32_parts, f32);
+    join(i32_parts, i32);
+    join(u32_parts, u32);
   }
   const size_t nf = f32.size(), ni = i32.size(), nu = u32.size();
   return nb::make_tuple(to_numpy(std::move(f32), {nf}), to_numpy(std::move(i32), {ni}),
