@@ -43,26 +43,39 @@ def spmm(A, x, *, reduce="sum", precision=None, options=None):
   """
   if reduce not in REDUCTIONS:
     raise ValueError(f"spmm: reduce must be one of {REDUCTIONS}; got {reduce!r}")
+  if reduce != "sum":
+    return spmm_extremum_positions(A, x, reduce)[0]
+  operands, heads_out = _operands(A, x)
+  out = spmm_p.bind(
+    *operands,
+    shape=A.shape,
+    precision=precision_lib.canonicalize(precision),
+    options=kernel_options(options),
+  )
+  return out if heads_out else out[0]
+
+
+def spmm_extremum_positions(A, x, reduce: str):
+  """spmm(A, X, reduce="max" | "min") and, per output, the format position of the entry it came
+  from (int32, -1 where the row has no entries): a ShardedMatrix combines its parts by them."""
+  operands, heads_out = _operands(A, x)
+  out, arg = spmm_extremum(*operands[:2], operands[2:], shape=A.shape, reduce=reduce)
+  return (out, arg) if heads_out else (out[0], arg[0])
+
+
+def _operands(A, x):
+  """spmm's checked operands (values [Hv, nnz], X [Hx, n, d] in the promoted dtype, the
+  pattern) and whether the result keeps a head axis."""
   pattern = A.pattern_operands()  # checks the pattern arrays' structure first
   x = jnp.asarray(x)
-  m, n = A.shape
-  checks.dense_operand("spmm", "X", x, A, expected_rows=n)
+  checks.dense_operand("spmm", "X", x, A, expected_rows=A.shape[1])
   dtype = checks.promoted_dtype("spmm", A, x)
   values, x = A.values.astype(dtype), x.astype(dtype)
   hv = values.shape[0] if values.ndim == 2 else 1
   hx = x.shape[0] if x.ndim == 3 else 1
   checks.heads_match("spmm", A, x, hv, hx)
   operands = vma.match(values.reshape(hv, A.nnz), x.reshape((hx,) + x.shape[-2:]), *pattern)
-  if reduce == "sum":
-    out = spmm_p.bind(
-      *operands,
-      shape=A.shape,
-      precision=precision_lib.canonicalize(precision),
-      options=kernel_options(options),
-    )
-  else:
-    out = spmm_extremum(*operands[:2], operands[2:], shape=A.shape, reduce=reduce)
-  return out if values.ndim == 2 or x.ndim == 3 else out[0]
+  return operands, values.ndim == 2 or x.ndim == 3
 
 
 def _abstract_eval(values, x, *pattern, shape, precision, options):

@@ -27,9 +27,10 @@ REDUCTIONS = ("sum", "max", "min")
 
 
 def spmm_extremum(values, x, pattern, *, shape, reduce: str):
-  """out of spmm_extremum_p for checked operands: values [Hv, nnz], x [Hx, n, d] of one dtype."""
-  out, _ = spmm_extremum_p.bind(values, x, *pattern, shape=shape, is_min=reduce == "min")
-  return out
+  """(out, positions) of spmm_extremum_p for checked operands: values [Hv, nnz], x [Hx, n, d]
+  of one dtype; positions int32 [H, m, d], the winning entry's format position (-1: an empty
+  row)."""
+  return spmm_extremum_p.bind(values, x, *pattern, shape=shape, is_min=reduce == "min")
 
 
 def _entry_cols(P: PatternOperands):

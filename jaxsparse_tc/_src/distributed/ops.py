@@ -26,6 +26,7 @@ from jaxsparse_tc._src.padding import valid_mask
 from jaxsparse_tc._src.sddmm import sddmm as _sddmm
 from jaxsparse_tc._src.sparse_matrix import SparseMatrix
 from jaxsparse_tc._src.spmm import spmm as _spmm
+from jaxsparse_tc._src.spmm import spmm_extremum_positions
 from jaxsparse_tc._src.spmm_extremum import REDUCTIONS
 
 __all__ = ["spmm", "sddmm", "edge_softmax", "sparse_attention", "exchange", "shard_map_compat"]
@@ -278,42 +279,30 @@ def spmm(SA: ShardedMatrix, x, *, reduce="sum", precision=None, options=None):
 
   def body(arrays, values, x):
     arrays = _local(arrays)
-    parts = []
+    out = held = None
     # Own part first (no exchange): XLA overlaps the exchange for the remote part with it.
     for pl, part, v in zip(lay.parts, arrays.parts, _split_parts(lay, values)):
       A = _local_matrix(lay, pl, part, _mask_cotangent(v, part.nnz))
-      y = _spmm(
-        A,
-        _part_operand(lay, arrays, pl, x, exchanged),
-        reduce=reduce,
-        precision=precision,
-        options=options,
-      )
-      parts.append((A, y))
-    out = parts[0][1]
-    if reduce == "sum":
-      return sum((y for _, y in parts[1:]), out)
-    if len(parts) > 1:
-      held = _rows_held(parts[0][0])
-      for A, y in parts[1:]:
-        out, held = _combine_extrema(reduce, out, held, y, _rows_held(A))
+      xp = _part_operand(lay, arrays, pl, x, exchanged)
+      if reduce == "sum":
+        y = _spmm(A, xp, precision=precision, options=options)
+        out = y if out is None else out + y
+        continue
+      y, arg = spmm_extremum_positions(A, xp, reduce)
+      if out is None:
+        out, held = y, arg >= 0
+      else:
+        out, held = _combine_extrema(reduce, out, held, y, arg >= 0)
     return out
 
   out_ndim = 3 if values.ndim == 2 or x.ndim == 3 else 2
   return _run(SA, body, (values,), (x,), node_spec(out_ndim, SA.axis_name))
 
 
-def _rows_held(A: SparseMatrix):
-  """Whether each row of a part's local matrix holds entries, [M, 1]: an SpMM of ones (the
-  kernels read no padded position)."""
-  ones = jnp.ones((A.shape[1], 1), jnp.float32)
-  count = _spmm(A.with_values(jnp.ones(A.values.shape[-1:], jnp.float32)), ones)
-  return jax.lax.stop_gradient(count) > 0
-
-
 def _combine_extrema(reduce, a, a_held, b, b_held):
   """The max (min) over two parts' results a, b [.., M, d], each 0 in rows its part lacks
-  (a_held, b_held [M, 1]): a where b's part lacks the row or a wins (NaN included, ties to a)."""
+  (a_held, b_held: where the part had an entry, from the winning positions): a where b's part
+  lacks the row or a wins (NaN included, ties to a)."""
   wins = (a >= b) if reduce == "max" else (a <= b)
   take_a = ~b_held | (a_held & (wins | jnp.isnan(a)))
   return jnp.where(take_a, a, b), a_held | b_held
