@@ -271,10 +271,36 @@ def pyg_sage(dims):
   return SAGE(dims)
 
 
+def torch_epochs(tag, model, subgraphs, x, y, args, sync, log) -> float:
+  """Median epoch time of PyG's model trained on the subgraphs `subgraphs()` yields per epoch,
+  (n_id, edge_index, batch_size) each (the seeds are n_id's prefix), after a warm-up epoch; Adam
+  lr 1e-3, synchronised at each epoch's end."""
+  import torch
+  import torch.nn.functional as TF
+
+  opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+  epochs = []
+  for epoch in range(args.epochs + 1):
+    sync()
+    start = time.perf_counter()
+    for ids, ei, batch_size in subgraphs():
+      opt.zero_grad()
+      out = model(x[ids], ei)[:batch_size]
+      loss = TF.cross_entropy(out, y[ids[:batch_size]])
+      loss.backward()
+      opt.step()
+    sync()
+    wall = time.perf_counter() - start
+    warm = " (warm-up)" if epoch == 0 else ""
+    log(f"  {tag}: epoch {epoch}{warm}: {wall:.3f} s, loss {loss.item():.4f}")
+    if epoch:
+      epochs.append(wall)
+  return statistics.median(epochs)
+
+
 def run_pyg(edge_index, n, train, features, labels, args, log):
   try:
     import torch
-    import torch.nn.functional as TF
     from torch_geometric.data import Data
     from torch_geometric.loader import NeighborLoader
   except ImportError as e:
@@ -302,7 +328,6 @@ def run_pyg(edge_index, n, train, features, labels, args, log):
 
   dims = [args.features] + [args.hidden] * (len(args.fanouts) - 1) + [args.classes]
   model = pyg_sage(dims).to(dev)
-  opt = torch.optim.Adam(model.parameters(), lr=1e-3)
   sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
   # Loader alone: time per batch of sampling (and PyG's subgraph filtering) without training.
@@ -319,24 +344,13 @@ def run_pyg(edge_index, n, train, features, labels, args, log):
   sampler_ms = 1e3 * (time.perf_counter() - a) / max(k, 1)
   log(f"  pyg: loader per batch {sampler_ms:.1f} ms ({args.pyg_workers} workers)")
 
-  epochs = []
-  for epoch in range(args.epochs + 1):
-    sync()
-    start = time.perf_counter()
+  def subgraphs():
     for batch in loader:
       ids = batch.n_id.to(dev, non_blocking=True)
-      ei = batch.edge_index.to(dev, non_blocking=True)
-      opt.zero_grad()
-      out = model(x[ids], ei)[: batch.batch_size]
-      loss = TF.cross_entropy(out, y[ids[: batch.batch_size]])
-      loss.backward()
-      opt.step()
-    sync()
-    wall = time.perf_counter() - start
-    log(f"  pyg: epoch {epoch}{' (warm-up)' if epoch == 0 else ''}: {wall:.3f} s, loss {loss:.4f}")
-    if epoch:
-      epochs.append(wall)
-  return {"backend": backend, "epoch_s": statistics.median(epochs), "loader_ms": sampler_ms}
+      yield ids, batch.edge_index.to(dev, non_blocking=True), batch.batch_size
+
+  epoch_s = torch_epochs("pyg", model, subgraphs, x, y, args, sync, log)
+  return {"backend": backend, "epoch_s": epoch_s, "loader_ms": sampler_ms}
 
 
 # -- PyG's SAGEConv fed by a neighbour sampler in plain PyTorch on the device ---------------------
@@ -496,7 +510,6 @@ def check_torch_sampler(edge_index, n: int, fanouts, seeds, seed: int = 0):
 def run_torch_sampler(edge_index, n, train, features, labels, args, log):
   try:
     import torch
-    import torch.nn.functional as TF
   except ImportError as e:
     log(f"  torch-sampler: skipped ({e})")
     return {"skipped": str(e)}
@@ -520,8 +533,6 @@ def run_torch_sampler(edge_index, n, train, features, labels, args, log):
     f"  torch-sampler: torch {torch.__version__} on {dev}; CSR built in "
     f"{time.perf_counter() - t0:.2f} s"
   )
-  model = model.to(dev)
-  opt = torch.optim.Adam(model.parameters(), lr=1e-3)
   g = torch.Generator(device=dev).manual_seed(0)
 
   def batches():
@@ -544,28 +555,14 @@ def run_torch_sampler(edge_index, n, train, features, labels, args, log):
     f"  torch-sampler: sampler per batch {sampler_ms:.1f} ms (median; {nodes} nodes, {edges} edges)"
   )
 
-  epochs = []
-  for epoch in range(args.epochs + 1):
-    sync()
-    start = time.perf_counter()
+  def subgraphs():
     for seeds in batches():
-      n_id, ei = sampler.sample(seeds, g)
-      opt.zero_grad()
-      out = model(x[n_id], ei)[: seeds.numel()]
-      loss = TF.cross_entropy(out, y[seeds])
-      loss.backward()
-      opt.step()
-    sync()
-    wall = time.perf_counter() - start
-    log(
-      f"  torch-sampler: epoch {epoch}{' (warm-up)' if epoch == 0 else ''}: {wall:.3f} s, "
-      f"loss {loss.item():.4f}"
-    )
-    if epoch:
-      epochs.append(wall)
+      yield (*sampler.sample(seeds, g), seeds.numel())
+
+  epoch_s = torch_epochs("torch-sampler", model.to(dev), subgraphs, x, y, args, sync, log)
   return {
     "device": str(dev),
-    "epoch_s": statistics.median(epochs),
+    "epoch_s": epoch_s,
     "sampler_ms": sampler_ms,
     "batch_nodes": nodes,
     "batch_edges": edges,
