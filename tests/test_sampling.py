@@ -4,6 +4,7 @@ brute-force distributions, determinism, and the fixed-shape padded batches."""
 from __future__ import annotations
 
 import itertools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,7 @@ import pytest
 from scipy import stats
 
 import jaxsparse_tc as jst
+from jaxsparse_tc._src.pattern import OPERAND_ALIGN
 from jaxsparse_tc.sampling import (
   NeighborLoader,
   NeighborSampler,
@@ -510,6 +512,16 @@ def test_batches_travel_packed_and_unpack_alike_in_and_out_of_jit(rng):
   batch = sampler.batch(rng.choice(n, 12, replace=False), seed=int(rng.integers(2**31)))
   leaves = jax.tree_util.tree_leaves(batch)
   assert len(leaves) == len({np.dtype(x.dtype) for x in leaves}) <= 4
+  # Every field starts at a multiple of OPERAND_ALIGN bytes of its buffer (the kernels get the
+  # slices in place): the buffers are the fields' sizes rounded up, as the native side laid them.
+  align = OPERAND_ALIGN // 4
+  layout = sampler._layout
+  padding = 0
+  for buf, members in zip(leaves, layout.groups):
+    sizes = [math.prod(layout.specs[i][0]) for i in members]
+    assert buf.shape[0] == sum(-(-s // align) * align for s in sizes)
+    padding += buf.shape[0] - sum(sizes)
+  assert padding > 0  # some fields' sizes are not multiples of the alignment
   fields = lambda b: (  # noqa: E731
     [b.input_nodes, b.input_mask, b.seeds, b.seed_mask]
     + [a for blk in b.blocks for a in jax.tree_util.tree_leaves(blk)]

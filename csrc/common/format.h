@@ -17,6 +17,12 @@ constexpr int kSplitBlocks = 32;
 // Items per group of a grouped schedule (pattern.py GROUP_ITEMS): a split window's pieces lie in
 // one group, items g * kGroupItems .. + kGroupItems - 1.
 constexpr int kGroupItems = 4;
+// Byte alignment the CUDA kernels need of a pattern's arrays and values (pattern.py
+// OPERAND_ALIGN): schedules are read as 16-byte vectors, bitmaps and row entries as 8-byte ones,
+// values copied 16 bytes at a time. XLA allocates buffers at least this aligned, but passes a
+// slice of one to a custom call in place, so arrays packed into one buffer start at multiples
+// of it (the sampler's batches) and the handlers refuse a pattern that is not.
+constexpr int kOperandAlign = 16;
 // Fields per schedule item (pattern.py SCHEDULE_FIELDS): window, block_begin, block_end, split,
 // then col_begin (the item's first condensed column), col_end (its window's), first (the item of
 // the window's first piece) and pieces (1 for a whole window).

@@ -120,7 +120,8 @@ nb::list sample_neighbors(IndexArray indptr, Int32Array indices, IndexArray targ
 
 // A sampled batch's host buffers in one call (the GIL released throughout): per layer its padded
 // block (padded_block), then the batch's arrays laid one after another per dtype, in the leaf
-// order of sampling.py's batch tree (_batch_layout): float32 the layers' values; int32 per layer
+// order of sampling.py's batch tree (_batch_layout), each starting at a multiple of
+// kOperandAlign bytes: float32 the layers' values; int32 per layer
 // A's and A^T's Pattern arrays (window_col_ptr, window_cols, window_block_ptr, block_value_ptr,
 // schedule, rows, cols, row_entries, row_schedule), perm_t, perm_t_inv, input_to_format, the
 // edge ids padded to the edge slots and the counts (edges, sources, targets), then the input
@@ -195,11 +196,18 @@ nb::tuple pad_batch(std::vector<Int32Array> rows, std::vector<Int32Array> cols,
     extra.push_back(padded(seeds.data(), int64_t(seeds.shape(0)), batch_size));
     extra.push_back({int32_t(inputs.shape(0)), int32_t(seeds.shape(0))});
     for (size_t k = extra.size() - 3; k < extra.size(); ++k) i32_parts.push_back(&extra[k]);
+    // Each piece starts at a multiple of kOperandAlign bytes (zeros between): the jitted step
+    // cuts the pieces out as slices, which XLA hands to the kernels in place.
     auto join = [](const auto& parts, auto& out) {
+      constexpr size_t kAlign = size_t(jaxsparse_tc::kOperandAlign) / 4;  // 4-byte elements
+      auto padded_size = [&](size_t n) { return (n + kAlign - 1) / kAlign * kAlign; };
       size_t total = 0;
-      for (const auto* v : parts) total += v->size();
+      for (const auto* v : parts) total += padded_size(v->size());
       out.reserve(total);
-      for (const auto* v : parts) out.insert(out.end(), v->begin(), v->end());
+      for (const auto* v : parts) {
+        out.insert(out.end(), v->begin(), v->end());
+        out.resize(out.size() + padded_size(v->size()) - v->size());
+      }
     };
     join(f32_parts, f32);
     join(i32_parts, i32);

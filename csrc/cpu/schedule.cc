@@ -271,6 +271,7 @@ void register_schedule(nb::module_& m) {
   m.attr("WINDOW_ROWS") = kWindowRows;
   m.attr("BLOCK_COLS") = kBlockCols;
   m.attr("SCHEDULE_FIELDS") = kScheduleFields;
+  m.attr("OPERAND_ALIGN") = kOperandAlign;
   m.attr("SPLIT_BLOCKS") = kSplitBlocks;
   m.attr("GROUP_ITEMS") = kGroupItems;
   m.attr("GROUPED_MAX_BLOCKS") = kGroupedMaxBlocks;

@@ -174,6 +174,14 @@ ffi::Error attention_bwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer 
                               ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, I32 row_entries,
                               I32 row_schedule, ffi::Result<ffi::AnyBuffer> pv,
                               ffi::Result<ffi::AnyBuffer> ds, float scale, int32_t has_bias) {
+  if (auto err =
+          check_aligned("attention backward",
+                        {operand("q", q), operand("k", k), operand("v", v), operand("bias", bias),
+                         operand("o", o), operand("lse", lse), operand("dout", dout),
+                         operand("row_entries", row_entries), operand("row_schedule", row_schedule),
+                         operand("pv", *pv), operand("ds", *ds)});
+      err.failure())
+    return err;
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   const auto pd = pv->dimensions();
   const auto dtype = q.element_type();

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "common/ffi_ops.h"
@@ -47,6 +48,40 @@ inline ffi::Error launch_status(const char* op) {
     return ffi::Error::Internal(std::string(op) +
                                 ": kernel launch failed: " + cudaGetErrorString(err));
   return ffi::Error::Success();
+}
+
+// A device operand's name and address, for check_aligned (empty arrays are never read).
+struct NamedOperand {
+  const char* name;
+  const void* data;
+  size_t elements;
+};
+template <class B>
+NamedOperand operand(const char* name, const B& b) {
+  return {name, b.untyped_data(), size_t(b.element_count())};
+}
+
+// An InvalidArgument naming the first operand that does not start at a multiple of
+// kOperandAlign bytes (format.h): the kernels read them in vectors. XLA allocates every buffer
+// so aligned, but hands a custom call a slice of a larger buffer in place (its dynamic-slice
+// fusion), where the slice starts.
+inline ffi::Error check_aligned(const char* op, std::initializer_list<NamedOperand> operands) {
+  for (const NamedOperand& a : operands)
+    if (a.elements > 0 && reinterpret_cast<uintptr_t>(a.data) % kOperandAlign != 0)
+      return ffi::Error::InvalidArgument(
+          std::string(op) + ": operand " + a.name + " does not start at a multiple of " +
+          std::to_string(kOperandAlign) +
+          " bytes (XLA passed a slice of a larger array in place); slice it at a multiple of " +
+          std::to_string(kOperandAlign) + " bytes, or copy it first");
+  return ffi::Error::Success();
+}
+
+// check_aligned over one orientation's kernel arrays (what kernel_pattern reads).
+inline ffi::Error check_pattern_aligned(const char* op, I32 wcp, I32 wc, I32 wbp, U32 bitmap,
+                                        I32 bvp, I32 schedule) {
+  return check_aligned(op, {operand("window_col_ptr", wcp), operand("window_cols", wc),
+                            operand("window_block_ptr", wbp), operand("block_bitmap", bitmap),
+                            operand("block_value_ptr", bvp), operand("schedule", schedule)});
 }
 
 // An element count as an int (saturated), and the last index of an array of `count` elements

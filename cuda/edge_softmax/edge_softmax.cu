@@ -171,6 +171,12 @@ SoftmaxBounds softmax_bounds(I32 wbp, I32 bvp, I32 rows, int64_t nnz) {
 static ffi::Error edge_softmax_cuda(cudaStream_t stream, ffi::AnyBuffer values, I32 wcp, I32 wc,
                                     I32 wbp, U32 bitmap, I32 bvp, I32 schedule, I32 rows,
                                     ffi::Result<ffi::AnyBuffer> out) {
+  if (auto err = check_aligned(
+          "edge_softmax",
+          {operand("values", values), operand("window_block_ptr", wbp),
+           operand("block_value_ptr", bvp), operand("rows", rows), operand("out", *out)});
+      err.failure())
+    return err;
   const int64_t heads = values.dimensions()[0], nnz = values.dimensions()[1];
   const SoftmaxBounds sb = softmax_bounds(wbp, bvp, rows, nnz);
   const int64_t W = sb.windows;
@@ -192,6 +198,12 @@ static ffi::Error edge_softmax_cuda(cudaStream_t stream, ffi::AnyBuffer values, 
 static ffi::Error edge_softmax_bwd_cuda(cudaStream_t stream, ffi::AnyBuffer y, ffi::AnyBuffer t,
                                         I32 wcp, I32 wc, I32 wbp, U32 bitmap, I32 bvp, I32 schedule,
                                         I32 rows, ffi::Result<ffi::AnyBuffer> out) {
+  if (auto err = check_aligned(
+          "edge_softmax_bwd",
+          {operand("y", y), operand("t", t), operand("window_block_ptr", wbp),
+           operand("block_value_ptr", bvp), operand("rows", rows), operand("out", *out)});
+      err.failure())
+    return err;
   const int64_t heads = out->dimensions()[0], nnz = out->dimensions()[1];
   const SoftmaxBounds sb = softmax_bounds(wbp, bvp, rows, nnz);
   const int64_t W = sb.windows;

@@ -13,6 +13,7 @@ from jaxsparse_tc import _cpu
 WINDOW_ROWS = _cpu.WINDOW_ROWS
 BLOCK_COLS = _cpu.BLOCK_COLS
 SCHEDULE_FIELDS = _cpu.SCHEDULE_FIELDS  # fields of a window-schedule item
+OPERAND_ALIGN = _cpu.OPERAND_ALIGN  # bytes: where packed arrays start (the CUDA kernels' need)
 # Windows with more blocks than this are split into several work items (load balance).
 SPLIT_BLOCKS = _cpu.SPLIT_BLOCKS
 # Grouped schedules: a split window's pieces lie in one aligned group of GROUP_ITEMS items; only

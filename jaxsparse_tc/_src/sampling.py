@@ -18,7 +18,7 @@ from jaxsparse_tc._src import extensions, integrity
 from jaxsparse_tc._src.checks import int_arg
 from jaxsparse_tc._src.integrity import WINDOW_ROWS
 from jaxsparse_tc._src.nn.batch import Budget
-from jaxsparse_tc._src.pattern import SCHEDULE_FIELDS, Pattern
+from jaxsparse_tc._src.pattern import OPERAND_ALIGN, SCHEDULE_FIELDS, Pattern
 from jaxsparse_tc._src.sparse_matrix import SparseMatrix
 
 _MAX_INDEX = 2**31 - 1  # local indices and CSR columns are int32
@@ -175,15 +175,17 @@ def _batch_layout(block_lengths, num_dst, batch_size: int) -> _Layout:
 
 def _unpack(buffers, layout: _Layout):
   """The batch's parts (blocks input side first, input_nodes, input_mask, seeds, seed_mask)
-  cut from its buffers: slices, free inside a jitted step."""
+  cut from its buffers: slices, free inside a jitted step (XLA passes them to the kernels in
+  place, so each starts at a multiple of OPERAND_ALIGN bytes, as pad_batch lays them)."""
   leaves = [None] * len(layout.specs)
+  align = OPERAND_ALIGN // 4  # every buffer holds 4-byte elements
   for buf, members in zip(buffers, layout.groups):
     at = 0
     for i in members:
       shape = layout.specs[i][0]
       size = math.prod(shape)
       leaves[i] = buf[at : at + size].reshape(shape)
-      at += size
+      at += -(-size // align) * align
   per_layer, (inputs, seeds, counts) = jax.tree_util.tree_unflatten(layout.treedef, leaves)
   first = lambda size, count: jnp.arange(size) < count  # noqa: E731  (a mask from its count)
   blocks = []
