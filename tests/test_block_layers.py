@@ -14,21 +14,26 @@ import pytest
 from flax import nnx
 
 import jaxsparse_tc as jst
+from jaxsparse_tc._src.checks import OperandError
 from jaxsparse_tc.nn import equinox as nne
 from jaxsparse_tc.nn import flax as nnf
+from jaxsparse_tc.nn import functional as F
+from jaxsparse_tc.nn import graph
 from jaxsparse_tc.sampling import NeighborSampler, csr_from_edge_index
 
 F_IN, F_OUT = 6, 5
 KINDS = ["sage-mean", "sage-max", "sage-sum", "gcn", "gat", "gatv2", "gin"]
 
 
-def _graph(rng, n=70):
-  """A random symmetric graph (no self-loops) with a few isolated nodes, as edge_index."""
+def _graph(rng, n=70, loops=0):
+  """A random symmetric graph with a few isolated nodes, as edge_index; `loops` nodes (among
+  the others) get a self-loop."""
   pairs = set()
   for v in range(n - 3):
     for u in rng.choice(n - 3, size=int(rng.integers(1, 9)), replace=False):
       if u != v:
         pairs.update({(int(u), v), (v, int(u))})
+  pairs.update((int(v), int(v)) for v in rng.choice(n - 3, size=loops, replace=False))
   return np.array(sorted(pairs), np.int64).T
 
 
@@ -181,16 +186,185 @@ def test_block_attention_ignores_padding_entries(rng, kind, framework):
   np.testing.assert_array_equal(sums[:, ~has], 0)
 
 
-@pytest.mark.parametrize("framework", ["flax", "equinox"])
-def test_block_attention_refuses_self_loops(rng, framework):
-  _, batch = _sampled(rng)
-  block = batch.blocks[-1]
-  if framework == "flax":
-    layer = nnf.GATConv(F_IN, F_OUT, rngs=nnx.Rngs(0))
+def _value(p):
+  """A parameter (Flax Param or array) as float64 numpy."""
+  return np.asarray(p[...] if isinstance(p, nnx.Variable) else p, np.float64)
+
+
+def _leaky(z):
+  return np.where(z > 0, z, 0.2 * z)
+
+
+def _attention_reference(kind, layer, h, sampled, edge_attr=None, fill_value=None):
+  """float64 PyG GATConv / GATv2Conv (2 heads, concatenated) with add_self_loops=True on the
+  sampled bipartite graph: its edges cols -> rows without the graph's own loops (local row ==
+  col: target i is source i), plus one loop per target whose edge features are `fill_value`
+  ("mean" of the target's remaining incoming features, or the number). Returns (out [T, 2C],
+  the kept edges' coefficients [E', 2], the loops' [T, 2], the kept edges' mask [E])."""
+  T, S = sampled.targets.shape[0], sampled.sources.shape[0]
+  keep = sampled.rows != sampled.cols
+  r = np.concatenate([sampled.rows[keep], np.arange(T)])
+  c = np.concatenate([sampled.cols[keep], np.arange(T)])
+  x = np.asarray(h[:S], np.float64)
+  e = 0.0
+  if edge_attr is not None:
+    kept_attr = np.asarray(edge_attr[: keep.size], np.float64)[keep]
+    if fill_value == "mean":
+      total = np.zeros((T, kept_attr.shape[1]))
+      np.add.at(total, sampled.rows[keep], kept_attr)
+      count = np.bincount(sampled.rows[keep], minlength=T)
+      loop_attr = total / np.maximum(count, 1)[:, None]
+    else:
+      loop_attr = np.full((T, kept_attr.shape[1]), fill_value)
+    e = (np.concatenate([kept_attr, loop_attr]) @ _value(layer.lin_edge.kernel)).reshape(
+      r.size, 2, -1
+    )
+  if kind == "gat":
+    hs = (x @ _value(layer.lin.kernel)).reshape(S, 2, -1)
+    logits = (hs[r] * _value(layer.att_dst)).sum(-1) + (hs[c] * _value(layer.att_src)).sum(-1)
+    if edge_attr is not None:
+      logits = logits + (e * _value(layer.att_edge)).sum(-1)
+    logits, messages = _leaky(logits), hs[c]
   else:
-    layer = nne.GATConv(F_IN, F_OUT, key=jax.random.key(0))
-  with pytest.raises(ValueError, match="add_self_loops=False"):
-    layer(block, jnp.zeros((block.num_src, F_IN)))
+    xl = (x @ _value(layer.lin_l.kernel) + _value(layer.lin_l.bias)).reshape(S, 2, -1)
+    xr = (x @ _value(layer.lin_r.kernel) + _value(layer.lin_r.bias)).reshape(S, 2, -1)
+    logits = (_leaky(xr[r] + xl[c] + e) * _value(layer.att)).sum(-1)
+    messages = xl[c]
+  top = np.full((T, 2), -np.inf)
+  np.maximum.at(top, r, logits)
+  p = np.exp(logits - top[r])
+  total = np.zeros((T, 2))
+  np.add.at(total, r, p)
+  alpha = p / total[r]
+  out = np.zeros((T, 2, messages.shape[-1]))
+  np.add.at(out, r, alpha[..., None] * messages)
+  kept = int(keep.sum())
+  return out.reshape(T, -1) + _value(layer.bias), alpha[:kept], alpha[kept:], keep
+
+
+@functools.lru_cache(maxsize=None)
+def _built_with_loops(kind: str, framework: str, edge_dim, fill_value):
+  kw = dict(heads=2, add_self_loops=True, edge_dim=edge_dim, fill_value=fill_value)
+  if framework == "flax":
+    cls = nnf.GATConv if kind == "gat" else nnf.GATv2Conv
+    return cls(F_IN, F_OUT, **kw, rngs=nnx.Rngs(0))
+  cls = nne.GATConv if kind == "gat" else nne.GATv2Conv
+  return cls(F_IN, F_OUT, **kw, key=jax.random.key(0))
+
+
+@pytest.mark.parametrize(
+  "kind, framework, edge_dim",
+  # each layer and each framework with and without edge features, in four cases
+  [("gat", "flax", None), ("gat", "equinox", 3), ("gatv2", "flax", 3), ("gatv2", "equinox", None)],
+)
+def test_block_attention_with_self_loops(rng, kind, framework, edge_dim):
+  """add_self_loops=True on a Block: each real target attends over its sampled neighbours and
+  itself in one softmax, as PyG's layer on the sampled bipartite graph (the graph's own loops
+  removed, one per target added; loop edge features by fill_value: "mean" for Flax, a number
+  for Equinox), against a float64 reference; alpha holds the edges' coefficients and each
+  loop has the rest of its row. Two batches of one sampler trace once; padding sources and
+  edge slots, and the graph's own loops' edge features, get zero gradients."""
+  fill_value = "mean" if framework == "flax" else 0.5
+  n = 70
+  indptr, indices, _ = csr_from_edge_index(_graph(rng, n, loops=n - 3), n)
+  sampler = NeighborSampler(indptr, indices, [4, 3], batch_size=10, threads=1)
+  layer = _randomize(_built_with_loops(kind, framework, edge_dim, fill_value), rng, framework)
+  if framework == "flax":
+    graphdef, state = nnx.split(layer)
+    call = lambda b, x, e, **kw: nnx.merge(graphdef, state)(b, x, e, **kw)  # noqa: E731
+  else:
+    call = layer
+  traces = []
+
+  @jax.jit
+  def forward(block, h, edge_attr):
+    traces.append(1)
+    return call(block, h, edge_attr, return_attention_weights=True)
+
+  grad = jax.jit(jax.grad(lambda b, h, e, g: jnp.sum(call(b, h, e) * g), argnums=(1, 2)))
+  graph_loops = 0
+  for seeds in (np.append(rng.choice(n - 3, 6, replace=False), n - 1), rng.choice(n, 10, False)):
+    layers = sampler.sample(seeds, seed=int(rng.integers(2**31)))
+    block, sampled = sampler.pad(layers).blocks[-1], layers[0]
+    T, S, E = (a.shape[0] for a in (sampled.targets, sampled.sources, sampled.rows))
+    np.testing.assert_array_equal(np.asarray(block.edge_ids[:E]), sampled.edge_ids)
+    h = jnp.asarray(rng.normal(size=(block.num_src, F_IN)), jnp.float32)
+    ea = None
+    if edge_dim is not None:
+      ea = jnp.asarray(rng.normal(size=(block.num_edges, edge_dim)), jnp.float32)
+    out, alpha = forward(block, h, ea)
+    out = np.asarray(out)
+    ref, ref_alpha, ref_loops, keep = _attention_reference(kind, layer, h, sampled, ea, fill_value)
+    graph_loops += int((~keep).sum())
+    np.testing.assert_allclose(out[:T], ref, rtol=2e-5, atol=2e-5)
+    np.testing.assert_array_equal(out[T:], 0)
+    a = np.asarray(alpha.values_to_input())[:, :E].T  # [E, heads], the sampled edges' order
+    np.testing.assert_allclose(a[keep], ref_alpha, rtol=2e-5, atol=1e-6)
+    np.testing.assert_array_equal(a[~keep], 0)  # the graph's own loops: replaced
+    row_sums = np.stack([np.bincount(sampled.rows, a[:, k], minlength=T) for k in range(2)], 1)
+    np.testing.assert_allclose(1 - row_sums, ref_loops, rtol=2e-5, atol=2e-6)
+    g = jnp.asarray(rng.normal(size=out.shape), jnp.float32)
+    gh, ge = grad(block, h, ea, g)
+    gh = np.asarray(gh)
+    assert np.all(np.isfinite(gh)) and np.abs(gh[:S]).max() > 0
+    np.testing.assert_array_equal(gh[S:], 0)
+    if ea is not None:
+      ge = np.asarray(ge)
+      assert np.all(np.isfinite(ge)) and np.abs(ge[:E]).max() > 0
+      np.testing.assert_array_equal(ge[E:], 0)
+      np.testing.assert_array_equal(ge[:E][~keep], 0)
+  assert len(traces) == 1
+  assert graph_loops > 0  # the graph's own loops were sampled and replaced
+
+
+@pytest.mark.parametrize("kind", ["gat", "gatv2"])
+def test_self_loops_outside_the_pattern_match_loops_inside(rng, kind):
+  """functional: loops attended outside A's pattern (self_loop_mask) equal the same layer on
+  the pattern that holds them (message_passing_matrix(add_self_loops=True)), the graph's own
+  loops replaced in both, with edge features (fill "mean") and a dropout function that must
+  reach the loops' coefficients too."""
+  n, d = 40, 3
+  ei = _graph(rng, n, loops=6)
+  inside = graph.message_passing_matrix(ei, n, add_self_loops=True)
+  outside = graph.message_passing_matrix(ei, n)
+  x = jnp.asarray(rng.normal(size=(n, F_IN)), jnp.float32)
+  edge_attr = jnp.asarray(rng.normal(size=(ei.shape[1], d)), jnp.float32)
+  p = lambda *shape: jnp.asarray(rng.normal(size=shape) / np.sqrt(shape[0]), jnp.float32)  # noqa: E731
+  kw = dict(heads=2, edge_attr=edge_attr, edge_kernel=p(d, 2 * F_OUT), attn_dropout=lambda a: 2 * a)
+  if kind == "gat":
+    conv = functools.partial(
+      F.gat_conv,
+      kernel=p(F_IN, 2 * F_OUT),
+      att_src=p(2, F_OUT),
+      att_dst=p(2, F_OUT),
+      att_edge=p(2, F_OUT),
+      **kw,
+    )
+  else:
+    conv = functools.partial(
+      F.gatv2_conv,
+      kernel_src=p(F_IN, 2 * F_OUT),
+      kernel_dst=p(F_IN, 2 * F_OUT),
+      att=p(2, F_OUT),
+      bias_src=p(2 * F_OUT),
+      **kw,
+    )
+  mask = jnp.arange(n) % 5 != 0
+  m = np.asarray(mask)
+  with_loops = jax.jit(lambda A, x: conv(A, x))
+  loops_outside = jax.jit(lambda A, x, m: conv(A, x, self_loop_mask=m))
+  ref, got = np.asarray(with_loops(inside, x)), np.asarray(loops_outside(outside, x, mask))
+  np.testing.assert_allclose(got[m], ref[m], rtol=1e-5, atol=1e-5)
+  assert not np.allclose(got[~m], ref[~m], atol=1e-3)  # rows off the mask get no loop
+  # Logits in the hundreds (exp overflows float32 past 88): the joint softmax stays stable.
+  big = x * 300
+  ref, got = np.asarray(with_loops(inside, big)), np.asarray(loops_outside(outside, big, mask))
+  assert np.all(np.isfinite(got))
+  np.testing.assert_allclose(got[m], ref[m], rtol=1e-4, atol=1e-2)
+  with pytest.raises(ValueError, match="got add_self_loops=False"):
+    conv(outside, x, add_self_loops=False, self_loop_mask=mask)
+  with pytest.raises(OperandError, match=f"self_loop_mask must be bool \\[{n}\\]"):
+    conv(outside, x, self_loop_mask=mask[:-1])
 
 
 def test_block_features_are_checked(rng):

@@ -100,10 +100,11 @@ class GCNConv(eqx.Module):
 
 class GATConv(eqx.Module):
   """Graph attention (Velickovic et al. 2018), PyG's GATConv (see the Flax twin's docstring:
-  add_self_loops, edge_dim, bipartite pairs, return_attention_weights).
+  add_self_loops, edge_dim, bipartite pairs, sampled blocks, return_attention_weights).
 
   A's pattern must include self-loops with add_self_loops=True
-  (`graph.message_passing_matrix(..., add_self_loops=True)`).
+  (`graph.message_passing_matrix(..., add_self_loops=True)`); on a sampled Block the layer adds
+  each target's loop itself.
   """
 
   lin: Linear

@@ -78,11 +78,14 @@ class GATConv(nnx.Module):
   input order; loops get the mean of their target's incoming features, PyG's fill_value).
   Call `layer(A, x, edge_attr=None, return_attention_weights=False)`; x may be a bipartite
   pair (x_src, x_dst) with add_self_loops=False. A may be a sampled `Block`
-  (jaxsparse_tc.sampling) with add_self_loops=False: `layer(block, h)`, h [block.num_src, in] ->
-  [block.num_dst, ...], attending over the sampled edges (the padding's entries excluded;
-  edge_attr in the block's edge slots, alpha on its pattern). Parameters: `lin.kernel`
-  [in, heads * out], `att_src`, `att_dst` [heads, out], `bias`; with edge_dim
-  `lin_edge.kernel`, `att_edge`.
+  (jaxsparse_tc.sampling): `layer(block, h)`, h [block.num_src, in] -> [block.num_dst, ...],
+  attending over the sampled edges (the padding's entries excluded; edge_attr in the block's
+  edge slots, alpha on its pattern), with add_self_loops=True also over each target's
+  self-loop (target i is source i), in one softmax with its edges, as PyG's layer on the sampled
+  bipartite graph: the graph's own sampled loops are replaced by it, its edge features are
+  `fill_value`, and alpha holds the edges' coefficients (a target's loop has the rest, 1 - its
+  row's sum). Parameters: `lin.kernel` [in, heads * out], `att_src`, `att_dst` [heads, out],
+  `bias`; with edge_dim `lin_edge.kernel`, `att_edge`.
   """
 
   def __init__(
@@ -135,9 +138,9 @@ class GATv2Conv(nnx.Module):
   e_ij = att . leaky_relu(W_r x_i + W_l x_j [+ W_e e_ij]); messages are W_l x_j.
 
   Options as GATConv (heads, concat, dropout, add_self_loops, edge_dim, bipartite pairs,
-  sampled blocks, return_attention_weights) plus `share_weights` (lin_r is lin_l). Parameters:
-  `lin_l`, `lin_r` (kernels [in, heads * out] with biases, glorot / zeros), `att` [heads, out],
-  `bias`, with edge_dim `lin_edge` (no bias).
+  sampled blocks with or without self-loops, return_attention_weights) plus `share_weights`
+  (lin_r is lin_l). Parameters: `lin_l`, `lin_r` (kernels [in, heads * out] with biases,
+  glorot / zeros), `att` [heads, out], `bias`, with edge_dim `lin_edge` (no bias).
   """
 
   def __init__(

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsparse_tc._src.attention import sparse_attention
+from jaxsparse_tc._src.checks import OperandError
 from jaxsparse_tc._src.edge_softmax import edge_softmax
 from jaxsparse_tc._src.nn import graph as graph_lib
 from jaxsparse_tc._src.sddmm import sddmm
@@ -160,6 +161,36 @@ def _check_self_loops(op: str, A: SparseMatrix) -> None:
     )
 
 
+def _self_loop_masks(op: str, A, add_self_loops: bool, self_loop_mask, entry_mask):
+  """(entry_mask, loop_mask) of an attention layer. Without `self_loop_mask`, the loops
+  add_self_loops=True attends over must be in A's pattern. With it, they lie outside: the rows
+  where it holds attend over their own loop besides their entries, and A's diagonal entries
+  leave the softmax (PyG's remove_self_loops before add_self_loops)."""
+  if self_loop_mask is None:
+    if add_self_loops:
+      _check_self_loops(op, A)
+    return entry_mask, None
+  if not add_self_loops:
+    raise ValueError(
+      f"{op}: self_loop_mask names the rows whose self-loops add_self_loops=True attends "
+      f"over; got add_self_loops=False (pass self_loop_mask=None)"
+    )
+  n_dst, n_src = A.shape
+  mask = jnp.asarray(self_loop_mask)
+  if mask.shape != (n_dst,) or mask.dtype != jnp.bool_:
+    raise OperandError(
+      f"{op}: self_loop_mask must be bool [{n_dst}] (one per row of A); got {mask.dtype} "
+      f"{mask.shape}"
+    )
+  if n_dst > n_src:
+    raise OperandError(
+      f"{op}: self_loop_mask attends row i over source i, so A needs at least as many "
+      f"columns as rows; A has shape {A.shape}"
+    )
+  off_diagonal = A.rows != A.cols
+  return (off_diagonal if entry_mask is None else entry_mask & off_diagonal), mask
+
+
 def _edge_softmax(S: SparseMatrix) -> SparseMatrix:
   return edge_softmax(S)
 
@@ -194,8 +225,8 @@ def heads_from_pyg(h) -> jax.Array:
   return jnp.transpose(h, (1, 0, 2))
 
 
-def _edge_embedding(A, edge_attr, edge_kernel, heads, loop_fill):
-  """PyG's lin_edge(edge_attr) on A's pattern: [H, nnz, C] (format order)."""
+def _edge_attr(edge_attr, edge_kernel):
+  """edge_attr as [E, edge_dim] in the edge kernel's dtype, checked against it."""
   if edge_kernel is None:
     raise ValueError(
       "edge_attr was given but the layer has no edge weights: construct it "
@@ -209,8 +240,19 @@ def _edge_embedding(A, edge_attr, edge_kernel, heads, loop_fill):
       f"edge_attr must have shape [E, {edge_kernel.shape[0]}] (edge_dim); got "
       f"{jnp.shape(edge_attr)}"
     )
-  e = graph_lib.edge_features(A, attr.astype(edge_kernel.dtype), loop_fill=loop_fill)
+  return attr.astype(edge_kernel.dtype)
+
+
+def _edge_embedding(A, edge_attr, edge_kernel, heads, loop_fill):
+  """PyG's lin_edge(edge_attr) on A's pattern: [H, nnz, C] (format order)."""
+  e = graph_lib.edge_features(A, _edge_attr(edge_attr, edge_kernel), loop_fill=loop_fill)
   return _split_heads(e @ edge_kernel, heads)  # [H, nnz, C]
+
+
+def _loop_embedding(A, edge_attr, edge_kernel, heads, fill_value):
+  """PyG's lin_edge on each row's self-loop outside A's pattern: [H, n_dst, C]."""
+  loops = graph_lib.loop_features(A, _edge_attr(edge_attr, edge_kernel), fill_value)
+  return _split_heads(loops @ edge_kernel, heads)
 
 
 def gcn_conv(A: SparseMatrix, x, kernel, bias=None):
@@ -254,6 +296,7 @@ def gat_conv(
   fill_value="mean",
   return_attention_weights: bool = False,
   entry_mask=None,
+  self_loop_mask=None,
 ):
   """GAT (Velickovic et al.), PyG's GATConv: multi-head additive attention over A's edges.
 
@@ -263,13 +306,19 @@ def gat_conv(
   [n, C]; plus bias. att_src, att_dst: [H, C]. A's values are ignored.
 
   add_self_loops=True (PyG's default) requires A's pattern to hold every node's self-loop
-  (checked where A is concrete); edge features of loops are `fill_value` ("mean" of the
-  target's incoming edges, PyG's default). Bipartite: x = (x_src, x_dst), A [n_dst, n_src],
-  add_self_loops=False; `kernel_dst` (PyG's lin_dst) defaults to `kernel`. With
-  `return_attention_weights`, returns (out, alpha) with alpha a SparseMatrix on A's pattern
-  holding the coefficients [H, nnz] (before dropout; `alpha.values_to_input()` for input order).
+  (checked where A is concrete) unless `self_loop_mask` (below) puts them outside it; edge
+  features of loops are `fill_value` ("mean" of the target's incoming edges, PyG's default).
+  Bipartite: x = (x_src, x_dst), A [n_dst, n_src], add_self_loops=False or a `self_loop_mask`;
+  `kernel_dst` (PyG's lin_dst) defaults to `kernel`. With `return_attention_weights`, returns
+  (out, alpha) with alpha a SparseMatrix on A's pattern holding the coefficients [H, nnz]
+  (before dropout; `alpha.values_to_input()` for input order).
   `entry_mask` (bool [nnz], format order; a sampled Block's real entries): entries where it is
-  False are padding, left out of the softmax (weight 0, no gradient).
+  False are padding, left out of the softmax (weight 0, no gradient). `self_loop_mask` (bool
+  [n_dst], with add_self_loops=True; a sampled Block's real targets): the self-loops lie outside
+  A's pattern, which need not hold them: row i where it holds attends over its entries and its
+  own loop to source i (n_dst <= n_src) in one softmax, the loop's edge features `fill_value`;
+  A's diagonal entries are left out (PyG removes a graph's own loops before adding them). alpha
+  then holds the entries' coefficients only: a row's loop has the rest, 1 - its row's sum.
   """
   x_src, x_dst = check_inputs("GATConv", A, x, bipartite=True)
   _check_heads("GATConv", "kernel", kernel.shape[-1], heads)
@@ -278,8 +327,10 @@ def gat_conv(
   _check_att("GATConv", "att_dst", att_dst, heads, channels)
   if edge_attr is not None:
     _check_att("GATConv", "att_edge", att_edge, heads, channels)
-  if add_self_loops:
-    _check_self_loops("GATConv", A)
+  entry_mask, loop_mask = _self_loop_masks("GATConv", A, add_self_loops, self_loop_mask, entry_mask)
+  # Loops outside the pattern get their edge features apart (_loop_embedding); the diagonal
+  # entries they replace leave the softmax, so what the pattern holds there does not matter.
+  pattern_fill = fill_value if add_self_loops and loop_mask is None else None
   h_src = _split_heads(x_src @ kernel, heads)  # [H, n_src, C]
   h_dst = (
     h_src
@@ -290,25 +341,88 @@ def gat_conv(
   a_dst = jnp.einsum("hnc,hc->hn", h_dst, att_dst)  # [H, n_dst]
   logits = a_dst[:, A.rows] + a_src[:, A.cols]  # [H, nnz]
   if edge_attr is not None:
-    e = _edge_embedding(A, edge_attr, edge_kernel, heads, fill_value if add_self_loops else None)
+    e = _edge_embedding(A, edge_attr, edge_kernel, heads, pattern_fill)
     logits = logits + jnp.einsum("hec,hc->he", e, att_edge)
   logits = jax.nn.leaky_relu(logits, negative_slope)
-  return _attend(A, logits, h_src, bias, concat, attn_dropout, return_attention_weights, entry_mask)
+  loop_logits = None
+  if loop_mask is not None:
+    loop_logits = a_dst + a_src[:, : A.shape[0]]  # [H, n_dst]: target i, source i
+    if edge_attr is not None:
+      e_loop = _loop_embedding(A, edge_attr, edge_kernel, heads, fill_value)
+      loop_logits = loop_logits + jnp.einsum("hnc,hc->hn", e_loop, att_edge)
+    loop_logits = jax.nn.leaky_relu(loop_logits, negative_slope)
+  return _attend(
+    A,
+    logits,
+    h_src,
+    bias,
+    concat,
+    attn_dropout,
+    return_attention_weights,
+    entry_mask,
+    loop_logits,
+    loop_mask,
+  )
 
 
-def _attend(A, logits, h_src, bias, concat, attn_dropout, return_attention_weights, entry_mask):
+def _attend(
+  A,
+  logits,
+  h_src,
+  bias,
+  concat,
+  attn_dropout,
+  return_attention_weights,
+  entry_mask,
+  loop_logits=None,
+  loop_mask=None,
+):
   """GAT's and GATv2's shared end: row softmax of the per-edge logits [H, nnz] (entries off
   `entry_mask` at -inf: weight 0, and a row of only those 0), dropout on the coefficients,
-  messages h_src [H, n_src, C] summed, heads merged, bias."""
+  messages h_src [H, n_src, C] summed, heads merged, bias. With `loop_logits` [H, n_dst] (the
+  self-loops outside A's pattern, of the rows on `loop_mask`), each such row's softmax runs
+  over its entries and its loop together, and the loop's message is h_src's row i."""
   if entry_mask is not None:
     logits = jnp.where(entry_mask, logits, -jnp.inf)
-  S = _edge_softmax(A.with_values(logits))
-  alpha = S
-  if attn_dropout is not None:
-    S = S.with_values(attn_dropout(S.values))
-  out = _merge_heads(spmm(S, h_src.astype(S.dtype)), concat)
+  if loop_logits is None:
+    S = _edge_softmax(A.with_values(logits))
+    alpha = S
+    if attn_dropout is not None:
+      S = S.with_values(attn_dropout(S.values))
+    out = spmm(S, h_src.astype(S.dtype))
+  else:
+    weights, loop_weights = _softmax_with_loops(
+      A, logits, jnp.where(loop_mask, loop_logits, -jnp.inf)
+    )
+    alpha = A.with_values(weights)
+    if attn_dropout is not None:  # one draw over every coefficient, the loops' included
+      dropped = attn_dropout(jnp.concatenate([weights, loop_weights], axis=1))
+      weights, loop_weights = dropped[:, : A.nnz], dropped[:, A.nnz :]
+    h = h_src.astype(weights.dtype)
+    out = spmm(A.with_values(weights), h) + loop_weights[..., None] * h[:, : A.shape[0]]
+  out = _merge_heads(out, concat)
   out = out if bias is None else out + bias
   return (out, alpha) if return_attention_weights else out
+
+
+def _softmax_with_loops(A, logits, loop_logits):
+  """The row softmax over A's entries (logits [H, nnz], format order) and each row's self-loop
+  (loop_logits [H, n_dst]) together; -inf leaves an entry or a loop out (weight 0, no
+  gradient). Returns (entry weights [H, nnz], loop weights [H, n_dst]) in the logits' dtype;
+  a row with nothing to attend gets 0. Max-subtracted, in float32 at least (as edge_softmax);
+  the row max only shifts, so it carries no gradient."""
+  dtype = logits.dtype
+  compute = jnp.promote_types(dtype, jnp.float32)
+  logits, loop_logits = logits.astype(compute), loop_logits.astype(compute)
+  n = A.shape[0]
+  row_max = jax.ops.segment_max(logits.T, A.rows, num_segments=n).T  # -inf on empty rows
+  top = jnp.maximum(row_max, loop_logits)
+  top = jax.lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0))
+  p = jnp.exp(logits - top[:, A.rows])
+  q = jnp.exp(loop_logits - top)
+  total = jax.ops.segment_sum(p.T, A.rows, num_segments=n).T + q
+  total = jnp.where(total > 0, total, 1)
+  return (p / total[:, A.rows]).astype(dtype), (q / total).astype(dtype)
 
 
 def gatv2_conv(
@@ -331,6 +445,7 @@ def gatv2_conv(
   fill_value="mean",
   return_attention_weights: bool = False,
   entry_mask=None,
+  self_loop_mask=None,
 ):
   """GATv2 (Brody et al.), PyG's GATv2Conv: e_ij = <att_h, leaky_relu(W_dst x_i + W_src x_j
   [+ W_e edge_ij])>, alpha = row softmax, out_i = sum_j alpha_ij (W_src x_j).
@@ -338,23 +453,41 @@ def gatv2_conv(
   kernel_src/kernel_dst [in, H*C] with biases bias_src/bias_dst (PyG's lin_l / lin_r; pass the
   same arrays for share_weights); att [H, C]. The nonlinearity sits inside the score, so the
   scores are per-edge gathers ([H, nnz, C]) rather than an SDDMM. Self-loops, bipartite
-  inputs, edge features, `return_attention_weights` and `entry_mask` as in `gat_conv`.
+  inputs, edge features, `return_attention_weights`, `entry_mask` and `self_loop_mask` as in
+  `gat_conv`.
   """
   x_src, x_dst = check_inputs("GATv2Conv", A, x, bipartite=True)
   _check_heads("GATv2Conv", "kernel_src", kernel_src.shape[-1], heads)
   _check_att("GATv2Conv", "att", att, heads, kernel_src.shape[-1] // heads)
-  if add_self_loops:
-    _check_self_loops("GATv2Conv", A)
+  entry_mask, loop_mask = _self_loop_masks(
+    "GATv2Conv", A, add_self_loops, self_loop_mask, entry_mask
+  )
+  pattern_fill = fill_value if add_self_loops and loop_mask is None else None
   lin = lambda z, k, b: z @ k if b is None else z @ k + b
   h_src = _split_heads(lin(x_src, kernel_src, bias_src), heads)  # [H, n_src, C]
   h_dst = _split_heads(lin(x_dst, kernel_dst, bias_dst), heads)  # [H, n_dst, C]
   z = h_dst[:, A.rows] + h_src[:, A.cols]  # [H, nnz, C]
   if edge_attr is not None:
-    z = z + _edge_embedding(
-      A, edge_attr, edge_kernel, heads, fill_value if add_self_loops else None
-    )
+    z = z + _edge_embedding(A, edge_attr, edge_kernel, heads, pattern_fill)
   logits = jnp.einsum("hec,hc->he", jax.nn.leaky_relu(z, negative_slope), att)
-  return _attend(A, logits, h_src, bias, concat, attn_dropout, return_attention_weights, entry_mask)
+  loop_logits = None
+  if loop_mask is not None:
+    z_loop = h_dst + h_src[:, : A.shape[0]]  # [H, n_dst, C]: target i, source i
+    if edge_attr is not None:
+      z_loop = z_loop + _loop_embedding(A, edge_attr, edge_kernel, heads, fill_value)
+    loop_logits = jnp.einsum("hnc,hc->hn", jax.nn.leaky_relu(z_loop, negative_slope), att)
+  return _attend(
+    A,
+    logits,
+    h_src,
+    bias,
+    concat,
+    attn_dropout,
+    return_attention_weights,
+    entry_mask,
+    loop_logits,
+    loop_mask,
+  )
 
 
 def agnn_conv(A: SparseMatrix, x, beta):

@@ -290,33 +290,53 @@ def edge_features(A: SparseMatrix, edge_attr, *, loop_fill: str | float | None =
   loops and fills each loop with the mean of the target's incoming edges' features (0 without
   any); a number fills loops with it. Traceable in edge_attr.
   """
-  _require_matrix("edge_features", A)
+  attr, pos = _input_edges("edge_features", A, edge_attr)
+  out_shape = (A.nnz,) + attr.shape[1:]
+  if loop_fill is None:
+    return jnp.zeros(out_shape, attr.dtype).at[pos].add(attr)
+  is_loop = A.rows == A.cols  # format order
+  kept, fill = _loop_fill(A, attr, pos, loop_fill)
+  out = jnp.zeros(out_shape, attr.dtype).at[pos].add(kept)
+  return jnp.where(is_loop.reshape((-1,) + (1,) * (attr.ndim - 1)), fill[A.rows], out)
+
+
+def loop_features(A: SparseMatrix, edge_attr, loop_fill: str | float):
+  """Each row's self-loop features [A.shape[0], ...] as `edge_features` fills loop positions
+  (`loop_fill` "mean" or a number), for loops that lie outside A's pattern (the attention
+  layers on a sampled Block: target i's loop is source i). edge_attr as edge_features takes it.
+  """
+  attr, pos = _input_edges("loop_features", A, edge_attr)
+  return _loop_fill(A, attr, pos, loop_fill)[1]
+
+
+def _input_edges(op: str, A: SparseMatrix, edge_attr):
+  """(edge_attr as an array [E, ...], the format positions of A's first E input entries)."""
+  _require_matrix(op, A)
   attr = jnp.asarray(edge_attr)
   total = A.input_to_format.shape[0]
   if attr.ndim < 1 or attr.shape[0] > total:
     raise ValueError(
       f"edge_attr must have shape [E, ...] with E <= {total} (A's input entries); got {attr.shape}"
     )
-  pos = A.input_to_format[: attr.shape[0]]
-  out_shape = (A.nnz,) + attr.shape[1:]
-  if loop_fill is None:
-    return jnp.zeros(out_shape, attr.dtype).at[pos].add(attr)
-  is_loop = A.rows == A.cols  # format order
-  keep = ~is_loop[pos]
+  return attr, A.input_to_format[: attr.shape[0]]
+
+
+def _loop_fill(A: SparseMatrix, attr, pos, loop_fill):
+  """(attr with input loops zeroed, each row's loop features [A.shape[0], ...]): PyG's
+  remove_self_loops, then add_self_loops' fill ("mean" of the row's remaining incoming
+  features, 0 without any; or the number loop_fill)."""
   bshape = (-1,) + (1,) * (attr.ndim - 1)
+  keep = A.rows[pos] != A.cols[pos]
   kept = jnp.where(keep.reshape(bshape), attr, 0)
-  out = jnp.zeros(out_shape, attr.dtype).at[pos].add(kept)
-  if loop_fill == "mean":
+  n = A.shape[0]
+  if isinstance(loop_fill, str) and loop_fill == "mean":
     targets = A.rows[pos]
-    total_in = jax.ops.segment_sum(kept, targets, num_segments=A.shape[0])
-    count = jax.ops.segment_sum(keep.astype(attr.dtype), targets, num_segments=A.shape[0])
-    fill = total_in / jnp.maximum(count, 1).reshape(bshape)
-    fill = fill[A.rows]
-  elif isinstance(loop_fill, (int, float)) and not isinstance(loop_fill, bool):
-    fill = jnp.full(out_shape, loop_fill, attr.dtype)
-  else:
-    raise ValueError(f"loop_fill must be None, 'mean' or a number; got {loop_fill!r}")
-  return jnp.where(is_loop.reshape(bshape), fill, out)
+    total_in = jax.ops.segment_sum(kept, targets, num_segments=n)
+    count = jax.ops.segment_sum(keep.astype(attr.dtype), targets, num_segments=n)
+    return kept, total_in / jnp.maximum(count, 1).reshape(bshape)
+  if isinstance(loop_fill, (int, float)) and not isinstance(loop_fill, bool):
+    return kept, jnp.full((n,) + attr.shape[1:], loop_fill, attr.dtype)
+  raise ValueError(f"loop_fill must be None, 'mean' or a number; got {loop_fill!r}")
 
 
 # -- PyG's small utilities -------------------------------------------------------------------------

@@ -12,7 +12,7 @@ of the matrix: `layer(block, h)` with h [block.num_src, f] returns the targets' 
 [block.num_dst, out]. `_blockwise` is the one place that unpacks a block (its padded square
 matrix, whose first rows are the targets since targets are the sources' prefix) and cuts the
 output; padding is inert: padding rows come out 0 (and so pass no gradient back), and padding
-entries carry value 0 (attention layers exclude them from the softmax: `_real_entries`).
+entries carry value 0 (attention layers exclude them from the softmax: `_attention_masks`).
 """
 
 from __future__ import annotations
@@ -79,20 +79,24 @@ def _blockwise(op: str, A, x, forward):
   return _block_output(A, result)
 
 
-def _real_entries(op: str, m, A):
-  """For a Block: the mask of its matrix's sampled entries (format order; padding entries
-  hold value 0), which attention excludes from the softmax. Blocks hold the sampled edges only,
-  so attending over self-loops the pattern lacks is refused."""
+def _attention_masks(m, A):
+  """For a Block: (entry_mask, self_loop_mask) of functional's attention layers. entry_mask:
+  its matrix's sampled entries (format order; padding entries hold value 0), the rest left out
+  of the softmax. self_loop_mask, with add_self_loops=True: the real targets, each attending
+  over its self-loop (target i is source i) besides its sampled edges, as PyG's GATConv on the
+  sampled bipartite graph; the pattern holds the sampled edges only, so the loops are attended
+  outside it (no per-batch host work, the same shapes in every batch)."""
   if not isinstance(A, Block):
-    return None
-  if m.add_self_loops:
-    raise ValueError(
-      f"{op}: add_self_loops=True attends over each target's self-loop, which a Block's "
-      f"pattern (the sampled edges) does not hold; construct the layer with "
-      f"add_self_loops=False to attend over the sampled neighbours (DGL's GATConv on blocks; "
-      f"a graph's own self-loops are sampled like its other edges)"
-    )
-  return A.A.values != 0
+    return None, None
+  return A.A.values != 0, _real_targets(A) if m.add_self_loops else None
+
+
+def _real_targets(block: Block):
+  """bool [num_src]: the rows of the block's matrix that are real targets (target i is row i),
+  those that get a self-loop."""
+  n = block.A.shape[0]
+  k = min(n, block.num_dst)
+  return jnp.zeros((n,), bool).at[:k].set(block.dst_mask[:k])
 
 
 def block_mask(A, mask):
@@ -112,9 +116,8 @@ def _block_gcn(block: Block, x, kernel, bias):
   term is added densely."""
   M = block.A
   n = M.shape[0]
-  k = min(n, block.num_dst)
   dt = x.dtype
-  loop = jnp.zeros((n,), dt).at[:k].set(block.dst_mask[:k].astype(dt))
+  loop = _real_targets(block).astype(dt)
   vals = M.values.astype(dt)
   deg_in = jax.ops.segment_sum(vals, M.rows, num_segments=n) + loop
   deg_out = jax.ops.segment_sum(vals, M.cols, num_segments=n) + loop
@@ -133,7 +136,7 @@ def gcn_conv(m, read: Read, A, x):
 
 
 def gat_conv(m, read: Read, A, x, edge_attr, *, attn_dropout: Dropout, return_attention_weights):
-  entry_mask = _real_entries("GATConv", m, A)
+  entry_mask, self_loop_mask = _attention_masks(m, A)
   return _blockwise(
     "GATConv",
     A,
@@ -156,12 +159,13 @@ def gat_conv(m, read: Read, A, x, edge_attr, *, attn_dropout: Dropout, return_at
       fill_value=m.fill_value,
       return_attention_weights=return_attention_weights,
       entry_mask=entry_mask,
+      self_loop_mask=self_loop_mask,
     ),
   )
 
 
 def gatv2_conv(m, read: Read, A, x, edge_attr, *, attn_dropout: Dropout, return_attention_weights):
-  entry_mask = _real_entries("GATv2Conv", m, A)
+  entry_mask, self_loop_mask = _attention_masks(m, A)
   return _blockwise(
     "GATv2Conv",
     A,
@@ -185,6 +189,7 @@ def gatv2_conv(m, read: Read, A, x, edge_attr, *, attn_dropout: Dropout, return_
       fill_value=m.fill_value,
       return_attention_weights=return_attention_weights,
       entry_mask=entry_mask,
+      self_loop_mask=self_loop_mask,
     ),
   )
 
