@@ -85,6 +85,18 @@ def _pattern(rng, kind: str):
     cols = rng.integers(0, n, rows.size)
     empty = np.setdiff1d(np.arange(m), rows)
     return rows, cols, (m, n), empty
+  if kind == "dense":  # communities: >= 20 nonzeros per block past 2^16, a split hub window
+    m = 16 * 600 + 11  # an odd window count, a partial last window
+    size = 24  # a community spans 3 windows and 24 columns; rows take ~70% of them
+    rows = np.repeat(np.arange(m), size)
+    cols = rows // size * size + np.tile(np.arange(size), m)
+    keep = (rng.random(rows.size) < 0.7) & (cols < m)
+    rows, cols = rows[keep], cols[keep]
+    hub = np.repeat(np.arange(8), 3000)  # a window of hundreds of blocks: split items
+    rows, cols = np.concatenate([hub, rows]), np.concatenate([rng.integers(0, m, hub.size), cols])
+    empty = np.concatenate([np.arange(800, 808), rng.choice(np.arange(808, m), 40, replace=False)])
+    keep = ~np.isin(rows, empty)
+    return rows[keep], cols[keep], (m, m), empty
   if kind == "cora":
     g = load_graph("cora")
     if g is None:
@@ -123,7 +135,7 @@ def _check(out, ref, cpu_out, tol, what):
 
 @pytest.mark.parametrize("d", DS)
 @pytest.mark.parametrize("dt", list(DTYPES))
-@pytest.mark.parametrize("kind", ["random", "heavy", "cora"])
+@pytest.mark.parametrize("kind", ["random", "heavy", "cora", "dense"])
 def test_spmm(rng, kind, dt, d):
   dtype, precision, tol = DTYPES[dt]
   A, empty = _matrix(rng, kind)
@@ -201,7 +213,7 @@ def _head_cases(rng, Ag, a64, n, d, dtype):
 
 
 @pytest.mark.parametrize("dt", ["f32", "f16", "bf16"])
-@pytest.mark.parametrize("kind", ["random", "heavy"])
+@pytest.mark.parametrize("kind", ["random", "heavy", "dense"])
 def test_heads_and_vmap(rng, kind, dt):
   """Native heads (values [H, nnz], X [H, n, d], broadcasting) and vmap folding into them."""
   dtype, precision, tol = DTYPES[dt]

@@ -161,14 +161,14 @@ inline SpmmLaunch spmm_launch(const SpmmShape& s, const SpmmPlan& plan, bool sm9
   }
   // The pipelined kernel wherever its 16-byte copies apply: fewer instructions per gathered row
   // than register gathers, and faster (docs/DESIGN.md, SpMM table). Its shared-memory ring is
-  // sized for sm_90.
-  const bool async =
-      !s.exact && sm90 && rows16 && x_aligned16 && s.d * int64_t(s.esize) <= INT32_MAX;
+  // sized for sm_90; its epilogue stores 4 features at a time.
+  const bool async = !s.exact && sm90 && rows16 && x_aligned16 && out_aligned16 &&
+                     s.d * int64_t(s.esize) <= INT32_MAX;
   l.kernel = async ? SpmmKernel::kAsync : s.exact ? SpmmKernel::kExactF32 : SpmmKernel::kRegisters;
   l.slab = window_slab(s, async);
   l.nslab = int((s.d + l.slab - 1) / l.slab);
   // A thread's features (exact fp32: 4; register gathers: 2 * mt = slab / 8) in whole vectors.
-  l.vec = s.d % (s.exact ? 4 : l.slab / 8) == 0;
+  l.vec = out_aligned16 && s.d % (s.exact ? 4 : l.slab / 8) == 0;
   l.window = window_workspace(s, l.nslab);
   return l;
 }
