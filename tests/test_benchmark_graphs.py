@@ -237,3 +237,27 @@ def test_window_model_counts_gathers_and_tiles(rng):
   rows = window_model.model_rows("t", "caller", csr, 64)
   assert [r["h"] for r in rows] == list(window_model.HEIGHTS)
   assert rows[0]["saved vs h=8"] == 0 and rows[1]["saved vs h=8"] > 0
+
+
+def test_summaries_read_older_runs_and_count_the_selector_targets(tmp_path):
+  """Saved runs with the old family names load under today's (so --summarize --replan reads
+  them), and the selector table counts configurations within 5% / past 15% of the best."""
+  import json
+
+  rng = np.random.default_rng()
+  t_rows, t_windows = rng.uniform(1, 10, 2)
+  key = {"graph": "g", "order": "none", "op": "spmm", "d": 64, "dtype": "fp16", "H": None}
+  rows = [
+    {**key, "impl": "ours-cuda_core", "us_per_call": t_rows, "plan": "cuda_core"},
+    {**key, "impl": "ours-tensor_core", "us_per_call": t_windows},
+    {**key, "impl": "ours-auto", "us_per_call": 1.1 * max(t_rows, t_windows), "plan": "rows"},
+  ]
+  path = tmp_path / "old.json"
+  path.write_text(json.dumps({"rows": rows, "device": "test"}))
+  loaded, device = bench_kernels._load_json([path])
+  assert device == "test"
+  assert sorted(r["impl"] for r in loaded) == ["ours-auto", "ours-rows", "ours-windows"]
+  assert loaded[0]["plan"] == "rows"
+  (sel, *_) = bench_kernels._selector_table(bench_kernels.derive(loaded), ["none"], "")
+  far = max(t_rows, t_windows) * 1.1 > 1.15 * min(t_rows, t_windows)
+  assert (sel["within 5%"], sel["past 15%"]) == (0, int(far))
