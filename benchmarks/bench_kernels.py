@@ -973,10 +973,6 @@ def _selector_table(der, orders, dev) -> list[dict]:
 
 
 # -- CLI --------------------------------------------------------------------------------------
-# Plan names of runs made before the kernel families were renamed.
-RENAMED_PLANS = {"cuda_core": "rows", "tensor_core": "windows"}
-
-
 def _load_json(paths):
   """The rows of saved runs, older runs' kernel names as they are called now."""
   rows, device = [], None
@@ -986,7 +982,7 @@ def _load_json(paths):
     for r in z["rows"]:
       r["impl"] = compare.RENAMED_IMPLS.get(r.get("impl"), r.get("impl"))
       if "plan" in r:
-        r["plan"] = RENAMED_PLANS.get(r["plan"], r["plan"])
+        r["plan"] = compare.RENAMED_PLANS.get(r["plan"], r["plan"])
       rows.append(r)
     device = device or z.get("device")
   return rows, device

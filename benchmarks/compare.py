@@ -20,6 +20,7 @@ KEY = ("graph", "order", "op", "d", "dtype", "H", "impl")
 # Impl names of runs made before the kernel families were renamed, as they are called now, so
 # that rows of an older tree pair with the same kernels' rows of a newer one.
 RENAMED_IMPLS = {"ours-cuda_core": "ours-rows", "ours-tensor_core": "ours-windows"}
+RENAMED_PLANS = {"cuda_core": "rows", "tensor_core": "windows"}  # rows' `plan` field
 
 
 def _median(xs):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -161,15 +161,26 @@ def _check_self_loops(op: str, A: SparseMatrix) -> None:
     )
 
 
-def _self_loop_masks(op: str, A, add_self_loops: bool, self_loop_mask, entry_mask):
-  """(entry_mask, loop_mask) of an attention layer. Without `self_loop_mask`, the loops
-  add_self_loops=True attends over must be in A's pattern. With it, they lie outside: the rows
-  where it holds attend over their own loop besides their entries, and A's diagonal entries
-  leave the softmax (PyG's remove_self_loops before add_self_loops)."""
+class _SelfLoops(NamedTuple):
+  """Where an attention layer's self-loops are. entry_mask: A's entries in the softmax (None:
+  all); loop_mask: rows attending over a loop outside A's pattern (None: none); pattern_fill:
+  the edge-feature fill of the loops inside A's pattern (None: A holds no loops to fill)."""
+
+  entry_mask: object
+  loop_mask: object
+  pattern_fill: object
+
+
+def _self_loops(op: str, A, add_self_loops: bool, self_loop_mask, entry_mask, fill_value):
+  """An attention layer's _SelfLoops. Without `self_loop_mask`, the loops add_self_loops=True
+  attends over must be in A's pattern. With it, they lie outside: the rows where it holds attend
+  over their own loop besides their entries (their edge features filled apart,
+  _loop_embedding), and A's diagonal entries leave the softmax (PyG's remove_self_loops before
+  add_self_loops), so what the pattern holds there does not matter."""
   if self_loop_mask is None:
     if add_self_loops:
       _check_self_loops(op, A)
-    return entry_mask, None
+    return _SelfLoops(entry_mask, None, fill_value if add_self_loops else None)
   if not add_self_loops:
     raise ValueError(
       f"{op}: self_loop_mask names the rows whose self-loops add_self_loops=True attends "
@@ -188,7 +199,7 @@ def _self_loop_masks(op: str, A, add_self_loops: bool, self_loop_mask, entry_mas
       f"columns as rows; A has shape {A.shape}"
     )
   off_diagonal = A.rows != A.cols
-  return (off_diagonal if entry_mask is None else entry_mask & off_diagonal), mask
+  return _SelfLoops(off_diagonal if entry_mask is None else entry_mask & off_diagonal, mask, None)
 
 
 def _edge_softmax(S: SparseMatrix) -> SparseMatrix:
@@ -327,10 +338,7 @@ def gat_conv(
   _check_att("GATConv", "att_dst", att_dst, heads, channels)
   if edge_attr is not None:
     _check_att("GATConv", "att_edge", att_edge, heads, channels)
-  entry_mask, loop_mask = _self_loop_masks("GATConv", A, add_self_loops, self_loop_mask, entry_mask)
-  # Loops outside the pattern get their edge features apart (_loop_embedding); the diagonal
-  # entries they replace leave the softmax, so what the pattern holds there does not matter.
-  pattern_fill = fill_value if add_self_loops and loop_mask is None else None
+  loops = _self_loops("GATConv", A, add_self_loops, self_loop_mask, entry_mask, fill_value)
   h_src = _split_heads(x_src @ kernel, heads)  # [H, n_src, C]
   h_dst = (
     h_src
@@ -341,47 +349,31 @@ def gat_conv(
   a_dst = jnp.einsum("hnc,hc->hn", h_dst, att_dst)  # [H, n_dst]
   logits = a_dst[:, A.rows] + a_src[:, A.cols]  # [H, nnz]
   if edge_attr is not None:
-    e = _edge_embedding(A, edge_attr, edge_kernel, heads, pattern_fill)
+    e = _edge_embedding(A, edge_attr, edge_kernel, heads, loops.pattern_fill)
     logits = logits + jnp.einsum("hec,hc->he", e, att_edge)
   logits = jax.nn.leaky_relu(logits, negative_slope)
   loop_logits = None
-  if loop_mask is not None:
+  if loops.loop_mask is not None:
     loop_logits = a_dst + a_src[:, : A.shape[0]]  # [H, n_dst]: target i, source i
     if edge_attr is not None:
       e_loop = _loop_embedding(A, edge_attr, edge_kernel, heads, fill_value)
       loop_logits = loop_logits + jnp.einsum("hnc,hc->hn", e_loop, att_edge)
     loop_logits = jax.nn.leaky_relu(loop_logits, negative_slope)
   return _attend(
-    A,
-    logits,
-    h_src,
-    bias,
-    concat,
-    attn_dropout,
-    return_attention_weights,
-    entry_mask,
-    loop_logits,
-    loop_mask,
+    A, logits, loop_logits, loops, h_src, bias, concat, attn_dropout, return_attention_weights
   )
 
 
 def _attend(
-  A,
-  logits,
-  h_src,
-  bias,
-  concat,
-  attn_dropout,
-  return_attention_weights,
-  entry_mask,
-  loop_logits=None,
-  loop_mask=None,
+  A, logits, loop_logits, loops, h_src, bias, concat, attn_dropout, return_attention_weights
 ):
   """GAT's and GATv2's shared end: row softmax of the per-edge logits [H, nnz] (entries off
-  `entry_mask` at -inf: weight 0, and a row of only those 0), dropout on the coefficients,
-  messages h_src [H, n_src, C] summed, heads merged, bias. With `loop_logits` [H, n_dst] (the
-  self-loops outside A's pattern, of the rows on `loop_mask`), each such row's softmax runs
-  over its entries and its loop together, and the loop's message is h_src's row i."""
+  `loops.entry_mask` at -inf: weight 0, and a row of only those 0), dropout on the
+  coefficients, messages h_src [H, n_src, C] summed, heads merged, bias; (out, alpha) with
+  return_attention_weights. With `loop_logits` [H, n_dst] (the self-loops outside A's pattern,
+  of the rows on `loops.loop_mask`), each such row's softmax runs over its entries and its loop
+  together, and the loop's message is h_src's row i."""
+  entry_mask, loop_mask = loops.entry_mask, loops.loop_mask
   if entry_mask is not None:
     logits = jnp.where(entry_mask, logits, -jnp.inf)
   if loop_logits is None:
@@ -459,34 +451,22 @@ def gatv2_conv(
   x_src, x_dst = check_inputs("GATv2Conv", A, x, bipartite=True)
   _check_heads("GATv2Conv", "kernel_src", kernel_src.shape[-1], heads)
   _check_att("GATv2Conv", "att", att, heads, kernel_src.shape[-1] // heads)
-  entry_mask, loop_mask = _self_loop_masks(
-    "GATv2Conv", A, add_self_loops, self_loop_mask, entry_mask
-  )
-  pattern_fill = fill_value if add_self_loops and loop_mask is None else None
+  loops = _self_loops("GATv2Conv", A, add_self_loops, self_loop_mask, entry_mask, fill_value)
   lin = lambda z, k, b: z @ k if b is None else z @ k + b
   h_src = _split_heads(lin(x_src, kernel_src, bias_src), heads)  # [H, n_src, C]
   h_dst = _split_heads(lin(x_dst, kernel_dst, bias_dst), heads)  # [H, n_dst, C]
   z = h_dst[:, A.rows] + h_src[:, A.cols]  # [H, nnz, C]
   if edge_attr is not None:
-    z = z + _edge_embedding(A, edge_attr, edge_kernel, heads, pattern_fill)
+    z = z + _edge_embedding(A, edge_attr, edge_kernel, heads, loops.pattern_fill)
   logits = jnp.einsum("hec,hc->he", jax.nn.leaky_relu(z, negative_slope), att)
   loop_logits = None
-  if loop_mask is not None:
+  if loops.loop_mask is not None:
     z_loop = h_dst + h_src[:, : A.shape[0]]  # [H, n_dst, C]: target i, source i
     if edge_attr is not None:
       z_loop = z_loop + _loop_embedding(A, edge_attr, edge_kernel, heads, fill_value)
     loop_logits = jnp.einsum("hnc,hc->hn", jax.nn.leaky_relu(z_loop, negative_slope), att)
   return _attend(
-    A,
-    logits,
-    h_src,
-    bias,
-    concat,
-    attn_dropout,
-    return_attention_weights,
-    entry_mask,
-    loop_logits,
-    loop_mask,
+    A, logits, loop_logits, loops, h_src, bias, concat, attn_dropout, return_attention_weights
   )
 
 
