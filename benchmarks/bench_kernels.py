@@ -14,8 +14,8 @@ Grid: every graph of common.benchmark_graphs with more than 80k stored edges (no
 rmat17-d16, rmat20-d8 and the dense stand-ins common.DENSE_STANDINS (graphs named with
 --graphs are taken whatever their size); orders
 `none` (the caller's) and `affinity` (jst.reorder(csr, "affinity", seed=0), then P A P^T);
-d in 32, 64, 128, 256; fp16 and fp32 (float32 inputs, default precision: tf32 tensor cores
-allowed). Ours: KernelOptions "auto", "rows" and "windows" (a forced kernel that
+d in 32, 64, 128, 256; fp16, bf16 and fp32 (float32 inputs, default precision: tf32 tensor
+cores allowed). Ours: KernelOptions "auto", "rows" and "windows" (a forced kernel that
 raises gets a row with `error`); XLA peers (segment_sum SpMM, gather SDDMM; float32
 accumulation, inputs and outputs in the dtype) at --xla-dims (default 128). Attention: the fused
 forward vs XLA unfused; fwd+bwd with attention_backward auto / fused / composed vs XLA.
@@ -30,7 +30,7 @@ lanes, 4 rows in flight, as its --rmat mode; needs cupy). SDDMM (at --xla-dims):
 For docs/PERFORMANCE.md (one H100; split the grid across calls with --graphs / --orders / --ops /
 --dims, one --json per call, then summarize them together):
   python -m benchmarks.bench_kernels [--graphs a,b] [--orders none,affinity]
-      [--dims 32,64,128,256] [--dtypes fp16,fp32] [--ops spmm,sddmm,attention] [--chain 16]
+      [--dims 32,64,128,256] [--dtypes fp16,bf16,fp32] [--ops spmm,sddmm,attention] [--chain 16]
       [--xla-dims 128|all] [--attention-dims 64,128] [--json PATH] [--quick]
       [--flashsparse PATH]   # FlashSparse's SpMM/SDDMM rows, impl `flashsparse` (its own timer)
   python -m benchmarks.bench_kernels --summarize a.json [b.json ...]   # offline, no GPU
@@ -68,7 +68,7 @@ import numpy as np
 from benchmarks import common, compare, flashsparse_peer
 
 MIN_EDGES = 80_000  # default graphs: more stored edges than this (not Cora)
-DTYPES = {"fp16": ("float16", 2), "fp32": ("float32", 4)}
+DTYPES = {"fp16": ("float16", 2), "bf16": ("bfloat16", 2), "fp32": ("float32", 4)}
 HIT = 1.03  # auto "hits" when within 3% of the fastest forced kernel
 # The selector's targets (issue: within 5% of the best forced kernel on >= 90% of the grid's
 # configurations, never worse than 15%), counted beside the hits.
@@ -228,7 +228,6 @@ def run(a, on_order=None) -> list[dict]:
   t_start = time.perf_counter()
   quick = a.quick
   _STATE["quick"] = quick
-  k = a.chain or (4 if quick else 16)
   named = a.graphs.split(",") if a.graphs else None
   dims = [int(x) for x in a.dims.split(",")]
   dtypes = a.dtypes.split(",")
@@ -257,6 +256,7 @@ def run(a, on_order=None) -> list[dict]:
     if named is None and not common.is_synthetic(gname) and csr.nnz <= MIN_EDGES:
       continue
     csr.sort_indices()
+    k = a.chain or chain_length(csr.nnz, quick)
     for order in a.orders.split(","):
       base = {"graph": gname, "order": order}
       try:
@@ -272,6 +272,17 @@ def run(a, on_order=None) -> list[dict]:
         on_order(rows)
     del csr
   return rows
+
+
+def chain_length(nnz: int, quick: bool = False) -> int:
+  """Calls per program: 16 from 2^20 nonzeros, more on smaller graphs (16 x 2^20 / nnz, a power
+  of 2, at most 128), so that a program's device time stays well above the jitter of the host's
+  clock around it (16 calls of a few us each measured a 2-5 us SpMM on a 200k-edge graph at
+  0.25-11 us in one grid); 4 with --quick."""
+  if quick:
+    return 4
+  want = 16 * (1 << 20) / max(nnz, 1)
+  return int(min(128, max(16, 1 << math.ceil(math.log2(want))))) if want > 16 else 16
 
 
 def _first_line(e: Exception) -> str:
@@ -340,8 +351,7 @@ class _Recorder:
       return
     row = {**self.base, "op": op, "d": d, "dtype": dtype, "H": h, "impl": impl, "K": kk or self.k}
     if op in ("spmm", "sddmm"):  # what the launch plan picks for this config (kernel_plan)
-      jdt = jnp.float16 if dtype == "fp16" else jnp.float32
-      row["plan"] = getattr(jst.kernel_plan(self.A, d, jdt), op)
+      row["plan"] = getattr(jst.kernel_plan(self.A, d, jnp.dtype(DTYPES[dtype][0])), op)
     try:
       res = fn()
     except Exception as e:  # noqa: BLE001 - a kernel that refuses a config gets an error row
@@ -739,7 +749,7 @@ def replan_rows(rows: list[dict]) -> list[dict]:
       "blocks": round(nnz / r["nnz_per_block"]) if r["nnz_per_block"] else 0,
       "condensed_cols": round(r["cols_per_window"] * windows),
     }
-    esize = 2 if r["dtype"] == "fp16" else 4
+    esize = DTYPES[r["dtype"]][1]
     return select.choices(counts, r["d"], esize)[r["op"]]
 
   out = []
@@ -993,9 +1003,14 @@ def main() -> None:
   ap.add_argument("--graphs", default=None, help="comma-separated names (default: all > 80k)")
   ap.add_argument("--orders", default="none,affinity")
   ap.add_argument("--dims", default="32,64,128,256")
-  ap.add_argument("--dtypes", default="fp16,fp32")
+  ap.add_argument("--dtypes", default="fp16,bf16,fp32")
   ap.add_argument("--ops", default="spmm,sddmm,attention")
-  ap.add_argument("--chain", type=int, default=None, help="K calls per program (16; quick 4)")
+  ap.add_argument(
+    "--chain",
+    type=int,
+    default=None,
+    help="K calls per program (default: chain_length, 16 to 128 by the graph's nonzeros; quick 4)",
+  )
   ap.add_argument("--xla-dims", default="128", help="widths with XLA peers ('all': every d)")
   ap.add_argument("--attention-dims", default="64,128")
   ap.add_argument("--json", default=None, help="write the rows here after every (graph, order)")

@@ -122,16 +122,25 @@ def _rule(f, d, esize):
   reuse = f.nnz / f.condensed_cols if f.condensed_cols else 0.0
   mean_row = f.nnz / f.rows if f.rows else 0.0
   rb = d * esize
-  large = f.nnz >= 2**19
-  spmm = reuse >= 4 or (esize == 2 and rb >= 256 and large and reuse >= 1.8)
-  if reuse >= 4:
+  large = f.nnz >= 2**20
+  if reuse >= 6:
+    spmm = True
+  elif not large:
+    spmm = False
+  elif esize == 2:
+    spmm = reuse >= 4 or (reuse >= 3 and rb >= 128)
+  else:
+    spmm = reuse >= 3.5
+  if esize == 2 and reuse >= 2.5:
+    sddmm = True
+  elif reuse >= 6 or (large and reuse >= 3):
     sddmm = esize == 2 or rb <= 512
   elif f.nnz < 2**17:
     sddmm = rb <= 64
-  elif esize == 2 and large and ((reuse >= 2 and rb >= 128) or reuse >= 2.5):
+  elif esize == 2 and f.nnz >= 2**19 and reuse >= 2 and rb >= 256:
     sddmm = True
-  elif mean_row >= 12:
-    sddmm = (rb <= 64 or reuse >= 1.8) if f.nnz < 2**20 else (esize == 2 and rb <= 128)
+  elif mean_row >= 12 and f.nnz < 2**22:
+    sddmm = rb <= 64 or (reuse >= 1.8 and (esize == 2 or rb <= 128))
   else:
     sddmm = False
   return spmm, sddmm
@@ -156,7 +165,8 @@ def test_block_dense_takes_tensor_cores_and_rmat_the_row_kernels(matrices):
     for d in (64, 128):
       plan = jst.kernel_plan(dense, d, dtype)
       assert (plan.spmm, plan.sddmm) == ("windows", "windows"), (dtype, d)
-    # reuse >= 4: the SpMM's tensor cores at any width, even 64-byte rows of a small graph
+    # block-dense (reuse 8): the SpMM's tensor cores at any width, even 64-byte rows of a small
+    # graph
     assert jst.kernel_plan(dense, 64 // jnp.dtype(dtype).itemsize, dtype).spmm == "windows"
   for dtype in (jnp.float16, jnp.float32):
     for d in (32, 64, 128, 256):
@@ -170,31 +180,49 @@ def test_block_dense_takes_tensor_cores_and_rmat_the_row_kernels(matrices):
   assert jst.kernel_plan(rmat, 64).features.nnz_per_block < 16
 
 
+def _window_shared(rng, m, ncols):
+  """m rows of 5 nonzeros, each 8-row window's rows drawing from `ncols` columns of its own
+  (short rows whose windows share columns, as DD's in affinity order)."""
+  cols_of_window = rng.integers(0, m, size=(m // 8, ncols))
+  pick = rng.integers(0, ncols, size=(m, 5))
+  rows = np.repeat(np.arange(m), 5)
+  cols = cols_of_window[np.arange(m)[:, None] // 8, pick].ravel()
+  return SparseMatrix.from_coo(rows, cols, shape=(m, m))
+
+
 def test_large_short_row_graph_with_reuse():
-  """The measured DD case: short rows (5 per row), rows of a window sharing columns, 2^19
-  nonzeros or more. From reuse 1.8 (DD: 2.3) the SpMM's tensor cores for 16-bit rows of 256
-  bytes and more, from 2 the SDDMM's for 16-bit rows of 128 bytes and more; the row kernels
-  below, at narrower rows and in float32."""
+  """Short rows (5 per row) whose windows share columns. The measured DD case (2^19 to 2^20
+  nonzeros, reuse 2.3 in affinity order): the SpMM's row kernels at any reuse below 6, the
+  SDDMM's tensor cores for 16-bit rows of 256 bytes and more from reuse 2. Past 2^20 nonzeros at
+  reuse 3-3.5: the SpMM's tensor cores for 16-bit rows of 128 bytes and more, the SDDMM's for
+  16-bit rows and float32 rows of up to 512 bytes."""
   rng = np.random.default_rng(5)
-  m = 2**17  # windows of 8 rows; each window's rows draw 5 of its `ncols` columns
   for ncols, reuse_lo, reuse_hi, tc in ((28, 1.6, 1.8, "rows"), (20, 2.0, 2.5, "windows")):
-    cols_of_window = rng.integers(0, m, size=(m // 8, ncols))
-    pick = rng.integers(0, ncols, size=(m, 5))
-    rows = np.repeat(np.arange(m), 5)
-    cols = cols_of_window[np.arange(m)[:, None] // 8, pick].ravel()
-    A = SparseMatrix.from_coo(rows, cols, shape=(m, m))
+    A = _window_shared(rng, 2**17, ncols)
     f = jst.kernel_plan(A, 128).features
-    assert f.nnz >= 2**19 and f.mean_row_length <= 8, f
+    assert 2**19 <= f.nnz < 2**20 and f.mean_row_length <= 8, f
     assert reuse_lo <= f.nnz / f.condensed_cols < reuse_hi, f
     for d, dtype, want in (
-      (128, jnp.float16, (tc, tc)),
-      (256, jnp.float16, (tc, tc)),
-      (64, jnp.float16, ("rows", tc)),
+      (128, jnp.float16, ("rows", tc)),
+      (256, jnp.bfloat16, ("rows", tc)),
+      (64, jnp.float16, ("rows", "rows")),
       (128, jnp.float32, ("rows", "rows")),
       (32, jnp.float16, ("rows", "rows")),
     ):
       plan = jst.kernel_plan(A, d, dtype)
       assert (plan.spmm, plan.sddmm) == want, (ncols, d, dtype)
+  L = _window_shared(rng, 2**18, 10)
+  f = jst.kernel_plan(L, 128).features
+  assert f.nnz >= 2**20 and 3 <= f.nnz / f.condensed_cols < 3.5, f
+  for d, dtype, want in (
+    (64, jnp.float16, ("windows", "windows")),
+    (128, jnp.bfloat16, ("windows", "windows")),
+    (32, jnp.float16, ("rows", "windows")),
+    (128, jnp.float32, ("rows", "windows")),
+    (256, jnp.float32, ("rows", "rows")),
+  ):
+    plan = jst.kernel_plan(L, d, dtype)
+    assert (plan.spmm, plan.sddmm) == want, (d, dtype)
 
 
 def _communities(rng, m=2**16, size=64, degree=8):
@@ -205,29 +233,34 @@ def _communities(rng, m=2**16, size=64, degree=8):
   return np.concatenate([src, dst]), np.concatenate([dst, src]), (m, m)
 
 
-def test_large_graphs_of_communities():
-  """The measured community cases (benchmarks.common.communities, affinity order), 2^19
-  nonzeros or more: at reuse ~2 (communities of 64, 16 per row) the SpMM's 16-bit tensor cores
-  for rows of 256 bytes and more, its row kernels below, and the SDDMM's 16-bit tensor cores; at
-  reuse >= 4 (64 per row) tensor cores for both at any width; the same graph with its node ids
-  permuted (no reuse) keeps the SpMM row kernels."""
+def test_graphs_of_communities():
+  """Communities of consecutive ids. At reuse ~2 (communities of 64, ~14 per row, under 2^20
+  nonzeros) the SpMM's row kernels, the SDDMM's tensor cores for 16-bit rows and float32 rows of
+  up to 128 bytes (long rows from reuse 1.8). At reuse ~5 (64 draws per row, 40 once merged): past
+  2^20 nonzeros tensor cores for both at any width and dtype; under it (the small dense
+  communities' case, imdb-multi) the SpMM's row kernels, the SDDMM's 16-bit tensor cores. The
+  first graph with its node ids permuted (no reuse) keeps the SpMM row kernels."""
   rng = np.random.default_rng(7)
   rows, cols, (m, _) = _communities(rng)
   A = SparseMatrix.from_coo(rows, cols, shape=(m, m))
   f = jst.kernel_plan(A, 128).features
-  assert f.nnz >= 2**19 and f.mean_row_length >= 12 and 2 <= f.nnz / f.condensed_cols < 2.5, f
-  for d, want in ((32, "rows"), (64, "rows"), (128, "windows"), (256, "windows")):
-    assert jst.kernel_plan(A, d, jnp.float16).spmm == want, d
-  assert jst.kernel_plan(A, 128, jnp.float32).spmm == "rows"
-  assert jst.kernel_plan(A, 128, jnp.float16).sddmm == "windows"
-  rows_d, cols_d, (m_d, _) = _communities(rng, m=2**14, degree=32)
-  D = SparseMatrix.from_coo(rows_d, cols_d, shape=(m_d, m_d))
-  g = jst.kernel_plan(D, 128).features
-  assert g.nnz >= 2**19 and g.nnz / g.condensed_cols >= 4, g
+  assert f.nnz < 2**20 and f.mean_row_length >= 12 and 2 <= f.nnz / f.condensed_cols < 2.5, f
   for dtype in (jnp.float16, jnp.float32):
-    for d in (32, 128):
-      plan = jst.kernel_plan(D, d, dtype)
-      assert (plan.spmm, plan.sddmm) == ("windows", "windows"), (dtype, d)
+    for d in (32, 64, 128, 256):
+      assert jst.kernel_plan(A, d, dtype).spmm == "rows", (dtype, d)
+  assert jst.kernel_plan(A, 128, jnp.float16).sddmm == "windows"
+  assert jst.kernel_plan(A, 32, jnp.float32).sddmm == "windows"
+  assert jst.kernel_plan(A, 64, jnp.float32).sddmm == "rows"
+  for m_d, spmm in ((2**15, "windows"), (2**14, "rows")):
+    rows_d, cols_d, _ = _communities(rng, m=m_d, degree=32)
+    D = SparseMatrix.from_coo(rows_d, cols_d, shape=(m_d, m_d))
+    g = jst.kernel_plan(D, 128).features
+    assert (g.nnz >= 2**20) == (spmm == "windows") and 4 <= g.nnz / g.condensed_cols < 6, g
+    for dtype in (jnp.float16, jnp.float32):
+      for d in (32, 128):
+        plan = jst.kernel_plan(D, d, dtype)
+        assert plan.spmm == spmm, (m_d, dtype, d)
+    assert jst.kernel_plan(D, 128, jnp.float16).sddmm == "windows"
   perm = rng.permutation(m)
   B = SparseMatrix.from_coo(perm[rows], perm[cols], shape=(m, m))
   h = jst.kernel_plan(B, 128).features

@@ -42,52 +42,54 @@ inline double row_reuse(const PatternFeatures& f) {
   return f.condensed_cols > 0 ? double(f.nnz) / double(f.condensed_cols) : 0.0;
 }
 
-// From this reuse a window's gathered rows serve four or more nonzeros each: tensor cores on any
-// graph size. Measured on dense communities at reuse 4.2 (the grids below); below 2^19 nonzeros
-// the threshold is the cost model's, not a measurement.
-constexpr double kDenseReuse = 4.0;
+// From this reuse on (block-dense patterns: a full 8x8 block's gathered rows serve 8 nonzeros
+// each) tensor cores on any graph size. No grid graph reaches it (the densest, 4.6); on the small
+// dense-community graphs at reuse 4.4 the row kernels still won SpMM, so the threshold sits above
+// the measured range, from the cost model.
+constexpr double kBlockDenseReuse = 6.0;
 
-// The rules below are fit on the H100 grids of docs/DESIGN.md, "The kernel selector" (both kernel
-// families forced on each configuration; the commands, the figures per rule and the hit rates are
-// there).
+// Graphs of 2^20 nonzeros and more: enough windows to fill an H200 evenly. Below it the window
+// kernels lost SpMM even at reuse 3.5-4.4 (imdb-binary, imdb-multi, 200k nonzeros), where the
+// same reuse won on 2M-24.6M-edge stand-ins: few windows per SM, and the heavy ones set the time.
+constexpr int64_t kLargeGraphNnz = int64_t(1) << 20;
 
-// Large graphs (>= 2^19 nonzeros: enough to fill the device) whose window's condensed columns
-// serve >= `reuse` nonzeros each on average.
-inline bool large_with_reuse(const PatternFeatures& f, double reuse) {
-  return f.nnz >= (int64_t(1) << 19) && row_reuse(f) >= reuse;
-}
+// The rules below are fit on the H200 grid of docs/DESIGN.md, "The kernel selector" (both kernel
+// families forced on each configuration; the commands, the hit rates and the misses are there).
 
 // SpMM: the row kernels walk rows in row order where windows reuse their columns
 // (pattern.row_order), so that neighbouring rows share X rows in L1 and L2, and are faster than
-// the tensor-core kernel on most real graphs. Tensor cores take 16-bit rows of 256 bytes and more
-// on large graphs from reuse 1.8, where their two-block stages pay, and any row from reuse 4.
-// tf32 tensor cores do not beat the exact row kernels below reuse 4.
+// the tensor-core kernel on every suite graph up to reuse 2.3 (DD in affinity order), at every
+// width and dtype. Tensor cores on large graphs from reuse 3 for 16-bit rows of 128 bytes and
+// more (from 4 for narrower ones), from 3.5 in float32 (tf32); on any graph from
+// kBlockDenseReuse.
 inline bool spmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int esize) {
-  if (row_reuse(f) >= kDenseReuse) return true;
-  return esize == 2 && d * esize >= 256 && large_with_reuse(f, 1.8);
+  const double reuse = row_reuse(f);
+  if (reuse >= kBlockDenseReuse) return true;
+  if (f.nnz < kLargeGraphNnz) return false;
+  if (esize == 2) return reuse >= 4.0 || (reuse >= 3.0 && d * esize >= 128);
+  return reuse >= 3.5;
 }
 
 // SDDMM: the row kernel (a lane group per row, dot products of d features) is slow on narrow
-// rows, the tensor-core one on wide rows of large, unstructured graphs and in float32. Tensor
-// cores:
-// - from reuse 4, except float32 rows of more than 512 bytes;
+// rows, the tensor-core one on wide rows of unstructured graphs and in float32. Tensor cores:
+// - 16-bit from reuse 2.5 on any graph (and from kBlockDenseReuse);
+// - float32 rows of up to 512 bytes on large graphs from reuse 3 (and from kBlockDenseReuse);
 // - on small graphs (< 2^17 nonzeros, whose row kernel gives each lane group one row:
 //   plan/sddmm.h) for rows of up to 64 bytes;
-// - on large 16-bit graphs from reuse 2 for rows of 128 bytes and more, from reuse 2.5 for any
-//   row;
-// - on long rows (>= 12 per row): below 2^20 nonzeros for rows of up to 64 bytes or from reuse
-//   1.8; above, for 16-bit rows of up to 128 bytes;
+// - 16-bit rows of 256 bytes and more from reuse 2 on graphs of 2^19 nonzeros and more;
+// - on long rows (>= 12 per row) below 2^22 nonzeros: rows of up to 64 bytes, and from reuse
+//   1.8 16-bit rows and float32 rows of up to 128 bytes;
 // - otherwise the row kernels.
 inline bool sddmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int esize) {
   const int64_t row_bytes = d * esize;
-  if (row_reuse(f) >= kDenseReuse) return esize == 2 || row_bytes <= 512;
+  const double reuse = row_reuse(f);
+  if (esize == 2 && reuse >= 2.5) return true;
+  if (reuse >= kBlockDenseReuse || (f.nnz >= kLargeGraphNnz && reuse >= 3.0))
+    return esize == 2 || row_bytes <= 512;
   if (f.nnz < (int64_t(1) << 17)) return row_bytes <= 64;
-  if (esize == 2 && ((large_with_reuse(f, 2.0) && row_bytes >= 128) || large_with_reuse(f, 2.5)))
-    return true;
-  if (derived_features(f).mean_row_length >= 12.0) {
-    if (f.nnz < (int64_t(1) << 20)) return row_bytes <= 64 || row_reuse(f) >= 1.8;
-    return esize == 2 && row_bytes <= 128;
-  }
+  if (esize == 2 && f.nnz >= (int64_t(1) << 19) && reuse >= 2.0 && row_bytes >= 256) return true;
+  if (derived_features(f).mean_row_length >= 12.0 && f.nnz < (int64_t(1) << 22))
+    return row_bytes <= 64 || (reuse >= 1.8 && (esize == 2 || row_bytes <= 128));
   return false;
 }
 

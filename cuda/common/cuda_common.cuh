@@ -132,6 +132,11 @@ template <class T>
 __device__ __forceinline__ float word_elem(const uint32_t* w, int e) {
   if constexpr (sizeof(T) == 4) {
     return __uint_as_float(w[e]);
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    // bfloat16 is the high half of a float: one shift or one mask per element, where extracting
+    // the half and then converting it took two (the row SDDMM's bf16 dot products measured
+    // 1.1-1.3x its fp16 ones on an H200)
+    return __uint_as_float(e % 2 ? w[e / 2] & 0xffff0000u : w[e / 2] << 16);
   } else {
     const uint16_t b = uint16_t(w[e / 2] >> (16 * (e % 2)));
     return to_f32<T>(*reinterpret_cast<const T*>(&b));
