@@ -529,10 +529,10 @@ def test_gpu_spmm_and_sddmm_default_options(rng, kind, dt, d):
 @gpu_only
 @pytest.mark.parametrize("dt", ["f32", "f16"])
 def test_gpu_dense_communities_default_options(rng, dt):
-  """A large graph of dense communities (reuse >= 4), where auto takes both tensor-core kernels
-  (checked), against float64."""
+  """A large graph of dense communities (reuse ~5, past 2^20 nonzeros), where auto takes both
+  tensor-core kernels (checked), against float64."""
   dtype, precision, tol = DTYPES[dt]
-  rows, cols, shape = _communities(rng, m=2**14, degree=32)
+  rows, cols, shape = _communities(rng, m=2**15, degree=32)
   vals = rng.uniform(-1, 1, rows.size).astype(np.float32)
   A = SparseMatrix.from_coo(rows, cols, vals, shape=shape).astype(dtype)
   plan = jst.kernel_plan(A, 128, dtype, precision=precision)
