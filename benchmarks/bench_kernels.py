@@ -333,6 +333,10 @@ def _prepare(base, csr, order):
   return csr, A, feats
 
 
+# The operators whose kernel the launch plan chooses, and the KernelPlan field naming it.
+_PLANNED = {"spmm": "spmm", "sddmm": "sddmm", "attention fwd+bwd": "attention_backward"}
+
+
 class _Recorder:
   """Times one configuration and appends its row to `rows`, with the (graph, order)'s features;
   impls or op:impl pairs in `skip` are not timed."""
@@ -350,8 +354,9 @@ class _Recorder:
     if f"{op}:{impl}" in self.skip or impl in self.skip:
       return
     row = {**self.base, "op": op, "d": d, "dtype": dtype, "H": h, "impl": impl, "K": kk or self.k}
-    if op in ("spmm", "sddmm"):  # what the launch plan picks for this config (kernel_plan)
-      row["plan"] = getattr(jst.kernel_plan(self.A, d, jnp.dtype(DTYPES[dtype][0])), op)
+    if op in _PLANNED:  # what the launch plan picks for this config (kernel_plan)
+      plan = jst.kernel_plan(self.A, d, jnp.dtype(DTYPES[dtype][0]), heads=h or 1)
+      row["plan"] = getattr(plan, _PLANNED[op])
     try:
       res = fn()
     except Exception as e:  # noqa: BLE001 - a kernel that refuses a config gets an error row
@@ -576,7 +581,8 @@ def _attention_rows(add, csr, A, k, att_dims):
 
   rows_e, cols_e = bench_attention.csr_edges(csr)
   edges = (jnp.asarray(rows_e), jnp.asarray(cols_e))
-  ka = max(2, min(k, int(2e9 // (csr.nnz * H_ATT * 4 * 8))))  # bench_chained's K: XLA's temps
+  # bench_chained's K (XLA's temps), at most 32: the unrolled backward's compile time
+  ka = max(2, min(k, 32, int(2e9 // (csr.nnz * H_ATT * 4 * 8))))
   for d in att_dims:
     _attention_width(add, csr, A, edges, ka, d)
 
@@ -732,7 +738,8 @@ def plan_rows(rows: list[dict]) -> list[dict]:
 
 
 def replan_rows(rows: list[dict]) -> list[dict]:
-  """rows with the SpMM and SDDMM forced rows' `plan` set to the kernel today's selector picks
+  """rows with the SpMM, SDDMM and attention fwd+bwd forced rows' `plan` set to the kernel (the
+  backward, for attention) today's selector picks
   (csrc/plan/select.h through the CPU extension, on the pattern features each row records) and
   their timed `ours-auto` rows dropped, so that plan_rows (summarize) takes auto's time from the
   picked forced kernel: a saved grid then shows the hit rate of rules fit after it ran. The
@@ -750,11 +757,11 @@ def replan_rows(rows: list[dict]) -> list[dict]:
       "condensed_cols": round(r["cols_per_window"] * windows),
     }
     esize = DTYPES[r["dtype"]][1]
-    return select.choices(counts, r["d"], esize)[r["op"]]
+    return select.choices(counts, r["d"], esize, heads=r.get("H") or 1)[_PLANNED[r["op"]]]
 
   out = []
   for r in rows:
-    if r.get("op") in ("spmm", "sddmm") and r.get("impl", "").startswith("ours-") and r.get("d"):
+    if r.get("op") in _PLANNED and r.get("impl", "").startswith("ours-") and r.get("d"):
       if r["impl"] == "ours-auto":
         continue
       r = {**r, "plan": pick(r)}

@@ -301,8 +301,8 @@ def test_spmm_row_workspace_cap():
 
 
 def test_attention_backward_rule(matrices):
-  """Fused where its kernels take the operands (16-bit, d in {32, 64, 128}) and d <= 64 or the
-  graph is small; composed otherwise."""
+  """Fused where its kernels take the operands (16-bit, d in {32, 64, 128}) and d <= 64, the
+  graph is small or its blocks are full enough; composed otherwise."""
   rmat, dense = matrices["rmat"][0], matrices["block_dense"][0]
   assert rmat.nnz >= SMALL_GRAPH_NNZ > dense.nnz
   for dtype in (jnp.float16, jnp.bfloat16):
@@ -312,10 +312,17 @@ def test_attention_backward_rule(matrices):
     assert jst.kernel_plan(dense, 128, dtype).attention_backward == "fused"
     assert jst.kernel_plan(dense, 96, dtype).attention_backward == "composed"
   assert jst.kernel_plan(dense, 64, jnp.float32).attention_backward == "composed"
-  # d = 128 on a large graph: fused where blocks hold >= 10 of their 64 entries
+  # d = 128 past SMALL_GRAPH_NNZ: fused where blocks hold >= 14.5 of their 64 entries, at any
+  # size (imdb's 200k nonzeros as the 8M-edge stand-in's)
   rows, cols = np.divmod(np.arange(2**18), 2**9)  # 2^9 x 2^9 dense: 2^18 nonzeros
   dense_big = SparseMatrix.from_coo(rows, cols, shape=(2**9, 2**9))
   assert jst.kernel_plan(dense_big, 128, jnp.float16).attention_backward == "fused"
+  rows_c, cols_c, shape_c = _communities(np.random.default_rng(3), m=2**12, degree=32)
+  comm = SparseMatrix.from_coo(rows_c, cols_c, shape=shape_c)
+  f = jst.kernel_plan(comm, 128, jnp.float16).features
+  assert SMALL_GRAPH_NNZ <= f.nnz < 2**18 and f.nnz_per_block >= 14.5, f
+  assert jst.kernel_plan(comm, 128, jnp.float16).attention_backward == "fused"
+  assert jst.kernel_plan(rmat, 128).features.nnz_per_block < 14.5
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -95,12 +95,15 @@ inline bool sddmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int 
 
 // Whether the attention backward prefers the fused tensor-core kernels to the composed one (a
 // per-edge pass and three SpMMs), where both can run (16-bit, d = dv in {32, 64, 128}): fused at
-// d <= 64 and on graphs under kSmallGraphNnz nonzeros; at d = 128 fused where blocks are fuller
-// (>= 10 nonzeros per block) on graphs of 2^18 nonzeros and more, composed elsewhere. The one
-// measured miss (DD at d = 128, composed faster) was not taken as grounds for a new clause.
+// d <= 64 and on graphs under kSmallGraphNnz nonzeros; at d = 128 fused where blocks are full
+// enough (>= 14.5 nonzeros per block: the dense communities at any size, facebook in affinity
+// order at 15.0), composed on sparser blocks (proteins in affinity order at 14.1, the R-MAT
+// graphs, pubmed, github). The misses (H200 grid): DD at d = 32, composed 1.11-1.18x faster, and
+// proteins in the caller's order at d = 32 (1.08x); DD is the suite's only large graph of rows
+// this short (5 per row), so no clause was added for it.
 inline bool attention_backward_prefers_fused(const PatternFeatures& f, int64_t d, int /*esize*/) {
   if (d <= 64 || f.nnz < kSmallGraphNnz) return true;
-  return f.nnz >= (int64_t(1) << 18) && derived_features(f).nnz_per_block >= 10.0;
+  return derived_features(f).nnz_per_block >= 14.5;
 }
 
 }  // namespace jaxsparse_tc
