@@ -48,9 +48,10 @@ inline double row_reuse(const PatternFeatures& f) {
 // the measured range, from the cost model.
 constexpr double kBlockDenseReuse = 6.0;
 
-// Graphs of 2^20 nonzeros and more: enough windows to fill an H200 evenly. Below it the window
-// kernels lost SpMM even at reuse 3.5-4.4 (imdb-binary, imdb-multi, 200k nonzeros), where the
-// same reuse won on 2M-24.6M-edge stand-ins: few windows per SM, and the heavy ones set the time.
+// Graphs of 2^20 nonzeros and more. Below it the window kernels lost SpMM at reuse 3-4.4 on the
+// 200k-edge imdb graphs (but for imdb-multi's 256- and 512-byte rows in its own order), where
+// the same reuse won on the 2M-24.6M-edge stand-ins: few windows per SM, and, we take it, the
+// heavy ones set the time.
 constexpr int64_t kLargeGraphNnz = int64_t(1) << 20;
 
 // The rules below are fit on the H200 grid of docs/DESIGN.md, "The kernel selector" (both kernel
@@ -58,8 +59,8 @@ constexpr int64_t kLargeGraphNnz = int64_t(1) << 20;
 
 // SpMM: the row kernels walk rows in row order where windows reuse their columns
 // (pattern.row_order), so that neighbouring rows share X rows in L1 and L2, and are faster than
-// the tensor-core kernel on every suite graph up to reuse 2.3 (DD in affinity order), at every
-// width and dtype. Tensor cores on large graphs from reuse 3 for 16-bit rows of 128 bytes and
+// the tensor-core kernel (or within 2%) on every suite graph up to reuse 2.3 (DD in affinity
+// order), at every width and dtype. Tensor cores on large graphs from reuse 3 for 16-bit rows of 128 bytes and
 // more (from 4 for narrower ones), from 3.5 in float32 (tf32); on any graph from
 // kBlockDenseReuse.
 inline bool spmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int esize) {
