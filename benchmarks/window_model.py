@@ -1,6 +1,7 @@
-"""The gather model of the tensor-core SpMM: what taller windows would save, from the pattern.
+"""The gather model of the tensor-core kernels: what taller windows would save, from the pattern.
 
     python -m benchmarks.window_model [--data ROOT] [--graphs a,b,...] [--reorder] [--d 128]
+        [--op spmm|sddmm|attention]
 
 The window kernels read, per window of h rows, one row of X per distinct column the window
 holds (its condensed columns, docs/FORMAT.md), d x itemsize bytes each, through L2; the
@@ -18,6 +19,12 @@ m16n8k16's native height, 32 two of those):
 
 Figures for fp16 at --d (default 128) on the real suite graphs and the dense-community
 stand-ins, in the caller's order and, with --reorder, after affinity reordering.
+
+--op: the other window kernels gather the same columns. SDDMM (windows): each window's rows of
+one operand once (m rows in all) and a row of the other per condensed column; floor
+(common.min_bytes "sddmm"): each touched row of both once, the structure once. The attention
+forward (one head): a K and a V row per condensed column and each Q row once; floor: Q, K, V
+and the output once, the structure once.
 """
 
 from __future__ import annotations
@@ -40,13 +47,28 @@ def window_figures(csr, h: int) -> tuple[int, int]:
   return int(keys.size), int(np.sum((per_window + 7) // 8))
 
 
-def model_rows(name: str, order: str, csr, d: int, itemsize: int = 2) -> list[dict]:
-  floor = common.min_bytes(csr, d, itemsize)
+def floor_bytes(csr, d: int, itemsize: int, op: str) -> int:
+  """The min-bytes floor of one call of `op` (module docstring)."""
+  if op != "attention":
+    return common.min_bytes(csr, d, itemsize, op)
+  # Q and the output once per row, K and V once per touched column, the structure once
+  return common.min_bytes(csr, d, itemsize, "sddmm") + (csr.shape[0] + csr.shape[1]) * d * itemsize
+
+
+def gathered_rows(gathers: int, m: int, op: str) -> int:
+  """Dense rows a window kernel of `op` reads through L2, from its windows' condensed columns."""
+  return {"spmm": gathers, "sddmm": gathers + m, "attention": 2 * gathers + m}[op]
+
+
+def model_rows(
+  name: str, order: str, csr, d: int, itemsize: int = 2, op: str = "spmm"
+) -> list[dict]:
+  floor = floor_bytes(csr, d, itemsize, op)
   base_gathers, base_tiles = window_figures(csr, 8)
   out = []
   for h in HEIGHTS:
     gathers, tiles = (base_gathers, base_tiles) if h == 8 else window_figures(csr, h)
-    gather_bytes = gathers * d * itemsize
+    gather_bytes = gathered_rows(gathers, csr.shape[0], op) * d * itemsize
     out.append(
       {
         "graph": name,
@@ -55,7 +77,8 @@ def model_rows(name: str, order: str, csr, d: int, itemsize: int = 2) -> list[di
         "h": h,
         "cols/window": gathers / max(1, -(-csr.shape[0] // h)),
         "gather MB": gather_bytes / 1e6,
-        "saved vs h=8": 1 - gathers / base_gathers,
+        "saved vs h=8": 1
+        - gathered_rows(gathers, csr.shape[0], op) / gathered_rows(base_gathers, csr.shape[0], op),
         "tiles": tiles,
         "tiles vs h=8": tiles / base_tiles,
         "density": csr.nnz / (tiles * h * 8),
@@ -84,16 +107,17 @@ def main(argv=None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   add_graph_args(ap)
   ap.add_argument("--d", type=int, default=128, help="feature width (fp16 rows)")
+  ap.add_argument("--op", choices=("spmm", "sddmm", "attention"), default="spmm")
   a = ap.parse_args(argv)
   rows = []
   for name, csr in graphs_of(a, [g for g in DEFAULT_GRAPHS if "24.6M" not in g]):
-    rows += model_rows(name, "caller", csr, a.d)
+    rows += model_rows(name, "caller", csr, a.d, op=a.op)
     if a.reorder:
       import jaxsparse_tc as jst
 
       perm = jst.reorder(csr, "affinity", seed=0).perm
-      rows += model_rows(name, "affinity", csr[perm][:, perm].tocsr(), a.d)
-  common.print_table(rows, COLUMNS, f"window gather model, fp16 d = {a.d}")
+      rows += model_rows(name, "affinity", csr[perm][:, perm].tocsr(), a.d, op=a.op)
+  common.print_table(rows, COLUMNS, f"window gather model, {a.op}, fp16 d = {a.d}")
 
 
 if __name__ == "__main__":

@@ -237,6 +237,13 @@ def test_window_model_counts_gathers_and_tiles(rng):
   rows = window_model.model_rows("t", "caller", csr, 64)
   assert [r["h"] for r in rows] == list(window_model.HEIGHTS)
   assert rows[0]["saved vs h=8"] == 0 and rows[1]["saved vs h=8"] > 0
+  # SDDMM adds each window row of one operand, attention a K and a V row per column and Q's rows
+  g8, _ = window_model.window_figures(csr, 8)
+  for op, rows_read in (("spmm", g8), ("sddmm", g8 + m), ("attention", 2 * g8 + m)):
+    r8 = window_model.model_rows("t", "caller", csr, 64, op=op)[0]
+    assert r8["gather MB"] == pytest.approx(rows_read * 64 * 2 / 1e6), op
+  floors = [window_model.floor_bytes(csr, 64, 2, op) for op in ("spmm", "sddmm", "attention")]
+  assert floors[0] < floors[2] and floors[1] < floors[2]
 
 
 def test_summaries_read_older_runs_and_count_the_selector_targets(tmp_path):
