@@ -9,7 +9,8 @@ chain captured in one CUDA graph and replayed (bench_chained._time_torch). SDDMM
 calls on distinct operand pairs, all outputs returned. Attention (fp16, H = 4): the forward chain
 q <- out, and forward+backward q <- q + 1e-3 (dq + dk + dv) (bench_chained.grad_step), K chosen
 as bench_chained does (at most 32). K (--chain) defaults to chain_length: 16 calls from 2^20
-nonzeros, up to 128 on smaller graphs. One compiled program per (impl, config); the matrix is an argument.
+nonzeros, up to 128 on smaller graphs. One compiled program per (impl, config); the matrix is
+an argument.
 
 Grid: every graph of common.benchmark_graphs with more than 80k stored edges (not Cora) plus
 rmat17-d16, rmat20-d8 and the dense stand-ins common.DENSE_STANDINS (graphs named with
