@@ -60,8 +60,8 @@ constexpr int64_t kLargeGraphNnz = int64_t(1) << 20;
 // SpMM: the row kernels walk rows in row order where windows reuse their columns
 // (pattern.row_order), so that neighbouring rows share X rows in L1 and L2, and are faster than
 // the tensor-core kernel (or within 6%) on every suite graph up to reuse 2.3 (DD in affinity
-// order), at every width and dtype. Tensor cores on large graphs from reuse 3 for 16-bit rows of 128 bytes and
-// more (from 4 for narrower ones), from 3.5 in float32 (tf32); on any graph from
+// order), at every width and dtype. Tensor cores on large graphs from reuse 3 for 16-bit rows of
+// 128 bytes and more (from 4 for narrower ones), from 3.5 in float32 (tf32); on any graph from
 // kBlockDenseReuse.
 inline bool spmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int esize) {
   const double reuse = row_reuse(f);
