@@ -72,7 +72,7 @@ from benchmarks import common, compare, flashsparse_peer
 MIN_EDGES = 80_000  # default graphs: more stored edges than this (not Cora)
 DTYPES = {"fp16": ("float16", 2), "bf16": ("bfloat16", 2), "fp32": ("float32", 4)}
 HIT = 1.03  # auto "hits" when within 3% of the fastest forced kernel
-# The selector's targets (issue: within 5% of the best forced kernel on >= 90% of the grid's
+# The selector's targets (within 5% of the best forced kernel on >= 90% of the grid's
 # configurations, never worse than 15%), counted beside the hits.
 NEAR, FAR = 1.05, 1.15
 H_ATT = 4
@@ -283,8 +283,10 @@ def chain_length(nnz: int, quick: bool = False) -> int:
   0.25-11 us in one grid); 4 with --quick."""
   if quick:
     return 4
-  want = 16 * (1 << 20) / max(nnz, 1)
-  return int(min(128, max(16, 1 << math.ceil(math.log2(want))))) if want > 16 else 16
+  k = 16
+  while k < 128 and k * nnz < 16 * (1 << 20):
+    k *= 2
+  return k
 
 
 def _first_line(e: Exception) -> str:

@@ -103,6 +103,9 @@ _MAP = {
   "fp32": ("blockProcess_tf32", "forward_tf32_map"),
 }
 _SDDMM = {"fp16": "forward_gen_fp16", "fp32": "forward_gen_tf32"}
+# A variant's result counts as right within this error (max over the reference's max): its fp16
+# and tf32 variants measured 4e-4 to 2e-3 on the dense graphs.
+CHECK_TOL = 1e-2
 
 
 def spmm_call(
@@ -170,7 +173,8 @@ def peer_rows(add, fs: FlashSparse, csr, ops, dims, dtypes, epochs: int = 20) ->
           def timed(x=x, dtype=dtype):
             # Per variant one launch for the check (balance's atomics accumulate over launches
             # into an output zeroed once) that also warms up (its timer has no warm-up), then
-            # the timed run; the fastest variant is the row, the others in `variants`.
+            # the timed run; the fastest variant within CHECK_TOL of float64 is the row (a wrong
+            # one is never "best"; none right: an error row), all of them in `variants`.
             want = pattern @ x.astype(np.float64)
             runs = {}
             for variant in SPMM_VARIANTS:
@@ -180,7 +184,13 @@ def peer_rows(add, fs: FlashSparse, csr, ops, dims, dtypes, epochs: int = 20) ->
               if not np.isfinite(out).all():
                 err = float("nan")
               runs[f"{variant[0]}-{variant[1]}"] = (ms * 1e3, err)
-            best = min(runs, key=lambda k: runs[k][0])
+            right = [k for k in runs if runs[k][1] <= CHECK_TOL]  # NaN fails too
+            if not right:
+              raise RuntimeError(
+                f"no FlashSparse SpMM variant matched float64 within {CHECK_TOL}: "
+                + ", ".join(f"{k} {e:.2g}" for k, (_, e) in runs.items())
+              )
+            best = min(right, key=lambda k: runs[k][0])
             return {
               "us_per_call": runs[best][0],
               "wall_us": None,

@@ -167,6 +167,44 @@ def test_dense_standin_names():
     standins.dense_communities(10, "imdb")
 
 
+def test_flashsparse_peer_reports_the_fastest_right_variant(monkeypatch):
+  """FlashSparse's SpMM row is its fastest variant among those matching float64: a faster wrong
+  one (or one giving NaN) is never reported; none right gives an error, not a time."""
+  import scipy.sparse as sp
+
+  from benchmarks import flashsparse_peer
+
+  csr = sp.random(40, 40, density=0.2, random_state=1, format="csr")
+  pattern = csr.astype(np.float64)
+  pattern.data[:] = 1.0
+  ms_of = dict(zip(flashsparse_peer.SPMM_VARIANTS, (0.4, 0.1, 0.2, 0.3)))
+
+  def fake_call(wrong):
+    def call(fs, csr_, x, dtype, epochs, variant):
+      out = pattern @ x.astype(np.float64)
+      if variant in wrong:
+        out = out + (np.nan if variant == ("map", 8) else 1.0)
+      return out.astype(np.float32), ms_of[variant]
+
+    return call
+
+  def rows_of(wrong):
+    monkeypatch.setattr(flashsparse_peer, "spmm_call", fake_call(wrong))
+    got = []
+    flashsparse_peer.peer_rows(
+      lambda op, d, dtype, impl, fn: got.append(fn()), None, csr, {"spmm"}, [8], ["fp16"], 5
+    )
+    return got
+
+  (row,) = rows_of({("balance", 16), ("map", 8)})  # the fastest (balance-16) is wrong
+  assert row["us_per_call"] == pytest.approx(200.0) and row["how"].endswith("map-4")
+  assert row["rel_err"] <= flashsparse_peer.CHECK_TOL
+  assert row["variants"]["balance-16"]["rel_err"] > flashsparse_peer.CHECK_TOL
+  assert np.isnan(row["variants"]["map-8"]["rel_err"])
+  with pytest.raises(RuntimeError, match="no FlashSparse SpMM variant matched"):
+    rows_of(set(flashsparse_peer.SPMM_VARIANTS))
+
+
 def test_flashsparse_peer_import_failures_are_clear(tmp_path):
   """A missing folder, a folder without FlashSparse's modules and a module that fails to import
   each raise FlashSparseUnavailable naming the path and the modules; bench_kernels' run fails
