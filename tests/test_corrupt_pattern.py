@@ -80,20 +80,25 @@ def test_grouped_schedules_pass(rng, grouped):
 
 
 def test_large_pattern_passes(rng):
-  """Past the small-graph rules (>= 2^16 nonzeros): windows split into pieces of 32 blocks, rows
-  cut into several CTA items (slotted), longest CTA items first."""
+  """Past the small-graph rules (>= 2^16 nonzeros): windows split into pieces (of 8 blocks by
+  the rule, six long windows being a few; of 32 forced), rows cut into several CTA items
+  (slotted), longest CTA items first."""
+  from jaxsparse_tc._src.pattern import FINE_SPLIT_MIN, SPLIT_BLOCKS
+
   m, n = 3000, 2500
   rows, cols, _ = random_coo(rng, m, n, 0.012)
   long_rows = rng.choice(m, 6, replace=False)
   lengths = rng.integers(600, 2400, 6)
   rows = np.concatenate([rows] + [np.full(k, r) for r, k in zip(long_rows, lengths)])
   cols = np.concatenate([cols] + [rng.choice(n, k, replace=False) for k in lengths])
-  A = jst.SparseMatrix.from_coo(rows, cols, shape=(m, n))
-  p = A.pattern
-  assert A.nnz >= 2**16
-  assert np.asarray(p.row_schedule)[:, 3].max() >= 1  # slotted rows
-  assert np.asarray(p.schedule)[:, 3].max() == 32  # split windows
-  assert validate(A) == ("", "", "")
+  forced = jst.FormatOptions(split_blocks=32)
+  for options, piece in ((None, FINE_SPLIT_MIN), (forced, SPLIT_BLOCKS)):
+    A = jst.SparseMatrix.from_coo(rows, cols, shape=(m, n), format_options=options)
+    p = A.pattern
+    assert A.nnz >= 2**16
+    assert np.asarray(p.row_schedule)[:, 3].max() >= 1  # slotted rows
+    assert np.asarray(p.schedule)[:, 3].max() == piece  # split windows
+    assert validate(A) == ("", "", "")
 
 
 def test_reordered_pattern_passes(rng):

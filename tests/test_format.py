@@ -88,7 +88,7 @@ def test_schedule_covers_every_block_once(rng):
   ptr = np.asarray(A.pattern.window_block_ptr)
   seen = np.zeros(A.pattern.num_blocks, np.int64)
   windows = set()
-  piece = split_blocks(A.nnz)
+  piece = split_blocks(ptr, A.nnz)
   assert piece < SPLIT_BLOCKS, "a small graph: pieces shorter than SPLIT_BLOCKS"
   cptr = np.asarray(A.pattern.window_col_ptr)
   for i, (w, b0, b1, split, c0, c1, first, pieces) in enumerate(sched):
@@ -374,8 +374,9 @@ def test_split_blocks_by_graph_size():
   """Small graphs get short pieces; the schedule's fourth field carries the piece size."""
   from jaxsparse_tc._src.pattern import SMALL_GRAPH_NNZ, SMALL_GRAPH_SPLIT
 
-  assert split_blocks(SMALL_GRAPH_NNZ - 1) == SMALL_GRAPH_SPLIT < SPLIT_BLOCKS
-  assert split_blocks(SMALL_GRAPH_NNZ) == SPLIT_BLOCKS
+  light = np.arange(0, 8 * 200_001, 8)  # 200,000 windows of 8 blocks
+  assert split_blocks(light, SMALL_GRAPH_NNZ - 1) == SMALL_GRAPH_SPLIT < SPLIT_BLOCKS
+  assert split_blocks(light, SMALL_GRAPH_NNZ) == SPLIT_BLOCKS
   s = window_schedule(np.array([0, 70, 71]), 32)
   assert s[:, 3].tolist() == [32, 32, 32, 0]
   assert s[:3, 1].tolist() == [0, 32, 64] and s[:3, 2].tolist() == [32, 64, 70]
@@ -390,6 +391,52 @@ def test_split_blocks_by_graph_size():
       jst.FormatOptions(split_blocks=bad)
   with pytest.raises(TypeError, match="FormatOptions"):
     SparseMatrix.from_coo(rows, cols, shape=(8, 5000), format_options={"split_blocks": 4})
+
+
+def test_a_few_heavy_windows_get_finer_pieces():
+  """Past SMALL_GRAPH_NNZ, a pattern whose only long windows are a few (1..FEW_HEAVY_WINDOWS
+  past SPLIT_BLOCKS blocks) cuts them, and every window past the piece size, into pieces of about
+  blocks / BLOCKS_PER_PIECE (FINE_SPLIT_MIN..SPLIT_BLOCKS); with none or many, SPLIT_BLOCKS."""
+  from jaxsparse_tc._src.pattern import (
+    BLOCKS_PER_PIECE,
+    FEW_HEAVY_WINDOWS,
+    FINE_SPLIT_MIN,
+    SMALL_GRAPH_NNZ,
+  )
+
+  def coo(heavy, light, light_blocks):
+    """`heavy` windows of 50 blocks, then `light` of `light_blocks`, each row of a window its
+    own columns (8 nonzeros per block), as COO of a matrix of 4096 columns."""
+    counts = np.array([50] * heavy + [light_blocks] * light)
+    per_row = np.repeat(counts, 8)  # a window of c blocks: 8 rows of c columns, 8c distinct
+    rows = np.repeat(np.arange(per_row.size), per_row)
+    first = np.cumsum(per_row) - per_row  # each row's first entry
+    cols = (np.arange(rows.size) - first[rows] + (rows % 8) * per_row[rows]) % 4096
+    return rows, cols, (per_row.size, 4096)
+
+  for heavy, light, light_blocks, want in (
+    (1, 1100, 8, FINE_SPLIT_MIN),  # ~8.8k blocks: pieces of 8
+    (FEW_HEAVY_WINDOWS, 1100, 8, FINE_SPLIT_MIN),
+    (FEW_HEAVY_WINDOWS + 1, 1100, 8, SPLIT_BLOCKS),  # many long windows: no finer pieces
+    (0, 1100, 8, SPLIT_BLOCKS),  # none past SPLIT_BLOCKS: nothing to shorten
+    (2, 16 * BLOCKS_PER_PIECE // 16, 16, 16),  # ~16 x BLOCKS_PER_PIECE blocks: pieces of 16
+  ):
+    rows, cols, shape = coo(heavy, light, light_blocks)
+    A = SparseMatrix.from_coo(rows, cols, shape=shape)
+    assert A.nnz >= SMALL_GRAPH_NNZ
+    ptr = np.asarray(A.pattern.window_block_ptr)
+    counts = np.diff(ptr)
+    assert (counts > SPLIT_BLOCKS).sum() == heavy
+    assert split_blocks(ptr, A.nnz) == want, (heavy, light)
+    sched = np.asarray(A.pattern.schedule)
+    split = counts[sched[:, 0]] > want
+    assert (sched[split, 3] == want).all() and (sched[~split, 3] == 0).all()
+    assert sched.shape[0] == sum(max(1, -(-int(c) // want)) for c in counts)
+  # a forced piece size wins over the rule
+  rows, cols, shape = coo(1, 1100, 8)
+  forced = jst.FormatOptions(split_blocks=32)
+  A = SparseMatrix.from_coo(rows, cols, shape=shape, format_options=forced)
+  assert np.asarray(A.pattern.schedule)[:, 3].max() == 32
 
 
 def test_schedule_includes_empty_windows():

@@ -286,16 +286,27 @@ def _edge_attention_ref(A, q, k, v, w):
   return out, (dq, dk, dv)
 
 
+@pytest.mark.parametrize("hub", [False, True])
 @pytest.mark.parametrize("backward", ["fused", "composed"])
 @pytest.mark.parametrize("d", [64, 128])
-def test_gpu_attention_large_pattern(rng, d, backward):
+def test_gpu_attention_large_pattern(rng, d, backward, hub):
   """A pattern of ~80k nonzeros and as many condensed columns: the paths that only large graphs
   take (the forward's and the fused backward's next-pair prefetch, the composed backward's
-  two-entry batches), forward and both backwards against float64, fp16, H=2."""
+  two-entry batches), forward and both backwards against float64, fp16, H=2. `hub`: one window
+  of ~75 blocks and a column of 900 rows, so both orientations have a few long windows and get
+  pieces shorter than SPLIT_BLOCKS (pattern.split_blocks)."""
+  from jaxsparse_tc._src.pattern import SPLIT_BLOCKS, split_blocks
+
   n = 20_000
   rows = np.repeat(np.arange(n), rng.integers(0, 9, n))
-  Ac = SparseMatrix.from_coo(rows, rng.integers(0, n, rows.size), shape=(n, n))
+  cols = rng.integers(0, n, rows.size)
+  if hub:
+    rows = np.concatenate([rows, np.repeat(np.arange(8, 16), 75), rng.integers(0, n, 900)])
+    cols = np.concatenate([cols, rng.integers(0, n, 600), np.full(900, 77)])
+  Ac = SparseMatrix.from_coo(rows, cols, shape=(n, n))
   assert Ac.nnz >= 1 << 16 and Ac.pattern.window_cols.shape[0] >= 1 << 16
+  for p in (Ac.pattern, Ac.pattern_t):
+    assert (split_blocks(p.window_block_ptr, Ac.nnz) < SPLIT_BLOCKS) == hub
   A = on_gpu(Ac)
   q, k, v = (gpu(x) for x in qkv(rng, Ac, d=d, dv=d, dtype=jnp.float16, h=2))
   w = gpu(jnp.asarray(rng.standard_normal((2, n, d)), jnp.float32))

@@ -21,6 +21,9 @@ REF_GROUPED_MAX_BLOCKS = 32
 REF_SMALL_GRAPH_NNZ = 1 << 16
 REF_SMALL_GRAPH_PIECE = 8
 REF_SMALL_GRAPH_SPLIT = 4
+REF_FEW_HEAVY_WINDOWS = 32
+REF_BLOCKS_PER_PIECE = 4096
+REF_FINE_SPLIT_MIN = 8
 REF_ROW_CTA_PIECES = 16
 REF_WHOLE_ROW = -1
 REF_CTA_ROW = -2
@@ -82,8 +85,16 @@ def ref_grouped_schedule_fits(window_block_ptr, nnz):
   )
 
 
-def ref_split_blocks(nnz):
-  return REF_SMALL_GRAPH_SPLIT if nnz < REF_SMALL_GRAPH_NNZ else REF_SPLIT_BLOCKS
+def ref_split_blocks(window_block_ptr, nnz):
+  if nnz < REF_SMALL_GRAPH_NNZ:
+    return REF_SMALL_GRAPH_SPLIT
+  counts = np.diff(np.asarray(window_block_ptr, dtype=np.int64))
+  heavy = int((counts > REF_SPLIT_BLOCKS).sum())
+  if not 1 <= heavy <= REF_FEW_HEAVY_WINDOWS:
+    return REF_SPLIT_BLOCKS
+  share = int(counts.sum()) // REF_BLOCKS_PER_PIECE
+  piece = 1 << (share.bit_length() - 1) if share > 0 else 1
+  return min(max(piece, REF_FINE_SPLIT_MIN), REF_SPLIT_BLOCKS)
 
 
 def ref_row_piece(nnz):
@@ -140,7 +151,7 @@ def ref_schedules(wbp, wcp, row_ptr, nnz, m, n, options=None):
   if want_grouped and not fits:
     raise ValueError("grouped")
   grouped = fits and want_grouped is not False and forced_size is None
-  size = ref_split_blocks(nnz) if forced_size is None else forced_size
+  size = ref_split_blocks(wbp, nnz) if forced_size is None else forced_size
   schedule = ref_window_schedule(wbp, size, grouped, wcp)
   row_schedule = ref_row_schedule(
     row_ptr, ref_row_piece(nnz), ref_row_order(nnz, int(wcp[-1]), options)
@@ -221,6 +232,9 @@ def test_constants_are_the_reference_values():
     SMALL_GRAPH_NNZ=REF_SMALL_GRAPH_NNZ,
     SMALL_GRAPH_PIECE=REF_SMALL_GRAPH_PIECE,
     SMALL_GRAPH_SPLIT=REF_SMALL_GRAPH_SPLIT,
+    FEW_HEAVY_WINDOWS=REF_FEW_HEAVY_WINDOWS,
+    BLOCKS_PER_PIECE=REF_BLOCKS_PER_PIECE,
+    FINE_SPLIT_MIN=REF_FINE_SPLIT_MIN,
     ROW_CTA_PIECES=REF_ROW_CTA_PIECES,
     WHOLE_ROW=REF_WHOLE_ROW,
     CTA_ROW=REF_CTA_ROW,
@@ -248,8 +262,22 @@ def test_scalar_rules_match_the_reference(rng):
     ]
   ).astype(np.int64)
   for nnz in nnzs.tolist():
-    assert pattern_lib.split_blocks(nnz) == ref_split_blocks(nnz), nnz
     assert pattern_lib.row_piece(nnz) == ref_row_piece(nnz), nnz
+  # the split rule: 0, 1, a few and many windows past SPLIT_BLOCKS, patterns of any block count
+  for heavy in (0, 1, 2, REF_FEW_HEAVY_WINDOWS, REF_FEW_HEAVY_WINDOWS + 1, 100):
+    for light in (0, 10, 1000, 7000, 20000, 60000):
+      counts = np.concatenate(
+        [
+          rng.integers(REF_SPLIT_BLOCKS + 1, 300, heavy),
+          rng.integers(0, REF_SPLIT_BLOCKS + 1, light),
+        ]
+      )
+      wbp = np.concatenate([[0], np.cumsum(rng.permutation(counts))]).astype(np.int32)
+      for nnz in (REF_SMALL_GRAPH_NNZ - 1, REF_SMALL_GRAPH_NNZ, 10**7):
+        want = ref_split_blocks(wbp, nnz)
+        assert pattern_lib.split_blocks(wbp, nnz) == want, (heavy, light, nnz)
+        items = ref_window_schedule(wbp, want, False, None).shape[0]
+        assert items <= pattern_lib.window_items_bound(wbp.size - 1, int(wbp[-1]), nnz)
   for piece in list(range(0, 40)) + [256, 1000]:
     assert pattern_lib.row_cta_entries(piece) == ref_row_cta_entries(piece)
   counts = np.arange(-2, 80)
@@ -386,7 +414,7 @@ def test_reschedule_matches_the_reference(rng):
           continue
         for size in (None, 1, 7, 32):
           r = padding.reschedule(p, m, nnz_pad, grouped, size)
-          want_size = ref_split_blocks(nnz_pad) if size is None else size
+          want_size = ref_split_blocks(p.window_block_ptr, nnz_pad) if size is None else size
           np.testing.assert_array_equal(
             r.schedule,
             ref_window_schedule(p.window_block_ptr, want_size, grouped, p.window_col_ptr),

@@ -115,8 +115,10 @@ BuiltPattern build_pattern(const int64_t* rows, const int64_t* cols, int64_t cou
         " nonzeros and a window of " + std::to_string(most) + " blocks");
   }
   p.grouped = fits && options.grouped.value_or(true) && !options.split_blocks;
-  p.schedule = window_schedule(p.window_block_ptr.data(), p.window_col_ptr.data(), W,
-                               options.split_blocks.value_or(split_blocks(pos)), p.grouped);
+  const int64_t piece = options.split_blocks ? *options.split_blocks
+                                             : split_blocks(p.window_block_ptr.data(), W, pos);
+  p.schedule =
+      window_schedule(p.window_block_ptr.data(), p.window_col_ptr.data(), W, piece, p.grouped);
   const RowOrder walk = options.row_order.value_or(row_order(pos, int64_t(p.window_cols.size())));
   p.row_schedule = row_schedule(row_ptr.data(), m, row_piece(pos), walk);
   return p;

@@ -14,7 +14,7 @@ struct ScheduleOptions {
   // Grouped window schedule: the rule is grouped where grouped_schedule_fits holds, unless
   // split_blocks is given; false never; true where it fits, else std::invalid_argument.
   std::optional<bool> grouped;
-  std::optional<int64_t> split_blocks;  // piece size of split windows; rule: split_blocks(nnz)
+  std::optional<int64_t> split_blocks;  // piece size of split windows; rule: split_blocks
   std::optional<RowOrder> row_order;    // rule: row_order(nnz, condensed columns)
 };
 

@@ -43,6 +43,29 @@ static int32_t schedule_field(int64_t value, const char* what) {
 }
 
 template <class T>
+int64_t split_blocks(const T* window_block_ptr, int64_t windows, int64_t nnz) {
+  if (nnz < kSmallGraphNnz) return kSmallGraphSplit;
+  int64_t heavy = 0;
+  for (int64_t w = 0; w < windows && heavy <= kFewHeavyWindows; ++w)
+    heavy += int64_t(window_block_ptr[w + 1]) - int64_t(window_block_ptr[w]) > kSplitBlocks;
+  if (heavy == 0 || heavy > kFewHeavyWindows) return kSplitBlocks;
+  const int64_t blocks = windows > 0 ? int64_t(window_block_ptr[windows]) - window_block_ptr[0] : 0;
+  const int64_t share = blocks / kBlocksPerPiece;
+  return std::clamp<int64_t>(share > 0 ? int64_t(1) << length_class(share) : 1, kFineSplitMin,
+                             kSplitBlocks);
+}
+
+int64_t window_items_bound(int64_t windows, int64_t blocks, int64_t nnz) {
+  // Pieces past each window's first: fewer than blocks / piece. Finer pieces than kSplitBlocks
+  // (small graphs aside) come only from patterns of B < kSplitBlocks * kBlocksPerPiece blocks,
+  // as pieces of 8 under 16 * kBlocksPerPiece blocks and of 16 above: fewer than
+  // min(B / 8, 2 * kBlocksPerPiece) pieces, which grows with B.
+  if (nnz < kSmallGraphNnz) return windows + blocks / kSmallGraphSplit;
+  return windows +
+         std::max(blocks / kSplitBlocks, std::min(blocks / kFineSplitMin, 2 * kBlocksPerPiece));
+}
+
+template <class T>
 std::vector<int32_t> window_schedule(const T* window_block_ptr, const T* window_col_ptr,
                                      int64_t windows, int64_t size, bool grouped) {
   if (!grouped && size < 1)
@@ -175,6 +198,8 @@ template std::vector<int32_t> window_schedule(const int32_t*, const int32_t*, in
                                               bool);
 template std::vector<int32_t> window_schedule(const int64_t*, const int64_t*, int64_t, int64_t,
                                               bool);
+template int64_t split_blocks(const int32_t*, int64_t, int64_t);
+template int64_t split_blocks(const int64_t*, int64_t, int64_t);
 template std::vector<int32_t> row_schedule(const int32_t*, int64_t, int64_t, RowOrder);
 template std::vector<int32_t> row_schedule(const int64_t*, int64_t, int64_t, RowOrder);
 
@@ -201,12 +226,17 @@ nb::ndarray<nb::numpy, int32_t> items_array(std::vector<int32_t>&& v, size_t fie
   return nb::ndarray<nb::numpy, int32_t>(owned->data(), {owned->size() / fields, fields}, del);
 }
 
+// Windows of a pointer array: an empty one has none (as an array of one pointer).
+template <class T>
+int64_t window_count(const Pointers<T>& block_ptr) {
+  return std::max<int64_t>(int64_t(block_ptr.shape(0)) - 1, 0);
+}
+
 template <class T>
 nb::ndarray<nb::numpy, int32_t> py_window_schedule(Pointers<T> block_ptr, int64_t size,
                                                    bool grouped,
                                                    std::optional<Pointers<T>> col_ptr) {
-  // An empty pointer array has no windows (as an array of one pointer).
-  const int64_t windows = std::max<int64_t>(int64_t(block_ptr.shape(0)) - 1, 0);
+  const int64_t windows = window_count(block_ptr);
   if (col_ptr && col_ptr->shape(0) != block_ptr.shape(0))
     throw std::invalid_argument("window_col_ptr must have as many entries as window_block_ptr (" +
                                 std::to_string(block_ptr.shape(0)) + "); got " +
@@ -236,13 +266,18 @@ nb::ndarray<nb::numpy, int32_t> py_row_schedule(Pointers<T> row_ptr, int64_t pie
 
 template <class T>
 bool py_grouped_schedule_fits(Pointers<T> block_ptr, int64_t nnz) {
-  // An empty pointer array has no windows (as an array of one pointer).
-  const int64_t windows = std::max<int64_t>(int64_t(block_ptr.shape(0)) - 1, 0);
-  return grouped_schedule_fits(block_ptr.data(), windows, nnz);
+  return grouped_schedule_fits(block_ptr.data(), window_count(block_ptr), nnz);
+}
+
+template <class T>
+int64_t py_split_blocks(Pointers<T> block_ptr, int64_t nnz) {
+  return split_blocks(block_ptr.data(), window_count(block_ptr), nnz);
 }
 
 template <class T>
 void def_pointer_functions(nb::module_& m) {
+  m.def("split_blocks", &py_split_blocks<T>, nb::arg("window_block_ptr"), nb::arg("nnz"),
+        "Blocks per piece of a split window of a pattern (cpu/schedule.h).");
   m.def("window_schedule", &py_window_schedule<T>, nb::arg("window_block_ptr"),
         nb::arg("size") = kSplitBlocks, nb::arg("grouped") = false,
         nb::arg("window_col_ptr") = nb::none(),
@@ -277,6 +312,9 @@ void register_schedule(nb::module_& m) {
   m.attr("GROUPED_MAX_BLOCKS") = kGroupedMaxBlocks;
   m.attr("SMALL_GRAPH_NNZ") = kSmallGraphNnz;
   m.attr("SMALL_GRAPH_SPLIT") = kSmallGraphSplit;
+  m.attr("FEW_HEAVY_WINDOWS") = kFewHeavyWindows;
+  m.attr("BLOCKS_PER_PIECE") = kBlocksPerPiece;
+  m.attr("FINE_SPLIT_MIN") = kFineSplitMin;
   m.attr("SMALL_GRAPH_PIECE") = kSmallGraphRowPiece;
   m.attr("ROW_CTA_PIECES") = kRowCtaPieces;
   m.attr("WHOLE_ROW") = kWholeRowSlot;
@@ -289,7 +327,8 @@ void register_schedule(nb::module_& m) {
   // int32 pointers (a pattern's own) without a copy, others converted to int64.
   def_pointer_functions<int32_t>(m);
   def_pointer_functions<int64_t>(m);
-  m.def("split_blocks", &split_blocks, nb::arg("nnz"), "Blocks per piece of a split window.");
+  m.def("window_items_bound", &window_items_bound, nb::arg("windows"), nb::arg("blocks"),
+        nb::arg("nnz"), "The most items of a window schedule (cpu/schedule.h).");
   m.def("row_piece", &row_piece, nb::arg("nnz"), "Longest row one lane group walks alone.");
   m.def("row_cta_entries", &row_cta_entries, nb::arg("piece"), "Most entries of one CTA item.");
   m.def("grouped_pieces", &grouped_pieces, nb::arg("count"),

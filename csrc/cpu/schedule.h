@@ -25,6 +25,18 @@ constexpr double kLocalityReuse = 1.55;
 // CTAs of a row-ordered walk). pattern.py LONG_ROW_FACTOR.
 constexpr int kLongRowFactor = 4;
 
+// The split rule's finer pieces (split_blocks): at most this many windows longer than
+// kSplitBlocks blocks count as "a few", and their pieces get about 1/kBlocksPerPiece of the
+// pattern's blocks (~ one of the ~4,000 warps an H100/H200 keeps resident), at least
+// kFineSplitMin. Measured on one H200 (affinity order, fp16, d = 64/128, forced window
+// kernels): imdb-binary (1 such window) SpMM 0.69-0.77x the time with pieces of 32, the attention
+// forward 0.72-0.77x; dense500k-imdb (4) 0.68-0.90x; dense2M-imdb (22, pieces of 16) SpMM
+// 0.88-0.96x, SDDMM 0.83-0.86x; facebook-page-page (87-133) and github-musae (182-273) lost
+// 1.2-2.2x with pieces of 8.
+constexpr int kFewHeavyWindows = 32;
+constexpr int64_t kBlocksPerPiece = 4096;
+constexpr int kFineSplitMin = 8;
+
 inline int64_t ceil_div(int64_t a, int64_t b) {
   return a / b + (a % b != 0 && (a < 0) == (b < 0));
 }
@@ -34,12 +46,20 @@ inline int length_class(int64_t count) {
   return count > 0 ? 63 - __builtin_clzll(uint64_t(count)) : -1;
 }
 
-// Blocks per piece of a split window. On a graph too small to fill the GPU a kernel's time is its
-// longest piece's chain of dependent block loads (the attention forward walks a piece two blocks
-// per round trip), so small graphs get short pieces.
-inline int64_t split_blocks(int64_t nnz) {
-  return nnz < kSmallGraphNnz ? kSmallGraphSplit : kSplitBlocks;
-}
+// Blocks per piece of a split window (`window_block_ptr` has windows + 1 entries). On a graph too
+// small to fill the GPU a kernel's time is its longest piece's chain of dependent block loads
+// (the attention forward walks a piece two blocks per round trip), so small graphs get short
+// pieces. Larger graphs get kSplitBlocks, but where only a few windows (1 to kFewHeavyWindows)
+// are longer than that: their pieces, not the whole, then set the time, and pieces of about
+// blocks / kBlocksPerPiece (at least kFineSplitMin, at most kSplitBlocks) shorten them. Where
+// many windows are long, splitting finer only adds the pieces' atomics (docs/DESIGN.md,
+// "Schedules").
+template <class T>
+int64_t split_blocks(const T* window_block_ptr, int64_t windows, int64_t nnz);
+
+// The most items a window schedule of a pattern of `nnz` nonzeros, `windows` windows and at
+// most `blocks` blocks can have, whatever its windows' lengths (split_blocks' smallest pieces).
+int64_t window_items_bound(int64_t windows, int64_t blocks, int64_t nnz);
 
 // Longest row one lane group walks alone: small graphs get short rows per group (a shorter
 // longest chain of dependent loads; on Cora, from 32 to 16 to 8, fp16 SpMM device time went

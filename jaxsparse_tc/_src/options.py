@@ -104,7 +104,9 @@ class FormatOptions:
 
   Attributes:
     split_blocks: most blocks per piece of a long window (1..32). None: the builder's rule
-      (4 on graphs under 65,536 nonzeros, where a kernel's time is its longest piece, else 32).
+      (4 on graphs under 65,536 nonzeros, where a kernel's time is its longest piece; 8 or 16
+      where only 1 to 32 windows are longer than 32 blocks and the pattern has fewer than
+      131,072 blocks; else 32).
     grouped: whether small graphs get a grouped schedule (a split window's pieces merge inside
       one CTA of the attention forward). None: the builder's rule (graphs under 65,536
       nonzeros whose windows have at most 32 blocks, unless split_blocks is given); False

@@ -92,7 +92,7 @@ def reschedule(
   wbp = np.ascontiguousarray(p.window_block_ptr, np.int32)
   wcp = np.ascontiguousarray(p.window_col_ptr, np.int32)
   nnz = int(nnz)
-  size = _cpu.split_blocks(nnz) if split_blocks is None else int(split_blocks)
+  size = pattern_lib.split_blocks(wbp, nnz) if split_blocks is None else int(split_blocks)
   schedule = _cpu.window_schedule(wbp, size, bool(grouped), wcp)
   order = _cpu.row_order(int(p.rows.shape[0]), int(wcp[-1]))
   row_schedule = _cpu.row_schedule(_row_ptr(p, num_rows), _cpu.row_piece(nnz), order)

@@ -23,6 +23,11 @@ GROUPED_MAX_BLOCKS = _cpu.GROUPED_MAX_BLOCKS
 SMALL_GRAPH_NNZ = _cpu.SMALL_GRAPH_NNZ  # graphs this small get row pieces of SMALL_GRAPH_PIECE
 SMALL_GRAPH_PIECE = _cpu.SMALL_GRAPH_PIECE
 SMALL_GRAPH_SPLIT = _cpu.SMALL_GRAPH_SPLIT  # and windows split into pieces of this many blocks
+# Larger graphs with 1 to FEW_HEAVY_WINDOWS windows of more than SPLIT_BLOCKS blocks: pieces of
+# about blocks / BLOCKS_PER_PIECE, at least FINE_SPLIT_MIN (split_blocks).
+FEW_HEAVY_WINDOWS = _cpu.FEW_HEAVY_WINDOWS
+BLOCKS_PER_PIECE = _cpu.BLOCKS_PER_PIECE
+FINE_SPLIT_MIN = _cpu.FINE_SPLIT_MIN
 # A CTA's lane groups share one long row: up to ROW_CTA_PIECES row pieces' worth of entries.
 ROW_CTA_PIECES = _cpu.ROW_CTA_PIECES
 WHOLE_ROW = _cpu.WHOLE_ROW  # row_schedule slot: one lane group walks the row
@@ -97,10 +102,17 @@ def grouped_schedule_fits(window_block_ptr: np.ndarray, nnz: int) -> bool:
   return _cpu.grouped_schedule_fits(*_pointers(window_block_ptr), int(nnz))
 
 
-def split_blocks(nnz: int) -> int:
-  """Blocks per piece of a split window: SMALL_GRAPH_SPLIT under SMALL_GRAPH_NNZ nonzeros, else
-  SPLIT_BLOCKS."""
-  return _cpu.split_blocks(int(nnz))
+def split_blocks(window_block_ptr: np.ndarray, nnz: int) -> int:
+  """Blocks per piece of a split window of a pattern: SMALL_GRAPH_SPLIT under SMALL_GRAPH_NNZ
+  nonzeros; else SPLIT_BLOCKS, or pieces of about blocks / BLOCKS_PER_PIECE (FINE_SPLIT_MIN to
+  SPLIT_BLOCKS) where 1 to FEW_HEAVY_WINDOWS windows are longer than SPLIT_BLOCKS blocks."""
+  return _cpu.split_blocks(*_pointers(window_block_ptr), int(nnz))
+
+
+def window_items_bound(windows: int, blocks: int, nnz: int) -> int:
+  """The most items a window schedule of a pattern with `windows` windows, at most `blocks`
+  blocks and `nnz` nonzeros can have (split_blocks' finest pieces)."""
+  return _cpu.window_items_bound(int(windows), int(blocks), int(nnz))
 
 
 def row_piece(nnz: int) -> int:

@@ -271,7 +271,7 @@ class Budget:
       # pieces 1 (<= 4 blocks), 2 (5..9), 4 (10..32): extra pieces <= 3/10 of a window's blocks
       items = windows + (3 * blocks) // 10
     else:
-      items = windows + blocks // pattern_lib.split_blocks(nnz)
+      items = pattern_lib.window_items_bound(windows, blocks, nnz)
     cap = pattern_lib.row_cta_entries(pattern_lib.row_piece(nnz))
     long_rows = self.max_degree is None or self.max_degree > cap
     row_items = n + (nnz // cap if long_rows else 0)
