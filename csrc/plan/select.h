@@ -48,11 +48,16 @@ inline double row_reuse(const PatternFeatures& f) {
 // the measured range, from the cost model.
 constexpr double kBlockDenseReuse = 6.0;
 
-// Graphs of 2^20 nonzeros and more. Below it the window kernels lost SpMM at reuse 3-4.4 on the
-// 200k-edge imdb graphs (but for imdb-multi's 256- and 512-byte rows in its own order), where
-// the same reuse won on the 2M-24.6M-edge stand-ins: few windows per SM, and, we take it, the
-// heavy ones set the time.
+// Graphs of 2^20 nonzeros and more: the SDDMM's float32 tensor cores from reuse 3 (below it
+// the row kernels won float32 on dense500k-imdb at reuse 3.2-4.1).
 constexpr int64_t kLargeGraphNnz = int64_t(1) << 20;
+
+// Graphs of 2^18 nonzeros and more: the SpMM's tensor cores from reuse 3 (dense500k-imdb, 500k
+// nonzeros, at reuse 3.2 in its own order and 4.1 in affinity order). Below it the window
+// kernels lost SpMM at reuse 3-4.4 on the 200k-edge imdb graphs (but for imdb-multi's 256- and
+// 512-byte rows in its own order): ~50-70 blocks per SM, too few to hide a window's chain of
+// dependent loads.
+constexpr int64_t kSpmmWindowNnz = int64_t(1) << 18;
 
 // The rules below are fit on the H200 grid of docs/DESIGN.md, "The kernel selector" (both kernel
 // families forced on each configuration; the commands, the hit rates and the misses are there).
@@ -60,13 +65,13 @@ constexpr int64_t kLargeGraphNnz = int64_t(1) << 20;
 // SpMM: the row kernels walk rows in row order where windows reuse their columns
 // (pattern.row_order), so that neighbouring rows share X rows in L1 and L2, and are faster than
 // the tensor-core kernel (or within 6%) on every suite graph up to reuse 2.3 (DD in affinity
-// order), at every width and dtype. Tensor cores on large graphs from reuse 3 for 16-bit rows of
-// 128 bytes and more (from 4 for narrower ones), from 3.5 in float32 (tf32); on any graph from
-// kBlockDenseReuse.
+// order), at every width and dtype. Tensor cores from kSpmmWindowNnz nonzeros from reuse 3 for
+// 16-bit rows of 128 bytes and more (from 4 for narrower ones), from 3.5 in float32 (tf32); on
+// any graph from kBlockDenseReuse.
 inline bool spmm_prefers_tensor_cores(const PatternFeatures& f, int64_t d, int esize) {
   const double reuse = row_reuse(f);
   if (reuse >= kBlockDenseReuse) return true;
-  if (f.nnz < kLargeGraphNnz) return false;
+  if (f.nnz < kSpmmWindowNnz) return false;
   if (esize == 2) return reuse >= 4.0 || (reuse >= 3.0 && d * esize >= 128);
   return reuse >= 3.5;
 }
