@@ -61,15 +61,16 @@ ffi::Error attention_grads_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffe
                                 int32_t has_bias, int32_t grouped, int32_t grouped_t,
                                 int32_t merge_split_windows) {
   constexpr const char* kOp = "attention gradients";
-  for (auto err :
-       {check_pattern_aligned(kOp, wcp, wc, wbp, bitmap, bvp, schedule),
-        check_pattern_aligned(kOp, wcp_t, wc_t, wbp_t, bitmap_t, bvp_t, schedule_t),
-        check_aligned(
-            kOp, {operand("q", q), operand("k", k), operand("v", v), operand("bias", bias),
-                  operand("o", o), operand("lse", lse), operand("dout", dout),
-                  operand("perm_t", perm_t), operand("dq", *dq), operand("dk", *dk),
-                  operand("dv", *dv), operand("dbias", *dbias), operand("workspace", *workspace)})})
-    if (err.failure()) return err;
+  if (auto err = first_failure(
+          {check_pattern_aligned(kOp, wcp, wc, wbp, bitmap, bvp, schedule),
+           check_pattern_aligned(kOp, wcp_t, wc_t, wbp_t, bitmap_t, bvp_t, schedule_t),
+           check_aligned(kOp, {operand("q", q), operand("k", k), operand("v", v),
+                               operand("bias", bias), operand("o", o), operand("lse", lse),
+                               operand("dout", dout), operand("perm_t", perm_t), operand("dq", *dq),
+                               operand("dk", *dk), operand("dv", *dv), operand("dbias", *dbias),
+                               operand("workspace", *workspace)})});
+      err.failure())
+    return err;
   const auto dtype = q.element_type();
   // The bias is float32 whatever Q's dtype; dbias has Q's.
   for (ffi::DataType x :

@@ -58,13 +58,12 @@ ffi::Error attention_fwd_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer 
                               ffi::Result<ffi::Buffer<ffi::F32>> lse,
                               ffi::Result<ffi::AnyBuffer> workspace, float scale, int32_t has_bias,
                               int32_t grouped, int32_t merge_split_windows) {
-  if (auto err = check_pattern_aligned("sparse_attention", wcp, wc, wbp, bitmap, bvp, schedule);
-      err.failure())
-    return err;
-  if (auto err = check_aligned(
-          "sparse_attention",
-          {operand("q", q), operand("k", k), operand("v", v), operand("bias", bias),
-           operand("out", *o), operand("lse", *lse), operand("workspace", *workspace)});
+  if (auto err = first_failure(
+          {check_pattern_aligned("sparse_attention", wcp, wc, wbp, bitmap, bvp, schedule),
+           check_aligned(
+               "sparse_attention",
+               {operand("q", q), operand("k", k), operand("v", v), operand("bias", bias),
+                operand("out", *o), operand("lse", *lse), operand("workspace", *workspace)})});
       err.failure())
     return err;
   const AttnShape s = attn_shape(attn_pattern(wcp, wc, wbp, bitmap, bvp, schedule, k, bias), q, k,
@@ -113,14 +112,13 @@ ffi::Error attention_jvp_cuda(cudaStream_t st, ffi::AnyBuffer q, ffi::AnyBuffer 
                               ffi::AnyBuffer dvv, ffi::AnyBuffer dbias, I32 wcp, I32 wc, I32 wbp,
                               U32 bitmap, I32 bvp, I32 schedule, ffi::Result<ffi::AnyBuffer> dout,
                               float scale, int32_t has_bias) {
-  if (auto err = check_pattern_aligned("sparse_attention jvp", wcp, wc, wbp, bitmap, bvp, schedule);
-      err.failure())
-    return err;
-  if (auto err =
-          check_aligned("sparse_attention jvp",
-                        {operand("q", q), operand("k", k), operand("v", v), operand("bias", bias),
-                         operand("o", o), operand("lse", lse), operand("dq", dq), operand("dk", dk),
-                         operand("dv", dvv), operand("dbias", dbias), operand("dout", *dout)});
+  if (auto err = first_failure(
+          {check_pattern_aligned("sparse_attention jvp", wcp, wc, wbp, bitmap, bvp, schedule),
+           check_aligned(
+               "sparse_attention jvp",
+               {operand("q", q), operand("k", k), operand("v", v), operand("bias", bias),
+                operand("o", o), operand("lse", lse), operand("dq", dq), operand("dk", dk),
+                operand("dv", dvv), operand("dbias", dbias), operand("dout", *dout)})});
       err.failure())
     return err;
   const AttnShape s = attn_shape(attn_pattern(wcp, wc, wbp, bitmap, bvp, schedule, k, bias), q, k,

@@ -76,6 +76,13 @@ inline ffi::Error check_aligned(const char* op, std::initializer_list<NamedOpera
   return ffi::Error::Success();
 }
 
+// The first failure among a handler's checks (all made), or Success: one statement per handler.
+inline ffi::Error first_failure(std::initializer_list<ffi::Error> checks) {
+  for (const ffi::Error& e : checks)
+    if (e.failure()) return e;
+  return ffi::Error::Success();
+}
+
 // check_aligned over one orientation's kernel arrays (what kernel_pattern reads).
 inline ffi::Error check_pattern_aligned(const char* op, I32 wcp, I32 wc, I32 wbp, U32 bitmap,
                                         I32 bvp, I32 schedule) {

@@ -67,11 +67,10 @@ ffi::Error sddmm_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer y, I
     return ffi::Error::InvalidArgument("sddmm: x, y and out must share a dtype (or out float32)");
   if (dtype != ffi::DataType::F32 && dtype != ffi::DataType::F16 && dtype != ffi::DataType::BF16)
     return ffi::Error::InvalidArgument("sddmm: unsupported dtype (float32, float16, bfloat16)");
-  if (auto err = check_pattern_aligned("sddmm", wcp, wc, wbp, bitmap, bvp, schedule); err.failure())
-    return err;
-  if (auto err =
-          check_aligned("sddmm", {operand("row_entries", row_entries),
-                                  operand("row_schedule", row_schedule), operand("out", *out)});
+  if (auto err = first_failure(
+          {check_pattern_aligned("sddmm", wcp, wc, wbp, bitmap, bvp, schedule),
+           check_aligned("sddmm", {operand("row_entries", row_entries),
+                                   operand("row_schedule", row_schedule), operand("out", *out)})});
       err.failure())
     return err;
   SddmmParams p{};

@@ -97,10 +97,9 @@ static ffi::Error spmm_extremum_cuda(cudaStream_t stream, ffi::AnyBuffer values,
     return ffi::Error::InvalidArgument("spmm_extremum: values, x and out must share a dtype");
   const int64_t heads = od[0], m = od[1], d = od[2], n = xd[1], nnz = vd[1];
   if (heads == 0 || m == 0 || d == 0) return ffi::Error::Success();
-  if (auto err = check_pattern_aligned(kOp, wcp, wc, wbp, bitmap, bvp, schedule); err.failure())
-    return err;
-  if (auto err = check_aligned(kOp, {operand("values", values), operand("x", x),
-                                     operand("out", *out), operand("arg", *arg)});
+  if (auto err = first_failure({check_pattern_aligned(kOp, wcp, wc, wbp, bitmap, bvp, schedule),
+                                check_aligned(kOp, {operand("values", values), operand("x", x),
+                                                    operand("out", *out), operand("arg", *arg)})});
       err.failure())
     return err;
   const KernelPattern p = kernel_pattern(wcp, wc, wbp, bitmap, bvp, schedule, n, nnz);

@@ -105,11 +105,11 @@ ffi::Error spmm_cuda(cudaStream_t stream, ffi::AnyBuffer values, ffi::AnyBuffer 
     return ffi::Error::InvalidArgument("spmm: values, x and out must share a dtype");
   if (dtype != ffi::DataType::F32 && dtype != ffi::DataType::F16 && dtype != ffi::DataType::BF16)
     return ffi::Error::InvalidArgument("spmm: unsupported dtype (float32, float16, bfloat16)");
-  if (auto err = check_pattern_aligned("spmm", wcp, wc, wbp, bitmap, bvp, schedule); err.failure())
-    return err;
-  if (auto err = check_aligned(
-          "spmm", {operand("values", values), operand("row_entries", row_entries),
-                   operand("row_schedule", row_schedule), operand("workspace", *workspace)});
+  if (auto err = first_failure(
+          {check_pattern_aligned("spmm", wcp, wc, wbp, bitmap, bvp, schedule),
+           check_aligned(
+               "spmm", {operand("values", values), operand("row_entries", row_entries),
+                        operand("row_schedule", row_schedule), operand("workspace", *workspace)})});
       err.failure())
     return err;
   SpmmParams p{};
