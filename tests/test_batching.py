@@ -275,3 +275,32 @@ def test_loader_packs_within_budget(rng):
   assert any(len(idx) < 8 for idx in batches[:-1])
   assert [b.tolist() for b in loader.index_batches(0)] == [b.tolist() for b in batches]
   assert [b.tolist() for b in loader.index_batches(1)] != [b.tolist() for b in batches]
+
+
+def test_batch_with_hub_graphs_takes_finer_pieces(rng):
+  """A batch past SMALL_GRAPH_NNZ whose only long windows are a few hubs' gets pieces shorter
+  than SPLIT_BLOCKS (pattern.split_blocks): the budget's schedule length (window_items_bound)
+  still holds them, and the batch's SpMM equals the per-graph one."""
+  from jaxsparse_tc._src.pattern import SMALL_GRAPH_NNZ, SPLIT_BLOCKS
+
+  graphs = []
+  for i in range(12):
+    n = 900
+    ei = rng.integers(0, n, (2, 8 * n))  # ~8 neighbours per node: short windows
+    if i < 3:  # a hub: one node joined to 600 others, a window of ~75 blocks each way
+      hub = np.stack([np.zeros(600, np.int64), rng.choice(np.arange(1, n), 600, replace=False)])
+      ei = np.concatenate([ei, hub, hub[::-1]], axis=1)
+    graphs.append(Graph(ei, n, x=rng.normal(size=(n, 3)).astype(np.float32)))
+  budget = Budget.for_dataset(graphs, 12)
+  batch = batch_graphs(graphs, budget)
+  A = batch.A
+  assert A.nnz >= SMALL_GRAPH_NNZ
+  sizes = budget.format_sizes()
+  for p in (A.pattern, A.pattern_t):
+    pieces = np.asarray(p.schedule)[:, 3]
+    assert 0 < pieces.max() < SPLIT_BLOCKS  # finer pieces were cut
+    assert p.schedule.shape[0] == sizes["schedule"]
+  x = np.asarray(batch.x, np.float64)
+  got = np.asarray(A @ batch.x, np.float64)
+  dense = np.asarray(A.todense(), np.float64)
+  np.testing.assert_allclose(got, dense @ x, rtol=1e-5, atol=1e-4)
