@@ -27,12 +27,12 @@ constexpr int kLongRowFactor = 4;
 
 // The split rule's finer pieces (split_blocks): at most this many windows longer than
 // kSplitBlocks blocks count as "a few", and their pieces get about 1/kBlocksPerPiece of the
-// pattern's blocks (~ one of the ~4,000 warps an H100/H200 keeps resident), at least
-// kFineSplitMin. Measured on one H200 (affinity order, fp16, d = 64/128, forced window
-// kernels): imdb-binary (1 such window) SpMM 0.69-0.77x the time with pieces of 32, the attention
-// forward 0.72-0.77x; dense500k-imdb (4) 0.68-0.90x; dense2M-imdb (22, pieces of 16) SpMM
-// 0.88-0.96x, SDDMM 0.83-0.86x; facebook-page-page (87-133) and github-musae (182-273) lost
-// 1.2-2.2x with pieces of 8.
+// pattern's blocks (about one resident warp's share: an H100/H200 runs ~4,000 warps of these
+// kernels at once, 132 SMs of ~14-32), at least kFineSplitMin. Measured on one H200 (affinity
+// order, forced window kernels, pieces of 8 against 32): imdb-binary (1 such window) SpMM
+// 0.69-0.77x the time, the attention forward 0.72-0.77x; dense500k-imdb (4) SpMM 0.68-0.90x;
+// pubmed (4) 0.74-0.81x; dense2M-imdb (22, pieces of 16) SpMM 0.88-1.01x, SDDMM 0.83-0.86x;
+// facebook-page-page (87-133) and github-musae (182-273) lost 1.2-2.2x with pieces of 8.
 constexpr int kFewHeavyWindows = 32;
 constexpr int64_t kBlocksPerPiece = 4096;
 constexpr int kFineSplitMin = 8;
