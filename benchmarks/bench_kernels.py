@@ -221,6 +221,8 @@ def _features(csr, A) -> dict:
     "dense_block_nnz": float((k[17:] * st.block_nnz_hist[17:]).sum() / max(1, st.nnz)),
     "row_cv": float(lens.std() / max(lens.mean(), 1e-30)),
     "max_row": int(lens.max()) if lens.size else 0,
+    # the window schedule's largest split piece (the builder's rule, or --split-blocks; 0: none)
+    "split_blocks": int(np.asarray(A.pattern.schedule)[:, 3].max(initial=0)),
   }
 
 
@@ -296,7 +298,7 @@ def _first_line(e: Exception) -> str:
 
 def _one(a, rows, base, csr, order, k, dims, dtypes, ops, xla_dims, att_dims, has_torch):
   """Every row of one (graph, order)."""
-  csr, A, feats = _prepare(base, csr, order)
+  csr, A, feats = _prepare(base, csr, order, a.split_blocks)
   add = _Recorder(rows, base, A, feats, k, set(a.skip.split(",")) if a.skip else set())
   if "spmm" in ops:
     _spmm_rows(add, csr, A, k, dims, dtypes, xla_dims, has_torch)
@@ -308,9 +310,10 @@ def _one(a, rows, base, csr, order, k, dims, dtypes, ops, xla_dims, att_dims, ha
     flashsparse_peer.peer_rows(add, _STATE["flashsparse"], csr, ops, dims, dtypes)
 
 
-def _prepare(base, csr, order):
+def _prepare(base, csr, order, split_blocks=None):
   """The (graph, order)'s matrix: csr reordered by `order` (P A P^T) unless "none", built as a
-  SparseMatrix, and its features (with the reordering's and the build's seconds)."""
+  SparseMatrix (its window schedule cut into pieces of `split_blocks` where given), and its
+  features (with the reordering's and the build's seconds)."""
   import jax
 
   import jaxsparse_tc as jst
@@ -324,7 +327,8 @@ def _prepare(base, csr, order):
     csr.sort_indices()
     del r
   t1 = time.perf_counter()
-  A = jst.SparseMatrix.from_scipy(csr)
+  fmt = None if split_blocks is None else jst.FormatOptions(split_blocks=split_blocks)
+  A = jst.SparseMatrix.from_scipy(csr, format_options=fmt)
   jax.block_until_ready(A.values)
   build_s = time.perf_counter() - t1
   feats = {**_features(csr, A), "reorder_s": reorder_s, "build_s": build_s}
@@ -1021,6 +1025,12 @@ def main() -> None:
     type=int,
     default=None,
     help="K calls per program (default: chain_length, 16 to 128 by the graph's nonzeros; quick 4)",
+  )
+  ap.add_argument(
+    "--split-blocks",
+    type=int,
+    default=None,
+    help="window schedule piece size, FormatOptions.split_blocks (default: the builder's rule)",
   )
   ap.add_argument("--xla-dims", default="128", help="widths with XLA peers ('all': every d)")
   ap.add_argument("--attention-dims", default="64,128")

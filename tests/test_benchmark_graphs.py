@@ -255,6 +255,27 @@ def test_flashsparse_peer_import_failures_are_clear(tmp_path):
     flashsparse_peer.main([str(missing)])
 
 
+def test_bench_kernels_split_blocks_reaches_the_schedule():
+  """bench_kernels --split-blocks builds the matrix with FormatOptions(split_blocks) and records
+  the schedule's largest split piece in every row (the split rule's probes ran this way)."""
+  import scipy.sparse as sp
+
+  from benchmarks import bench_kernels
+
+  rng = np.random.default_rng(3)
+  rows = np.concatenate([np.repeat(np.arange(8), 400), rng.integers(8, 4000, 70_000)])
+  cols = rng.integers(0, 4000, rows.size)
+  csr = sp.csr_matrix((np.ones(rows.size, np.float32), (rows, cols)), shape=(4000, 4000))
+  csr.sum_duplicates()
+  csr.sort_indices()
+  base = {"graph": "t", "order": "none"}
+  for forced in (None, 16, 32):
+    _, A, feats = bench_kernels._prepare(base, csr, "none", forced)
+    assert feats["split_blocks"] == int(np.asarray(A.pattern.schedule)[:, 3].max())
+    # one long window among short ones: the rule's finer pieces (8), or the forced size
+    assert feats["split_blocks"] == (8 if forced is None else forced), forced
+
+
 def test_window_model_counts_gathers_and_tiles(rng):
   """window_model's gathers (distinct columns per h-row window) and h x 8 tiles against a count
   done row by row, on a random pattern with empty rows and one dense 16 x 16 block."""
